@@ -1,0 +1,333 @@
+//! The reference model: each algorithm as a pure state transition.
+//!
+//! ```
+//! use tollgate::algorithm::{Limits, TokenBucket};
+//!
+//! // 2 requests per second, burst of 2; times are microseconds on the store's clock.
+//! let limits = Limits::new(2, 1_000_000, 2).unwrap();
+//! let mut bucket = None;
+//! let now = 10_000_000;
+//! for _ in 0..2 {
+//!     let outcome = TokenBucket::check(&limits, bucket.as_ref(), now, 1);
+//!     assert!(outcome.allowed);
+//!     bucket = TokenBucket::commit(&limits, bucket.as_ref(), now, 1);
+//! }
+//! let denied = TokenBucket::check(&limits, bucket.as_ref(), now, 1);
+//! assert!(!denied.allowed);
+//! assert_eq!(denied.retry_after, 500_000); // one token every 0.5 s
+//! ```
+//!
+//! Nothing here does I/O or reads a clock: `now` is given in microseconds by the store, which
+//! takes it from its own clock (Redis `TIME`, or the memory store's [`Clock`](crate::clock::Clock)).
+//! Every algorithm is split in two steps, [`check`](TokenBucket::check) (what would happen) and
+//! [`commit`](TokenBucket::commit) (charge it), so that a store can check every rule of a request
+//! first and charge them only when all of them admit it.
+//!
+//! The Lua scripts of the Redis store mirror these functions line by line, with the same integer
+//! arithmetic (all values stay below 2^53, so Lua's doubles compute them exactly), and a
+//! differential test holds the two together.
+//!
+//! # What the numbers mean
+//!
+//! Every check returns an [`Outcome`]:
+//!
+//! * `limit`: the most a client can spend at once (the burst for token bucket and GCRA, the quota
+//!   for the window algorithms);
+//! * `remaining`: what is left after this request (when denied: what is left now);
+//! * `reset`: microseconds until the key is back to its full budget, which is also how long the
+//!   store keeps the key;
+//! * `retry_after`: for a denied request, microseconds until the same request would be admitted
+//!   (exact: a retry at `now + retry_after` is admitted, one a microsecond earlier is not).
+
+mod fixed_window;
+mod gcra;
+mod sliding_counter;
+mod sliding_log;
+mod token_bucket;
+
+pub use fixed_window::{FixedWindow, FixedWindowState};
+pub use gcra::{Gcra, GcraState};
+pub use sliding_counter::{SlidingWindowCounter, SlidingWindowCounterState};
+pub use sliding_log::{SlidingWindowLog, SlidingWindowLogState};
+pub use token_bucket::{TokenBucket, TokenBucketState};
+
+use std::fmt;
+
+/// Microseconds in one second.
+pub const MICROS_PER_SECOND: u64 = 1_000_000;
+
+/// The largest time value (in microseconds) the model works with: 2^53, the range in which Lua's
+/// doubles hold integers exactly. Periods and bursts are validated to keep all sums below it.
+pub const MAX_MICROS: u64 = 1 << 53;
+
+/// The longest period a quota may have: 366 days.
+pub const MAX_PERIOD_MICROS: u64 = 366 * 24 * 3600 * MICROS_PER_SECOND;
+
+/// The rate-limiting algorithm of a rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// A bucket of `burst` tokens refilled at `limit / period`; each request takes `cost` tokens.
+    /// Allows bursts up to the bucket size, then a steady rate. Two numbers per key.
+    #[default]
+    TokenBucket,
+    /// The generic cell rate algorithm: the token bucket expressed as one "theoretical arrival
+    /// time". Same decisions as [`TokenBucket`](Algorithm::TokenBucket), one number per key.
+    Gcra,
+    /// Counts requests per calendar window (aligned to the Unix epoch). Cheap, but lets a client
+    /// send up to twice the quota around a window boundary.
+    FixedWindow,
+    /// Keeps the time of every admitted request of the last `period`: exact, no boundary burst,
+    /// but one entry per admitted request (at most `limit` per key). For low-volume routes.
+    SlidingWindowLog,
+    /// Weighs the previous fixed window by how much of it still overlaps the sliding window and
+    /// adds the current one. Smooths the boundary burst with two counters per key; approximate.
+    SlidingWindowCounter,
+}
+
+impl Algorithm {
+    /// All algorithms, in declaration order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ];
+
+    /// A short stable name (`token_bucket`, `gcra`, `fixed_window`, `sliding_log`,
+    /// `sliding_counter`), used in metrics and in the Redis scripts.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_log",
+            Algorithm::SlidingWindowCounter => "sliding_counter",
+        }
+    }
+
+    /// The most one request may cost: the burst for token bucket and GCRA, the quota otherwise.
+    pub const fn capacity(self, limits: &Limits) -> u64 {
+        if self.has_burst() { limits.burst } else { limits.limit }
+    }
+
+    /// Whether the algorithm has a burst separate from its quota (token bucket and GCRA).
+    pub const fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The validated numbers of one rule, in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limits {
+    /// Requests (cost units) per period.
+    pub limit: u64,
+    /// The period, in microseconds.
+    pub period: u64,
+    /// The bucket size of token bucket and GCRA (equal to `limit` unless set).
+    pub burst: u64,
+    /// Microseconds between two tokens: `period / limit`, rounded up so that the rate is never
+    /// higher than the quota says.
+    pub interval: u64,
+}
+
+/// Why a set of numbers cannot be a [`Limits`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LimitsError {
+    /// The quota is zero.
+    ZeroLimit,
+    /// The period is zero (or shorter than a microsecond).
+    ZeroPeriod,
+    /// The burst is zero.
+    ZeroBurst,
+    /// The period is longer than [`MAX_PERIOD_MICROS`].
+    PeriodTooLong,
+    /// More than one request per microsecond.
+    RateTooHigh,
+    /// The burst times the interval does not fit in [`MAX_PERIOD_MICROS`].
+    BurstTooLarge,
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LimitsError::ZeroLimit => "the quota is 0 requests; use at least 1",
+            LimitsError::ZeroPeriod => "the period is shorter than one microsecond; use a longer one",
+            LimitsError::ZeroBurst => "the burst is 0; use at least 1 (or leave it unset)",
+            LimitsError::PeriodTooLong => "the period is longer than 366 days; use a shorter one",
+            LimitsError::RateTooHigh => {
+                "the quota allows more than one request per microsecond; lower it or lengthen the period"
+            }
+            LimitsError::BurstTooLarge => {
+                "the burst takes longer than 366 days to refill; lower the burst or raise the rate"
+            }
+        })
+    }
+}
+
+impl std::error::Error for LimitsError {}
+
+impl Limits {
+    /// Validates `limit` requests per `period` microseconds with a bucket of `burst`.
+    pub fn new(limit: u64, period: u64, burst: u64) -> Result<Self, LimitsError> {
+        if limit == 0 {
+            return Err(LimitsError::ZeroLimit);
+        }
+        if period == 0 {
+            return Err(LimitsError::ZeroPeriod);
+        }
+        if burst == 0 {
+            return Err(LimitsError::ZeroBurst);
+        }
+        if period > MAX_PERIOD_MICROS {
+            return Err(LimitsError::PeriodTooLong);
+        }
+        if limit > period {
+            return Err(LimitsError::RateTooHigh);
+        }
+        let interval = period.div_ceil(limit);
+        match burst.checked_mul(interval) {
+            Some(full) if full <= MAX_PERIOD_MICROS => {}
+            _ => return Err(LimitsError::BurstTooLarge),
+        }
+        Ok(Limits {
+            limit,
+            period,
+            burst,
+            interval,
+        })
+    }
+}
+
+/// The result of checking one rule for one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outcome {
+    /// Whether this rule admits the request.
+    pub allowed: bool,
+    /// The most that can be spent at once (burst, or quota for window algorithms).
+    pub limit: u64,
+    /// What is left after this request if admitted, what is left now if denied.
+    pub remaining: u64,
+    /// Microseconds until the budget is full again (and the key may expire).
+    pub reset: u64,
+    /// Microseconds until this request would be admitted; 0 when admitted.
+    pub retry_after: u64,
+}
+
+/// The state of one key under any algorithm, as the memory store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucketState),
+    /// See [`Gcra`].
+    Gcra(GcraState),
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindowState),
+    /// See [`SlidingWindowLog`].
+    SlidingWindowLog(SlidingWindowLogState),
+    /// See [`SlidingWindowCounter`].
+    SlidingWindowCounter(SlidingWindowCounterState),
+}
+
+impl Algorithm {
+    /// Checks a request of `cost` against `state` at `now` (microseconds) without changing it.
+    ///
+    /// A state of another algorithm (a rule whose algorithm changed) counts as no state.
+    ///
+    /// A `cost` above [`capacity`](Algorithm::capacity) can never be admitted: it is denied with
+    /// `retry_after == u64::MAX`.
+    pub fn check(self, limits: &Limits, state: Option<&State>, now: u64, cost: u64) -> Outcome {
+        if cost > self.capacity(limits) {
+            return Outcome {
+                allowed: false,
+                retry_after: u64::MAX,
+                ..self.check(limits, state, now, 0)
+            };
+        }
+        match self {
+            Algorithm::TokenBucket => TokenBucket::check(limits, state.and_then(State::token_bucket), now, cost),
+            Algorithm::Gcra => Gcra::check(limits, state.and_then(State::gcra), now, cost),
+            Algorithm::FixedWindow => FixedWindow::check(limits, state.and_then(State::fixed_window), now, cost),
+            Algorithm::SlidingWindowLog => {
+                SlidingWindowLog::check(limits, state.and_then(State::sliding_log), now, cost)
+            }
+            Algorithm::SlidingWindowCounter => {
+                SlidingWindowCounter::check(limits, state.and_then(State::sliding_counter), now, cost)
+            }
+        }
+    }
+
+    /// Charges `cost` at `now`, updating `state` in place; leaves `None` when the new state is
+    /// the same as no state at all (the key can be removed).
+    ///
+    /// Call it only after [`check`](Algorithm::check) admitted the request.
+    pub fn commit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) {
+        let old = state.take();
+        *state = match self {
+            Algorithm::TokenBucket => {
+                TokenBucket::commit(limits, old.as_ref().and_then(State::token_bucket), now, cost)
+                    .map(State::TokenBucket)
+            }
+            Algorithm::Gcra => {
+                Gcra::commit(limits, old.as_ref().and_then(State::gcra), now, cost).map(State::Gcra)
+            }
+            Algorithm::FixedWindow => {
+                FixedWindow::commit(limits, old.as_ref().and_then(State::fixed_window), now, cost)
+                    .map(State::FixedWindow)
+            }
+            Algorithm::SlidingWindowLog => {
+                let log = match old {
+                    Some(State::SlidingWindowLog(log)) => Some(log),
+                    _ => None,
+                };
+                SlidingWindowLog::commit(limits, log, now, cost).map(State::SlidingWindowLog)
+            }
+            Algorithm::SlidingWindowCounter => SlidingWindowCounter::commit(
+                limits,
+                old.as_ref().and_then(State::sliding_counter),
+                now,
+                cost,
+            )
+            .map(State::SlidingWindowCounter),
+        };
+    }
+}
+
+impl State {
+    fn token_bucket(&self) -> Option<&TokenBucketState> {
+        match self {
+            State::TokenBucket(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn gcra(&self) -> Option<&GcraState> {
+        match self {
+            State::Gcra(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn fixed_window(&self) -> Option<&FixedWindowState> {
+        match self {
+            State::FixedWindow(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn sliding_log(&self) -> Option<&SlidingWindowLogState> {
+        match self {
+            State::SlidingWindowLog(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn sliding_counter(&self) -> Option<&SlidingWindowCounterState> {
+        match self {
+            State::SlidingWindowCounter(s) => Some(s),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Sliding window log: the time of every admitted unit of the last period.
+
+use std::collections::VecDeque;
+
+use super::{Limits, Outcome};
+
+/// The state of one sliding-log key: one timestamp per admitted cost unit, oldest first.
+///
+/// Never longer than the quota: a unit is only added when it fits.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlidingWindowLogState {
+    /// Microseconds on the store's clock, ascending.
+    pub entries: VecDeque<u64>,
+}
+
+/// The sliding window log algorithm: a unit charged at `t` counts while `now < t + period`.
+///
+/// `limit` = quota; `remaining` = quota minus the units of the last period; `reset` = time until
+/// the newest unit leaves the window; `retry_after` = time until enough old units have left.
+#[derive(Clone, Copy, Debug)]
+pub struct SlidingWindowLog;
+
+impl SlidingWindowLog {
+    /// Index of the first entry still inside the window at `now`.
+    fn first_live(limits: &Limits, entries: &VecDeque<u64>, now: u64) -> usize {
+        entries.partition_point(|&t| t + limits.period <= now)
+    }
+
+    /// Checks a request of `cost` at `now`.
+    pub fn check(limits: &Limits, state: Option<&SlidingWindowLogState>, now: u64, cost: u64) -> Outcome {
+        let empty = VecDeque::new();
+        let entries = state.map_or(&empty, |s| &s.entries);
+        let first = Self::first_live(limits, entries, now);
+        let count = (entries.len() - first) as u64;
+        if count + cost <= limits.limit {
+            let newest = match (entries.back(), cost) {
+                (Some(&t), 0) => Some(t),
+                (Some(&t), _) => Some(t.max(now)),
+                (None, 0) => None,
+                (None, _) => Some(now),
+            };
+            Outcome {
+                allowed: true,
+                limit: limits.limit,
+                remaining: limits.limit - count - cost,
+                reset: newest.map_or(0, |t| (t + limits.period).saturating_sub(now)),
+                retry_after: 0,
+            }
+        } else {
+            // The `must_leave`-th oldest live entry has to leave the window first.
+            let must_leave = (count + cost - limits.limit) as usize;
+            let reset = entries.back().map_or(0, |&t| (t + limits.period).saturating_sub(now));
+            let retry_after = match must_leave.checked_sub(1).and_then(|i| entries.get(first + i)) {
+                Some(&leaving) if must_leave as u64 <= count => leaving + limits.period - now,
+                // A cost above the quota never fits.
+                _ => u64::MAX,
+            };
+            Outcome {
+                allowed: false,
+                limit: limits.limit,
+                remaining: limits.limit.saturating_sub(count),
+                reset,
+                retry_after,
+            }
+        }
+    }
+
+    /// Drops the units that left the window and adds `cost` units at `now`; `None` when the log
+    /// is left empty.
+    pub fn commit(
+        limits: &Limits,
+        state: Option<SlidingWindowLogState>,
+        now: u64,
+        cost: u64,
+    ) -> Option<SlidingWindowLogState> {
+        let mut state = state.unwrap_or_default();
+        let first = Self::first_live(limits, &state.entries, now);
+        state.entries.drain(..first);
+        // Keep the log sorted even if the clock stepped back.
+        let at = state.entries.back().map_or(now, |&t| t.max(now));
+        state.entries.extend(std::iter::repeat_n(at, cost as usize));
+        (!state.entries.is_empty()).then_some(state)
+    }
+}

@@ -1,0 +1,97 @@
+//! Token bucket: `burst` tokens, one more every `interval` microseconds.
+
+use super::{Limits, Outcome};
+
+/// The state of one token-bucket key: the tokens in the bucket at `updated`.
+///
+/// `updated` advances in whole intervals while the bucket fills, so no fraction of a token is
+/// ever lost or invented; once the bucket is full it is reset to the time it was last seen full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Whole tokens in the bucket at `updated`.
+    pub tokens: u64,
+    /// Microseconds on the store's clock.
+    pub updated: u64,
+}
+
+/// The token bucket algorithm (the default).
+///
+/// * `limit` = burst; `remaining` = whole tokens left;
+/// * `reset` = time until the bucket is full again;
+/// * `retry_after` = time until `cost` tokens are in the bucket.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBucket;
+
+impl TokenBucket {
+    /// The bucket as it is at `now`: refilled by whole intervals, capped at the burst.
+    pub fn refill(limits: &Limits, state: Option<&TokenBucketState>, now: u64) -> TokenBucketState {
+        let Some(state) = state else {
+            return TokenBucketState {
+                tokens: limits.burst,
+                updated: now,
+            };
+        };
+        let added = now.saturating_sub(state.updated) / limits.interval;
+        let tokens = state.tokens.saturating_add(added);
+        if tokens >= limits.burst {
+            TokenBucketState {
+                tokens: limits.burst,
+                updated: now,
+            }
+        } else {
+            TokenBucketState {
+                tokens,
+                updated: state.updated + added * limits.interval,
+            }
+        }
+    }
+
+    /// Time from `now` until `bucket` (as refilled at `now`) holds `wanted` tokens.
+    fn time_until(limits: &Limits, bucket: &TokenBucketState, now: u64, wanted: u64) -> u64 {
+        if bucket.tokens >= wanted {
+            return 0;
+        }
+        (bucket.updated + (wanted - bucket.tokens) * limits.interval).saturating_sub(now)
+    }
+
+    /// Checks a request of `cost` at `now`.
+    pub fn check(limits: &Limits, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Outcome {
+        let bucket = Self::refill(limits, state, now);
+        if bucket.tokens >= cost {
+            let after = TokenBucketState {
+                tokens: bucket.tokens - cost,
+                updated: bucket.updated,
+            };
+            Outcome {
+                allowed: true,
+                limit: limits.burst,
+                remaining: after.tokens,
+                reset: Self::time_until(limits, &after, now, limits.burst),
+                retry_after: 0,
+            }
+        } else {
+            Outcome {
+                allowed: false,
+                limit: limits.burst,
+                remaining: bucket.tokens,
+                reset: Self::time_until(limits, &bucket, now, limits.burst),
+                retry_after: Self::time_until(limits, &bucket, now, cost),
+            }
+        }
+    }
+
+    /// Takes `cost` tokens at `now`; `None` when the bucket is left full (no state needed).
+    pub fn commit(
+        limits: &Limits,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        cost: u64,
+    ) -> Option<TokenBucketState> {
+        let bucket = Self::refill(limits, state, now);
+        let tokens = bucket.tokens.saturating_sub(cost);
+        (tokens < limits.burst).then_some(TokenBucketState {
+            tokens,
+            updated: bucket.updated,
+        })
+    }
+}

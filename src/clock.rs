@@ -1,0 +1,94 @@
+//! Where the memory store gets the time.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tollgate::clock::{Clock, ManualClock};
+//!
+//! let clock = ManualClock::new(1_000_000);
+//! let start = clock.now_micros();
+//! clock.advance(Duration::from_millis(1500));
+//! assert_eq!(clock.now_micros() - start, 1_500_000);
+//! ```
+//!
+//! Time is counted in microseconds since the Unix epoch, the unit of Redis `TIME`, so that windows
+//! line up across the memory and Redis stores. The Redis store never uses a [`Clock`]: it reads
+//! the server's `TIME` inside its script, so every replica agrees.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A source of time in microseconds since the Unix epoch.
+pub trait Clock: Send + Sync + 'static {
+    /// The current time.
+    fn now_micros(&self) -> u64;
+}
+
+/// Wall-clock time that never steps backwards: the wall time when it was created plus a monotonic
+/// [`Instant`] since. Created once per store, never per request.
+#[derive(Clone, Copy, Debug)]
+pub struct SystemClock {
+    origin: Instant,
+    origin_micros: u64,
+}
+
+impl SystemClock {
+    /// Reads the wall clock once.
+    pub fn new() -> Self {
+        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        SystemClock {
+            origin: Instant::now(),
+            origin_micros: since_epoch.as_micros() as u64,
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_micros(&self) -> u64 {
+        self.origin_micros + self.origin.elapsed().as_micros() as u64
+    }
+}
+
+/// A clock that only moves when told to: for tests and simulations. Clones share the time.
+#[derive(Clone, Debug)]
+pub struct ManualClock {
+    micros: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock showing `micros` microseconds since the Unix epoch.
+    pub fn new(micros: u64) -> Self {
+        ManualClock {
+            micros: Arc::new(AtomicU64::new(micros)),
+        }
+    }
+
+    /// Moves the clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.micros.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Sets the clock to `micros` microseconds since the Unix epoch.
+    pub fn set(&self, micros: u64) {
+        self.micros.store(micros, Ordering::SeqCst);
+    }
+}
+
+impl Default for ManualClock {
+    /// Starts at 2024-01-01T00:00:00Z.
+    fn default() -> Self {
+        ManualClock::new(1_704_067_200 * 1_000_000)
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_micros(&self) -> u64 {
+        self.micros.load(Ordering::SeqCst)
+    }
+}

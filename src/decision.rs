@@ -1,0 +1,63 @@
+//! What a store decided for one request.
+//!
+//! ```
+//! use tollgate::algorithm::Outcome;
+//! use tollgate::decision::Decision;
+//!
+//! let decision = Decision::from_outcomes([
+//!     Outcome { allowed: true, limit: 10, remaining: 9, reset: 100_000, retry_after: 0 },
+//!     Outcome { allowed: false, limit: 1000, remaining: 0, reset: 3_600_000_000, retry_after: 1_500_000 },
+//! ]);
+//! assert!(!decision.allowed());
+//! assert_eq!(decision.retry_after_micros(), Some(1_500_000));
+//! assert_eq!(decision.retry_after_seconds(), Some(2)); // rounded up, never 0
+//! ```
+
+use smallvec::SmallVec;
+
+use crate::algorithm::{MICROS_PER_SECOND, Outcome};
+
+/// The verdict on one request: one [`Outcome`] per rule checked, in the order the rules were
+/// given to the store. The request is admitted only when every rule admits it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    outcomes: SmallVec<[Outcome; 2]>,
+}
+
+impl Decision {
+    /// A decision made of these outcomes.
+    pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
+        Decision {
+            outcomes: outcomes.into_iter().collect(),
+        }
+    }
+
+    /// Adds the outcome of the next rule.
+    pub fn push(&mut self, outcome: Outcome) {
+        self.outcomes.push(outcome);
+    }
+
+    /// Whether every rule admits the request (true when no rule applied).
+    pub fn allowed(&self) -> bool {
+        self.outcomes.iter().all(|o| o.allowed)
+    }
+
+    /// The outcome of each rule, in order.
+    pub fn outcomes(&self) -> &[Outcome] {
+        &self.outcomes
+    }
+
+    /// For a denied request, microseconds until every denying rule would admit it; `None` when
+    /// admitted or when it can never be admitted (a cost above a rule's capacity).
+    pub fn retry_after_micros(&self) -> Option<u64> {
+        let wait = self.outcomes.iter().filter(|o| !o.allowed).map(|o| o.retry_after).max()?;
+        (wait != u64::MAX).then_some(wait)
+    }
+
+    /// [`retry_after_micros`](Decision::retry_after_micros) in whole seconds, rounded up and at
+    /// least 1: the value of `Retry-After`.
+    pub fn retry_after_seconds(&self) -> Option<u64> {
+        self.retry_after_micros()
+            .map(|micros| micros.div_ceil(MICROS_PER_SECOND).max(1))
+    }
+}

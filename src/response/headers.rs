@@ -1,0 +1,193 @@
+use std::fmt::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::algorithm::{MICROS_PER_SECOND, Outcome};
+use crate::decision::Decision;
+use crate::policy::CompiledRule;
+
+/// Which budget headers to send.
+///
+/// ```
+/// use tollgate::response::{Headers, ResetFormat};
+///
+/// let default = Headers::default(); // IETF RateLimit + RateLimit-Policy
+/// assert_eq!(default, Headers::ietf());
+/// let github_style = Headers::none().with_legacy(ResetFormat::EpochSeconds);
+/// # let _ = github_style;
+/// ```
+///
+/// * IETF (draft-ietf-httpapi-ratelimit-headers, draft-11 form), one list item per rule:
+///   `RateLimit-Policy: "burst";q=100;w=60` and `RateLimit: "burst";r=50;t=30` — `q` the quota,
+///   `w` its window in seconds, `r` what remains, `t` seconds until it is all back.
+/// * Legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` for the most constrained rule (the
+///   one that denied, or the one with the least left), with `Reset` as seconds from now or as a
+///   Unix time.
+///
+/// `Retry-After` is always sent on a denial (unless the request can never be admitted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Headers {
+    ietf: bool,
+    legacy: Option<ResetFormat>,
+}
+
+/// How `X-RateLimit-Reset` is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResetFormat {
+    /// Seconds from now, rounded up.
+    DeltaSeconds,
+    /// A Unix time in seconds, rounded up (as GitHub does).
+    EpochSeconds,
+}
+
+impl Headers {
+    /// The IETF `RateLimit` and `RateLimit-Policy` fields (the default).
+    pub const fn ietf() -> Self {
+        Headers {
+            ietf: true,
+            legacy: None,
+        }
+    }
+
+    /// No budget headers (denials still carry `Retry-After`).
+    pub const fn none() -> Self {
+        Headers {
+            ietf: false,
+            legacy: None,
+        }
+    }
+
+    /// Adds `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    pub const fn with_legacy(mut self, reset: ResetFormat) -> Self {
+        self.legacy = Some(reset);
+        self
+    }
+
+    /// Drops the IETF fields.
+    pub const fn without_ietf(mut self) -> Self {
+        self.ietf = false;
+        self
+    }
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers::ietf()
+    }
+}
+
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The `RateLimit-Policy` items of a layer's rules, rendered once.
+pub(crate) struct PolicyItems {
+    items: Box<[String]>,
+    all: HeaderValue,
+}
+
+impl PolicyItems {
+    pub(crate) fn new(rules: &[CompiledRule]) -> Self {
+        let items: Box<[String]> = rules
+            .iter()
+            .map(|rule| {
+                let (quota, window) = rule.spec.policy();
+                format!("\"{}\";q={quota};w={window}", rule.spec.name())
+            })
+            .collect();
+        let all = HeaderValue::from_str(&items.join(", ")).unwrap_or(HeaderValue::from_static(""));
+        PolicyItems { items, all }
+    }
+
+    fn value(&self, applied: &[u16], total: usize) -> HeaderValue {
+        if applied.len() == total {
+            return self.all.clone();
+        }
+        let mut out = String::new();
+        for &i in applied {
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            out.push_str(&self.items[usize::from(i)]);
+        }
+        to_value(out)
+    }
+}
+
+fn to_value(s: String) -> HeaderValue {
+    HeaderValue::from_maybe_shared(Bytes::from(s)).unwrap_or(HeaderValue::from_static(""))
+}
+
+fn seconds_up(micros: u64) -> u64 {
+    micros.div_ceil(MICROS_PER_SECOND)
+}
+
+/// Adds the budget headers (and `Retry-After` for a denial) of `decision` to `headers`.
+pub(crate) fn write_headers(
+    headers: &mut HeaderMap,
+    style: Headers,
+    rules: &[CompiledRule],
+    policies: &PolicyItems,
+    applied: &[u16],
+    decision: &Decision,
+) {
+    let outcomes = decision.outcomes();
+    if !decision.allowed() {
+        if let Some(seconds) = decision.retry_after_seconds() {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+    }
+    if outcomes.is_empty() {
+        return;
+    }
+    if style.ietf {
+        headers.append(&RATELIMIT_POLICY, policies.value(applied, rules.len()));
+        let mut value = String::with_capacity(32 * outcomes.len());
+        for (&i, outcome) in applied.iter().zip(outcomes) {
+            if !value.is_empty() {
+                value.push_str(", ");
+            }
+            let _ = write!(
+                value,
+                "\"{}\";r={};t={}",
+                rules[usize::from(i)].spec.name(),
+                outcome.remaining,
+                seconds_up(outcome.reset)
+            );
+        }
+        headers.append(&RATELIMIT, to_value(value));
+    }
+    if let Some(format) = style.legacy {
+        if headers.contains_key(&X_LIMIT) {
+            // An inner (more specific) layer already described its limit.
+            return;
+        }
+        let binding = binding_outcome(outcomes);
+        let reset = seconds_up(binding.reset);
+        let reset = match format {
+            ResetFormat::DeltaSeconds => reset,
+            ResetFormat::EpochSeconds => {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+                seconds_up(now + binding.reset)
+            }
+        };
+        headers.insert(&X_LIMIT, HeaderValue::from(binding.limit));
+        headers.insert(&X_REMAINING, HeaderValue::from(binding.remaining));
+        headers.insert(&X_RESET, HeaderValue::from(reset));
+    }
+}
+
+/// The rule that constrains the client most: the denying one with the longest wait, else the
+/// one with the least left.
+fn binding_outcome(outcomes: &[Outcome]) -> &Outcome {
+    outcomes
+        .iter()
+        .filter(|o| !o.allowed)
+        .max_by_key(|o| o.retry_after)
+        .or_else(|| outcomes.iter().min_by_key(|o| o.remaining))
+        .unwrap_or(&outcomes[0])
+}

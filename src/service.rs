@@ -1,0 +1,146 @@
+//! [`RateLimit`]: the service that checks every request before the inner service sees it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use smallvec::SmallVec;
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+use crate::key::{Extracted, Key, KeyFuture};
+use crate::layer::Shared;
+use crate::response::ResponseBody;
+use crate::store::{Charge, MemoryStore, Store};
+
+/// Indices of the rules that applied to one request, in rule order.
+pub(crate) type Applied = SmallVec<[u16; 4]>;
+
+/// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer).
+///
+/// The inner service is called only after every rule admitted the request; its error type is
+/// kept as it is, so no `HandleErrorLayer` is needed.
+pub struct RateLimit<S, St = MemoryStore> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+impl<S, St> RateLimit<S, St> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
+        RateLimit { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone, St> Clone for RateLimit<S, St> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit").field("inner", &self.inner).finish_non_exhaustive()
+    }
+}
+
+impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    St: Store,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, St>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The ready service goes with this request; a fresh clone waits for the next poll_ready.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+
+        let shared = &self.shared;
+        let (parts, body) = request.into_parts();
+        let mut keys: SmallVec<[(u16, Key, u64); 2]> = SmallVec::new();
+        let mut pending: SmallVec<[(u16, KeyFuture, u64); 1]> = SmallVec::new();
+        for (i, rule) in shared.rules.iter().enumerate() {
+            let index = i as u16;
+            match rule.key.extract(&parts) {
+                Extracted::Ready(Some(key)) => keys.push((index, key, rule.cost.of(&parts))),
+                Extracted::Ready(None) => warn_missing_key(shared, i),
+                Extracted::Pending(future) => pending.push((index, future, rule.cost.of(&parts))),
+            }
+        }
+        let request = Request::from_parts(parts, body);
+
+        if pending.is_empty() {
+            let charges: SmallVec<[Charge<'_>; 2]> = keys
+                .iter()
+                .map(|(i, key, cost)| Charge {
+                    rule: &shared.rules[usize::from(*i)].spec,
+                    key,
+                    cost: *cost,
+                })
+                .collect();
+            let check = shared.store.check(&charges);
+            let applied = keys.iter().map(|(i, _, _)| *i).collect();
+            return ResponseFuture::checking(check, applied, ready, request, shared.clone());
+        }
+
+        let shared = shared.clone();
+        let deferred = Box::pin(async move {
+            for (index, future, cost) in pending {
+                match future.await {
+                    Some(key) => keys.push((index, key, cost)),
+                    None => warn_missing_key(&shared, usize::from(index)),
+                }
+            }
+            keys.sort_unstable_by_key(|(i, _, _)| *i);
+            let charges: SmallVec<[Charge<'_>; 2]> = keys
+                .iter()
+                .map(|(i, key, cost)| Charge {
+                    rule: &shared.rules[usize::from(*i)].spec,
+                    key,
+                    cost: *cost,
+                })
+                .collect();
+            let check = shared.store.check(&charges);
+            let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
+            (applied, check.await)
+        });
+        ResponseFuture::deferred(deferred, ready, request, self.shared.clone())
+    }
+}
+
+fn warn_missing_key<St>(shared: &Shared<St>, rule: usize) {
+    if !shared.warned_missing_key[rule].swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            rule = shared.rules[rule].spec.name(),
+            "tollgate: the key extractor found no key for a request, so this rule did not apply to it \
+             (for the peer IP, serve with into_make_service_with_connect_info::<SocketAddr>()); \
+             reported once per rule"
+        );
+    }
+}

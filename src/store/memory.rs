@@ -1,0 +1,395 @@
+//! The in-process store: sharded, bounded, no setup.
+
+use std::future::{Ready, ready};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
+use smallvec::SmallVec;
+
+use super::{Charge, Store, StoreError};
+use crate::algorithm::{Algorithm, MICROS_PER_SECOND, State};
+use crate::clock::{Clock, SystemClock};
+use crate::decision::Decision;
+use crate::key::Key;
+use crate::policy::ConfigError;
+
+/// How often each shard drops its expired keys, in microseconds.
+const SWEEP_INTERVAL: u64 = MICROS_PER_SECOND;
+
+/// When a full shard has nothing expired, it evicts until this fraction (in percent) is free.
+const EVICT_TO_FREE_PERCENT: usize = 10;
+
+/// The default bound on the number of keys.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The in-process store: the default, no setup.
+///
+/// ```
+/// use tollgate::clock::ManualClock;
+/// use tollgate::store::MemoryStore;
+///
+/// let store = MemoryStore::builder()
+///     .max_keys(100_000)
+///     .clock(ManualClock::default())
+///     .build()
+///     .unwrap();
+/// assert_eq!(store.len(), 0);
+/// ```
+///
+/// * **Concurrent**: keys are spread over independently locked shards; a check locks only the
+///   shards of its keys (in a fixed order, so stacked rules never deadlock).
+/// * **Atomic**: all rules of a request are checked under their shards' locks and charged only
+///   when all admit.
+/// * **Expiring**: every key carries the time its budget is full again. A lookup ignores an
+///   expired key, and each shard drops its expired keys at most once a second while it is used;
+///   no background task and no per-request scan.
+/// * **Bounded**: at most [`max_keys`](MemoryStoreBuilder::max_keys) keys (default
+///   1,000,000, about 100 bytes each). When a shard is full it first drops expired keys; if that
+///   frees nothing, it **evicts the keys whose budget will be full soonest** (those closest to
+///   forgetting their client anyway) until a tenth of the shard is free. An evicted client starts
+///   again with a full budget, so eviction can only make the limiter more lenient, never deny
+///   anyone wrongly. Evictions are counted ([`evictions`](MemoryStore::evictions)) and reported
+///   through `tracing` at most once a minute.
+///
+/// Clones share the same state: give one store to several layers to share budgets across
+/// routes (rules with the same name count together).
+///
+/// Each replica of a service has its own memory store: behind a load balancer the fleet admits
+/// the limit once per replica. Use the Redis store to make a limit fleet-wide.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    shard_mask: u64,
+    per_shard: usize,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    evictions: AtomicU64,
+    last_eviction_warning: AtomicU64,
+}
+
+#[derive(Default)]
+struct Shard {
+    table: HashTable<Entry>,
+    next_sweep: u64,
+}
+
+struct Entry {
+    hash: u64,
+    rule: u64,
+    key: Key,
+    /// When the state is equivalent to no state at all.
+    expires_at: u64,
+    state: State,
+}
+
+/// Configures a [`MemoryStore`].
+#[must_use]
+pub struct MemoryStoreBuilder {
+    max_keys: usize,
+    shards: usize,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryStore {
+    /// A store with the defaults: 1,000,000 keys at most, the system clock.
+    pub fn new() -> Self {
+        Self::builder().build().unwrap_or_else(|_| unreachable!("the defaults are valid"))
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: 64,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// The number of keys held (expired ones that were not swept yet included).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Whether the store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many keys were evicted because the store was full.
+    pub fn evictions(&self) -> u64 {
+        self.inner.evictions.load(Ordering::Relaxed)
+    }
+
+    /// Drops every expired key now (the store also does this by itself as it is used).
+    pub fn sweep(&self) {
+        let now = self.inner.clock.now_micros();
+        for shard in self.inner.shards.iter() {
+            lock(shard).sweep(now);
+        }
+    }
+
+    fn hash(&self, rule: u64, key: &Key) -> u64 {
+        let mut hasher = self.inner.hasher.build_hasher();
+        rule.hash(&mut hasher);
+        key.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The shard of a hash: bits the hash table does not use for its own buckets or tags.
+    fn shard_of(&self, hash: u64) -> usize {
+        ((hash >> 32) & self.inner.shard_mask) as usize
+    }
+
+    fn check_now(&self, charges: &[Charge<'_>]) -> Decision {
+        let now = self.inner.clock.now_micros();
+        match charges {
+            [] => Decision::default(),
+            [charge] => {
+                let hash = self.hash(charge.rule.id(), charge.key);
+                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+                shard.maybe_sweep(now);
+                let outcome = {
+                    let state = shard.find(hash, charge, now);
+                    charge.rule.algorithm().check(charge.rule.limits(), state, now, charge.cost)
+                };
+                if outcome.allowed {
+                    self.commit(&mut shard, hash, charge, now, outcome.reset);
+                }
+                Decision::from_outcomes([outcome])
+            }
+            _ => self.check_many(charges, now),
+        }
+    }
+
+    fn check_many(&self, charges: &[Charge<'_>], now: u64) -> Decision {
+        let located: SmallVec<[(u64, usize); 4]> = charges
+            .iter()
+            .map(|c| {
+                let hash = self.hash(c.rule.id(), c.key);
+                (hash, self.shard_of(hash))
+            })
+            .collect();
+        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, s)| s).collect();
+        order.sort_unstable();
+        order.dedup();
+        // Lock in ascending shard order: two requests never wait on each other in a cycle.
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> = order
+            .iter()
+            .map(|&s| {
+                let mut guard = lock(&self.inner.shards[s]);
+                guard.maybe_sweep(now);
+                (s, guard)
+            })
+            .collect();
+        let position = |shard: usize, guards: &SmallVec<[(usize, MutexGuard<'_, Shard>); 4]>| {
+            guards.iter().position(|(s, _)| *s == shard).unwrap_or(0)
+        };
+        let mut decision = Decision::default();
+        for (charge, &(hash, shard)) in charges.iter().zip(&located) {
+            let i = position(shard, &guards);
+            let state = guards[i].1.find(hash, charge, now);
+            decision.push(charge.rule.algorithm().check(charge.rule.limits(), state, now, charge.cost));
+        }
+        if decision.allowed() {
+            for ((charge, &(hash, shard)), outcome) in charges.iter().zip(&located).zip(decision.outcomes()) {
+                let i = position(shard, &guards);
+                self.commit(&mut guards[i].1, hash, charge, now, outcome.reset);
+            }
+        }
+        decision
+    }
+
+    /// Charges an admitted request; `reset` (from its outcome) is how long the new state lives.
+    fn commit(&self, shard: &mut Shard, hash: u64, charge: &Charge<'_>, now: u64, reset: u64) {
+        let rule = charge.rule;
+        let algorithm: Algorithm = rule.algorithm();
+        let existing = shard
+            .table
+            .find_entry(hash, |e| e.rule == rule.id() && e.key == *charge.key);
+        match existing {
+            Ok(mut entry) => {
+                let live = entry.get().expires_at > now;
+                let mut state = live.then(|| std::mem::replace(&mut entry.get_mut().state, PLACEHOLDER));
+                algorithm.commit(rule.limits(), &mut state, now, charge.cost);
+                match state {
+                    Some(state) => {
+                        let e = entry.get_mut();
+                        e.state = state;
+                        e.expires_at = now + reset;
+                    }
+                    None => {
+                        entry.remove();
+                    }
+                }
+            }
+            Err(_) => {
+                let mut state = None;
+                algorithm.commit(rule.limits(), &mut state, now, charge.cost);
+                let Some(state) = state else { return };
+                if shard.table.len() >= self.inner.per_shard {
+                    self.make_room(shard, now);
+                }
+                let expires_at = now + reset;
+                shard.table.insert_unique(
+                    hash,
+                    Entry {
+                        hash,
+                        rule: rule.id(),
+                        key: charge.key.clone(),
+                        expires_at,
+                        state,
+                    },
+                    |e| e.hash,
+                );
+            }
+        }
+    }
+
+    fn make_room(&self, shard: &mut Shard, now: u64) {
+        shard.sweep(now);
+        let capacity = self.inner.per_shard;
+        if shard.table.len() < capacity {
+            return;
+        }
+        let keep = capacity - (capacity * EVICT_TO_FREE_PERCENT / 100).max(1);
+        let mut expiries: Vec<u64> = shard.table.iter().map(|e| e.expires_at).collect();
+        let evict = expiries.len() - keep;
+        let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
+        // Evict everything strictly before the threshold, then entries at it until enough.
+        let mut at_threshold = evict - expiries.iter().filter(|&&t| t < threshold).count();
+        let before = shard.table.len();
+        shard.table.retain(|e| {
+            if e.expires_at < threshold {
+                false
+            } else if e.expires_at == threshold && at_threshold > 0 {
+                at_threshold -= 1;
+                false
+            } else {
+                true
+            }
+        });
+        let evicted = (before - shard.table.len()) as u64;
+        self.inner.evictions.fetch_add(evicted, Ordering::Relaxed);
+        let last = self.inner.last_eviction_warning.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 60 * MICROS_PER_SECOND
+            && self
+                .inner
+                .last_eviction_warning
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                evicted,
+                max_keys = self.inner.per_shard * self.inner.shards.len(),
+                total_evictions = self.inner.evictions.load(Ordering::Relaxed),
+                "tollgate memory store is full: evicted the keys closest to a full budget \
+                 (those clients start again with a full budget); raise max_keys if this repeats"
+            );
+        }
+    }
+}
+
+/// A value to leave behind while a state is moved out for a commit.
+const PLACEHOLDER: State = State::Gcra(crate::algorithm::GcraState { tat: 0 });
+
+impl Shard {
+    fn find(&self, hash: u64, charge: &Charge<'_>, now: u64) -> Option<&State> {
+        self.table
+            .find(hash, |e| e.rule == charge.rule.id() && e.key == *charge.key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &e.state)
+    }
+
+    fn maybe_sweep(&mut self, now: u64) {
+        if now >= self.next_sweep {
+            self.sweep(now);
+        }
+    }
+
+    fn sweep(&mut self, now: u64) {
+        self.table.retain(|e| e.expires_at > now);
+        self.next_sweep = now + SWEEP_INTERVAL;
+    }
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave it half-written (states are replaced whole), so
+    // a poisoned lock is still usable.
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .field("max_keys", &(self.inner.per_shard * self.inner.shards.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store for MemoryStore {
+    type Future = Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, charges: &[Charge<'_>]) -> Self::Future {
+        ready(Ok(self.check_now(charges)))
+    }
+}
+
+impl MemoryStoreBuilder {
+    /// The most keys the store holds (default 1,000,000). Each rule of each client is one key.
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The number of shards, a power of two (default 64). More shards, less lock contention.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// The clock (default: [`SystemClock`]). Tests use a
+    /// [`ManualClock`](crate::clock::ManualClock) instead of sleeping.
+    pub fn clock<C: Clock>(mut self, clock: C) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
+        if self.shards == 0 || !self.shards.is_power_of_two() || self.shards > 1 << 16 {
+            return Err(ConfigError::new(format!(
+                "memory store: {} shards; use a power of two between 1 and 65536",
+                self.shards
+            )));
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new("memory store: max_keys is 0; use at least 1"));
+        }
+        let shards = self.shards.min(self.max_keys.next_power_of_two());
+        let per_shard = self.max_keys.div_ceil(shards);
+        Ok(MemoryStore {
+            inner: Arc::new(Inner {
+                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
+                shard_mask: shards as u64 - 1,
+                per_shard,
+                hasher: foldhash::fast::RandomState::default(),
+                clock: self.clock,
+                evictions: AtomicU64::new(0),
+                last_eviction_warning: AtomicU64::new(0),
+            }),
+        })
+    }
+}
