@@ -35,7 +35,9 @@ pub struct SystemClock {
 impl SystemClock {
     /// Reads the wall clock once.
     pub fn new() -> Self {
-        let since_epoch = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
         SystemClock {
             origin: Instant::now(),
             origin_micros: since_epoch.as_micros() as u64,
@@ -71,7 +73,8 @@ impl ManualClock {
 
     /// Moves the clock forward.
     pub fn advance(&self, by: Duration) {
-        self.micros.fetch_add(by.as_micros() as u64, Ordering::SeqCst);
+        self.micros
+            .fetch_add(by.as_micros() as u64, Ordering::SeqCst);
     }
 
     /// Sets the clock to `micros` microseconds since the Unix epoch.

@@ -50,7 +50,12 @@ impl Decision {
     /// For a denied request, microseconds until every denying rule would admit it; `None` when
     /// admitted or when it can never be admitted (a cost above a rule's capacity).
     pub fn retry_after_micros(&self) -> Option<u64> {
-        let wait = self.outcomes.iter().filter(|o| !o.allowed).map(|o| o.retry_after).max()?;
+        let wait = self
+            .outcomes
+            .iter()
+            .filter(|o| !o.allowed)
+            .map(|o| o.retry_after)
+            .max()?;
         (wait != u64::MAX).then_some(wait)
     }
 

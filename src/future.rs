@@ -150,7 +150,11 @@ where
     }
 }
 
-fn denied<St, B>(shared: &Shared<St>, applied: &[u16], decision: &Decision) -> Response<ResponseBody<B>> {
+fn denied<St, B>(
+    shared: &Shared<St>,
+    applied: &[u16],
+    decision: &Decision,
+) -> Response<ResponseBody<B>> {
     let mut response = match &shared.on_denied {
         Some(handler) => handler(&RateLimited::new(&shared.rules, applied, decision)),
         None => problem_response(&shared.rules, applied, decision),
@@ -173,7 +177,10 @@ fn unavailable<B>() -> Response<ResponseBody<B>> {
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
     headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }

@@ -85,7 +85,15 @@ impl<St> Clone for RateLimitLayer<St> {
 impl<St> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
-            .field("rules", &self.shared.rules.iter().map(|r| r.spec.name()).collect::<Vec<_>>())
+            .field(
+                "rules",
+                &self
+                    .shared
+                    .rules
+                    .iter()
+                    .map(|r| r.spec.name())
+                    .collect::<Vec<_>>(),
+            )
             .field("headers", &self.shared.headers)
             .finish_non_exhaustive()
     }
@@ -184,7 +192,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
         if self.rules.is_empty() {
-            return Err(ConfigError::new("no rules; add one with .rule(Rule::new(name, quota))"));
+            return Err(ConfigError::new(
+                "no rules; add one with .rule(Rule::new(name, quota))",
+            ));
         }
         if self.rules.len() > MAX_RULES {
             return Err(ConfigError::new(format!(

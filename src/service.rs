@@ -59,7 +59,9 @@ impl<S: Clone, St> Clone for RateLimit<S, St> {
 
 impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RateLimit").field("inner", &self.inner).finish_non_exhaustive()
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 

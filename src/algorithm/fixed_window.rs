@@ -30,7 +30,12 @@ impl FixedWindow {
     }
 
     /// Checks a request of `cost` at `now`.
-    pub fn check(limits: &Limits, state: Option<&FixedWindowState>, now: u64, cost: u64) -> Outcome {
+    pub fn check(
+        limits: &Limits,
+        state: Option<&FixedWindowState>,
+        now: u64,
+        cost: u64,
+    ) -> Outcome {
         let (start, count) = Self::count(limits, state, now);
         let until_next = start + limits.period - now;
         let allowed = count + cost <= limits.limit;

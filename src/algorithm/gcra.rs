@@ -50,7 +50,12 @@ impl Gcra {
     }
 
     /// Charges `cost` at `now`; `None` when the bucket is left full.
-    pub fn commit(limits: &Limits, state: Option<&GcraState>, now: u64, cost: u64) -> Option<GcraState> {
+    pub fn commit(
+        limits: &Limits,
+        state: Option<&GcraState>,
+        now: u64,
+        cost: u64,
+    ) -> Option<GcraState> {
         let tat = Self::start(state, now) + cost * limits.interval;
         (tat > now).then_some(GcraState { tat })
     }

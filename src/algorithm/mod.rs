@@ -108,7 +108,11 @@ impl Algorithm {
 
     /// The most one request may cost: the burst for token bucket and GCRA, the quota otherwise.
     pub const fn capacity(self, limits: &Limits) -> u64 {
-        if self.has_burst() { limits.burst } else { limits.limit }
+        if self.has_burst() {
+            limits.burst
+        } else {
+            limits.limit
+        }
     }
 
     /// Whether the algorithm has a burst separate from its quota (token bucket and GCRA).
@@ -251,15 +255,22 @@ impl Algorithm {
             };
         }
         match self {
-            Algorithm::TokenBucket => TokenBucket::check(limits, state.and_then(State::token_bucket), now, cost),
+            Algorithm::TokenBucket => {
+                TokenBucket::check(limits, state.and_then(State::token_bucket), now, cost)
+            }
             Algorithm::Gcra => Gcra::check(limits, state.and_then(State::gcra), now, cost),
-            Algorithm::FixedWindow => FixedWindow::check(limits, state.and_then(State::fixed_window), now, cost),
+            Algorithm::FixedWindow => {
+                FixedWindow::check(limits, state.and_then(State::fixed_window), now, cost)
+            }
             Algorithm::SlidingWindowLog => {
                 SlidingWindowLog::check(limits, state.and_then(State::sliding_log), now, cost)
             }
-            Algorithm::SlidingWindowCounter => {
-                SlidingWindowCounter::check(limits, state.and_then(State::sliding_counter), now, cost)
-            }
+            Algorithm::SlidingWindowCounter => SlidingWindowCounter::check(
+                limits,
+                state.and_then(State::sliding_counter),
+                now,
+                cost,
+            ),
         }
     }
 
@@ -270,17 +281,23 @@ impl Algorithm {
     pub fn commit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) {
         let old = state.take();
         *state = match self {
-            Algorithm::TokenBucket => {
-                TokenBucket::commit(limits, old.as_ref().and_then(State::token_bucket), now, cost)
-                    .map(State::TokenBucket)
-            }
+            Algorithm::TokenBucket => TokenBucket::commit(
+                limits,
+                old.as_ref().and_then(State::token_bucket),
+                now,
+                cost,
+            )
+            .map(State::TokenBucket),
             Algorithm::Gcra => {
                 Gcra::commit(limits, old.as_ref().and_then(State::gcra), now, cost).map(State::Gcra)
             }
-            Algorithm::FixedWindow => {
-                FixedWindow::commit(limits, old.as_ref().and_then(State::fixed_window), now, cost)
-                    .map(State::FixedWindow)
-            }
+            Algorithm::FixedWindow => FixedWindow::commit(
+                limits,
+                old.as_ref().and_then(State::fixed_window),
+                now,
+                cost,
+            )
+            .map(State::FixedWindow),
             Algorithm::SlidingWindowLog => {
                 let log = match old {
                     Some(State::SlidingWindowLog(log)) => Some(log),

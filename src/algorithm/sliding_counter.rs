@@ -52,11 +52,17 @@ impl SlidingWindowCounter {
     /// The weighted count at `now`.
     fn estimate(limits: &Limits, c: &Counters, now: u64) -> u64 {
         let elapsed = now - c.start;
-        let weighted = (c.previous as f64) * ((limits.period - elapsed) as f64) / (limits.period as f64);
+        let weighted =
+            (c.previous as f64) * ((limits.period - elapsed) as f64) / (limits.period as f64);
         weighted.floor() as u64 + c.current
     }
 
-    fn admits(limits: &Limits, state: Option<&SlidingWindowCounterState>, at: u64, cost: u64) -> bool {
+    fn admits(
+        limits: &Limits,
+        state: Option<&SlidingWindowCounterState>,
+        at: u64,
+        cost: u64,
+    ) -> bool {
         let c = Self::counters(limits, state, at);
         Self::estimate(limits, &c, at) + cost <= limits.limit
     }
@@ -100,7 +106,9 @@ impl SlidingWindowCounter {
         Outcome {
             allowed,
             limit: limits.limit,
-            remaining: limits.limit.saturating_sub(estimate + if allowed { cost } else { 0 }),
+            remaining: limits
+                .limit
+                .saturating_sub(estimate + if allowed { cost } else { 0 }),
             reset,
             retry_after,
         }

@@ -27,7 +27,12 @@ impl SlidingWindowLog {
     }
 
     /// Checks a request of `cost` at `now`.
-    pub fn check(limits: &Limits, state: Option<&SlidingWindowLogState>, now: u64, cost: u64) -> Outcome {
+    pub fn check(
+        limits: &Limits,
+        state: Option<&SlidingWindowLogState>,
+        now: u64,
+        cost: u64,
+    ) -> Outcome {
         let empty = VecDeque::new();
         let entries = state.map_or(&empty, |s| &s.entries);
         let first = Self::first_live(limits, entries, now);
@@ -49,8 +54,13 @@ impl SlidingWindowLog {
         } else {
             // The `must_leave`-th oldest live entry has to leave the window first.
             let must_leave = (count + cost - limits.limit) as usize;
-            let reset = entries.back().map_or(0, |&t| (t + limits.period).saturating_sub(now));
-            let retry_after = match must_leave.checked_sub(1).and_then(|i| entries.get(first + i)) {
+            let reset = entries
+                .back()
+                .map_or(0, |&t| (t + limits.period).saturating_sub(now));
+            let retry_after = match must_leave
+                .checked_sub(1)
+                .and_then(|i| entries.get(first + i))
+            {
                 Some(&leaving) if must_leave as u64 <= count => leaving + limits.period - now,
                 // A cost above the quota never fits.
                 _ => u64::MAX,

@@ -55,7 +55,12 @@ impl TokenBucket {
     }
 
     /// Checks a request of `cost` at `now`.
-    pub fn check(limits: &Limits, state: Option<&TokenBucketState>, now: u64, cost: u64) -> Outcome {
+    pub fn check(
+        limits: &Limits,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        cost: u64,
+    ) -> Outcome {
         let bucket = Self::refill(limits, state, now);
         if bucket.tokens >= cost {
             let after = TokenBucketState {

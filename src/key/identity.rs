@@ -63,10 +63,17 @@ impl Key {
     /// replaced by `sha256:` and the hex digest of the input.
     pub fn text(identity: impl AsRef<str>) -> Self {
         let identity = identity.as_ref();
-        let needs_escape = |c: char| matches!(c, '%' | '{' | '}') || c.is_control() || c.is_whitespace();
+        let needs_escape =
+            |c: char| matches!(c, '%' | '{' | '}') || c.is_control() || c.is_whitespace();
         let escaped_len: usize = identity
             .chars()
-            .map(|c| if needs_escape(c) { 3 * c.len_utf8() } else { c.len_utf8() })
+            .map(|c| {
+                if needs_escape(c) {
+                    3 * c.len_utf8()
+                } else {
+                    c.len_utf8()
+                }
+            })
             .sum();
         if escaped_len > MAX_TEXT_KEY_LEN {
             let digest = Sha256::digest(identity.as_bytes());
@@ -87,8 +94,16 @@ impl Key {
                 let mut buf = [0u8; 4];
                 for byte in c.encode_utf8(&mut buf).bytes() {
                     out.push('%');
-                    out.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0').to_ascii_uppercase());
-                    out.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0').to_ascii_uppercase());
+                    out.push(
+                        char::from_digit(u32::from(byte >> 4), 16)
+                            .unwrap_or('0')
+                            .to_ascii_uppercase(),
+                    );
+                    out.push(
+                        char::from_digit(u32::from(byte & 0xf), 16)
+                            .unwrap_or('0')
+                            .to_ascii_uppercase(),
+                    );
                 }
             } else {
                 out.push(c);

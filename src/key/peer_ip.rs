@@ -44,14 +44,20 @@ impl PeerIp {
     /// The peer address of a request, if the server recorded one.
     pub fn peer_addr(parts: &Parts) -> Option<IpAddr> {
         #[cfg(feature = "axum")]
-        if let Some(info) = parts.extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        if let Some(info) = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<SocketAddr>>()
+        {
             return Some(info.0.ip());
         }
         if let Some(addr) = parts.extensions.get::<SocketAddr>() {
             return Some(addr.ip());
         }
         #[cfg(feature = "tonic")]
-        if let Some(info) = parts.extensions.get::<tonic::transport::server::TcpConnectInfo>() {
+        if let Some(info) = parts
+            .extensions
+            .get::<tonic::transport::server::TcpConnectInfo>()
+        {
             return info.remote_addr().map(|addr| addr.ip());
         }
         None

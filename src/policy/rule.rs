@@ -80,7 +80,10 @@ impl Rule {
     }
 
     /// Validates the rule and fixes its key extractor.
-    pub(crate) fn compile(self, default_key: &SharedExtractor) -> Result<CompiledRule, ConfigError> {
+    pub(crate) fn compile(
+        self,
+        default_key: &SharedExtractor,
+    ) -> Result<CompiledRule, ConfigError> {
         let name = self.name;
         validate_name(&name)?;
         let quota = self.quota;
@@ -95,8 +98,12 @@ impl Rule {
         }
         let period = quota.period().as_micros();
         let period = u64::try_from(period).unwrap_or(u64::MAX);
-        let limits = Limits::new(quota.limit(), period, quota.burst_size().unwrap_or(quota.limit()))
-            .map_err(|e| ConfigError::in_rule(&name, e))?;
+        let limits = Limits::new(
+            quota.limit(),
+            period,
+            quota.burst_size().unwrap_or(quota.limit()),
+        )
+        .map_err(|e| ConfigError::in_rule(&name, e))?;
         if let Cost::Fixed(cost) = self.cost {
             let capacity = self.algorithm.capacity(&limits);
             if cost > capacity {
@@ -105,7 +112,11 @@ impl Rule {
                     format_args!(
                         "a request costs {cost} but the rule never holds more than {capacity}; \
                          lower the cost or raise the quota{}",
-                        if self.algorithm.has_burst() { " or burst" } else { "" }
+                        if self.algorithm.has_burst() {
+                            " or burst"
+                        } else {
+                            ""
+                        }
                     ),
                 ));
             }
@@ -155,7 +166,8 @@ impl RuleSpec {
     pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm, limits: Limits) -> Self {
         let name = name.into();
         // A stable 64-bit id of the name, so that stores can key by a number.
-        let mut hasher = foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).build_hasher();
+        let mut hasher =
+            foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).build_hasher();
         hasher.write(name.as_bytes());
         let id = hasher.finish();
         RuleSpec {

@@ -11,33 +11,35 @@ pin_project! {
     ///
     /// Works with any inner body whose data chunks can be made from [`Bytes`]: axum's and tonic's
     /// bodies, `Full<Bytes>`, `String` bodies…
-    #[project = ResponseBodyProj]
-    pub enum ResponseBody<B> {
-        /// The inner service's body, untouched.
-        Inner {
-            /// The inner body.
-            #[pin]
-            body: B,
-        },
-        /// A body tollgate wrote.
-        Full {
-            /// What is left to send.
-            data: Option<Bytes>,
-        },
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
     }
 }
 
 impl<B> ResponseBody<B> {
     /// Wraps the inner service's body.
     pub fn inner(body: B) -> Self {
-        ResponseBody::Inner { body }
+        ResponseBody {
+            kind: Kind::Inner { body },
+        }
     }
 
     /// A body of these bytes.
     pub fn full(data: impl Into<Bytes>) -> Self {
         let data = data.into();
-        ResponseBody::Full {
-            data: (!data.is_empty()).then_some(data),
+        ResponseBody {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
         }
     }
 }
@@ -54,23 +56,25 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project() {
-            ResponseBodyProj::Inner { body } => body.poll_frame(cx),
-            ResponseBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into())))),
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into())))),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            ResponseBody::Inner { body } => body.is_end_stream(),
-            ResponseBody::Full { data } => data.is_none(),
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            ResponseBody::Inner { body } => body.size_hint(),
-            ResponseBody::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
         }
     }
 }

@@ -171,7 +171,9 @@ pub(crate) fn write_headers(
         let reset = match format {
             ResetFormat::DeltaSeconds => reset,
             ResetFormat::EpochSeconds => {
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as u64);
                 seconds_up(now + binding.reset)
             }
         };

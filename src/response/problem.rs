@@ -53,7 +53,10 @@ impl RateLimited {
 
     /// The names of the rules that denied the request.
     pub fn violated(&self) -> impl Iterator<Item = &str> {
-        self.rules.iter().filter(|(_, o)| !o.allowed).map(|(name, _)| name.as_str())
+        self.rules
+            .iter()
+            .filter(|(_, o)| !o.allowed)
+            .map(|(name, _)| name.as_str())
     }
 
     /// The `Retry-After` value: whole seconds, rounded up, at least 1; `None` when the request can
@@ -66,7 +69,11 @@ impl RateLimited {
 static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
 /// The default 429 answer: an RFC 9457 problem document naming the violated policies.
-pub(crate) fn problem_response(rules: &[CompiledRule], applied: &[u16], decision: &Decision) -> Response<Bytes> {
+pub(crate) fn problem_response(
+    rules: &[CompiledRule],
+    applied: &[u16],
+    decision: &Decision,
+) -> Response<Bytes> {
     let retry = decision.retry_after_seconds();
     let mut body = String::with_capacity(256);
     body.push_str(
@@ -99,13 +106,19 @@ pub(crate) fn problem_response(rules: &[CompiledRule], applied: &[u16], decision
             outcome.reset.div_ceil(MICROS_PER_SECOND),
         );
         if outcome.retry_after != u64::MAX {
-            let _ = write!(body, ",\"retry_after\":{}", outcome.retry_after.div_ceil(MICROS_PER_SECOND).max(1));
+            let _ = write!(
+                body,
+                ",\"retry_after\":{}",
+                outcome.retry_after.div_ceil(MICROS_PER_SECOND).max(1)
+            );
         }
         body.push('}');
     }
     body.push_str("]}");
     let mut response = Response::new(Bytes::from(body));
     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    response.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON.clone());
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, PROBLEM_JSON.clone());
     response
 }

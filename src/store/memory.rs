@@ -99,7 +99,9 @@ pub struct MemoryStoreBuilder {
 impl MemoryStore {
     /// A store with the defaults: 1,000,000 keys at most, the system clock.
     pub fn new() -> Self {
-        Self::builder().build().unwrap_or_else(|_| unreachable!("the defaults are valid"))
+        Self::builder()
+            .build()
+            .unwrap_or_else(|_| unreachable!("the defaults are valid"))
     }
 
     /// Configures a store.
@@ -156,7 +158,10 @@ impl MemoryStore {
                 shard.maybe_sweep(now);
                 let outcome = {
                     let state = shard.find(hash, charge, now);
-                    charge.rule.algorithm().check(charge.rule.limits(), state, now, charge.cost)
+                    charge
+                        .rule
+                        .algorithm()
+                        .check(charge.rule.limits(), state, now, charge.cost)
                 };
                 if outcome.allowed {
                     self.commit(&mut shard, hash, charge, now, outcome.reset);
@@ -194,10 +199,17 @@ impl MemoryStore {
         for (charge, &(hash, shard)) in charges.iter().zip(&located) {
             let i = position(shard, &guards);
             let state = guards[i].1.find(hash, charge, now);
-            decision.push(charge.rule.algorithm().check(charge.rule.limits(), state, now, charge.cost));
+            decision.push(charge.rule.algorithm().check(
+                charge.rule.limits(),
+                state,
+                now,
+                charge.cost,
+            ));
         }
         if decision.allowed() {
-            for ((charge, &(hash, shard)), outcome) in charges.iter().zip(&located).zip(decision.outcomes()) {
+            for ((charge, &(hash, shard)), outcome) in
+                charges.iter().zip(&located).zip(decision.outcomes())
+            {
                 let i = position(shard, &guards);
                 self.commit(&mut guards[i].1, hash, charge, now, outcome.reset);
             }
@@ -215,7 +227,8 @@ impl MemoryStore {
         match existing {
             Ok(mut entry) => {
                 let live = entry.get().expires_at > now;
-                let mut state = live.then(|| std::mem::replace(&mut entry.get_mut().state, PLACEHOLDER));
+                let mut state =
+                    live.then(|| std::mem::replace(&mut entry.get_mut().state, PLACEHOLDER));
                 algorithm.commit(rule.limits(), &mut state, now, charge.cost);
                 match state {
                     Some(state) => {
@@ -321,7 +334,9 @@ impl Shard {
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     // A panic while holding a shard cannot leave it half-written (states are replaced whole), so
     // a poisoned lock is still usable.
-    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl Default for MemoryStore {
@@ -334,7 +349,10 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("shards", &self.inner.shards.len())
-            .field("max_keys", &(self.inner.per_shard * self.inner.shards.len()))
+            .field(
+                "max_keys",
+                &(self.inner.per_shard * self.inner.shards.len()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -376,7 +394,9 @@ impl MemoryStoreBuilder {
             )));
         }
         if self.max_keys == 0 {
-            return Err(ConfigError::new("memory store: max_keys is 0; use at least 1"));
+            return Err(ConfigError::new(
+                "memory store: max_keys is 0; use at least 1",
+            ));
         }
         let shards = self.shards.min(self.max_keys.next_power_of_two());
         let per_shard = self.max_keys.div_ceil(shards);
