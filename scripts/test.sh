@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole check, as CI runs it: formatting, lints, every test (Redis tests start their own
+# redis-server processes), doc tests, and every example built.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { printf '\n==> %s\n' "$*"; }
+
+ensure_redis() {
+    if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+        return 0
+    fi
+    say "redis-server / redis-cli not found: installing them (Debian packages redis-server, redis-tools)"
+    if command -v apt-get >/dev/null 2>&1; then
+        local sudo=""
+        if [ "$(id -u)" != 0 ]; then
+            if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+                echo "error: installing Redis needs root (or sudo); run: apt-get install -y redis-server redis-tools" >&2
+                exit 1
+            fi
+        fi
+        $sudo apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server redis-tools >/dev/null || true
+    elif command -v brew >/dev/null 2>&1; then
+        brew install redis || true
+    fi
+    if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+        echo "error: the tests need redis-server and redis-cli (Redis 6.2 or newer, or Valkey) on PATH." >&2
+        echo "       Install them (Debian/Ubuntu: apt-get install redis-server redis-tools; macOS: brew install redis) and run again." >&2
+        exit 1
+    fi
+}
+
+ensure_redis
+echo "using $(redis-server --version)"
+
+say "cargo fmt --check"
+cargo fmt --all -- --check
+
+say "cargo clippy --all-targets --all-features -D warnings"
+cargo clippy --all-targets --all-features -- -D warnings
+
+say "cargo build --no-default-features"
+cargo build --no-default-features
+
+say "cargo test --all-features (unit, integration, doc tests)"
+cargo test --all-features
+
+say "cargo build --examples --all-features"
+cargo build --examples --all-features
+
+say "all checks passed"
