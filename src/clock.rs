@@ -16,7 +16,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A source of time in microseconds since the Unix epoch.
 pub trait Clock: Send + Sync + 'static {
@@ -24,22 +24,28 @@ pub trait Clock: Send + Sync + 'static {
     fn now_micros(&self) -> u64;
 }
 
-/// Wall-clock time that never steps backwards: the wall time when it was created plus a monotonic
-/// [`Instant`] since. Created once per store, never per request.
-#[derive(Clone, Copy, Debug)]
+/// Wall-clock time that never steps backwards: the wall time when it was created plus the
+/// monotonic time elapsed since, read from the CPU's time-stamp counter where it is reliable
+/// (through `quanta`, which falls back to the OS monotonic clock elsewhere). Created once per
+/// store, never per request.
+#[derive(Clone, Debug)]
 pub struct SystemClock {
-    origin: Instant,
+    clock: quanta::Clock,
+    origin_raw: u64,
     origin_micros: u64,
 }
 
 impl SystemClock {
     /// Reads the wall clock once.
     pub fn new() -> Self {
+        let clock = quanta::Clock::new();
+        let origin_raw = clock.raw();
         let since_epoch = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
         SystemClock {
-            origin: Instant::now(),
+            clock,
+            origin_raw,
             origin_micros: since_epoch.as_micros() as u64,
         }
     }
@@ -52,8 +58,11 @@ impl Default for SystemClock {
 }
 
 impl Clock for SystemClock {
+    #[inline]
     fn now_micros(&self) -> u64 {
-        self.origin_micros + self.origin.elapsed().as_micros() as u64
+        // `delta_as_nanos` is 0, never negative, if another core's counter reads behind.
+        let elapsed_nanos = self.clock.delta_as_nanos(self.origin_raw, self.clock.raw());
+        self.origin_micros + elapsed_nanos / 1_000
     }
 }
 

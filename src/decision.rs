@@ -32,6 +32,14 @@ impl Decision {
         }
     }
 
+    /// A decision on one rule.
+    #[inline]
+    pub fn single(outcome: Outcome) -> Self {
+        Decision {
+            outcomes: smallvec::smallvec![outcome],
+        }
+    }
+
     /// Adds the outcome of the next rule.
     pub fn push(&mut self, outcome: Outcome) {
         self.outcomes.push(outcome);

@@ -29,20 +29,19 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S::Future, St::Future>,
-        call: Option<(S, Request<ReqBody>)>,
+        state: State<S, Request<ReqBody>, S::Future, St::Future>,
         applied: Applied,
-        decision: Option<Decision>,
         shared: Arc<Shared<St>>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, C> {
-        Checking { #[pin] check: C },
-        Deferred { check: DeferredCheck },
-        Calling { #[pin] future: F },
+    enum State<S, R, F, C> {
+        // The ready inner service and the request wait here for the decision.
+        Checking { #[pin] check: C, call: Option<(S, R)> },
+        Deferred { check: DeferredCheck, call: Option<(S, R)> },
+        Calling { #[pin] future: F, decision: Option<Decision> },
         Done,
     }
 }
@@ -60,10 +59,11 @@ where
         shared: Arc<Shared<St>>,
     ) -> Self {
         ResponseFuture {
-            state: State::Checking { check },
-            call: Some((service, request)),
+            state: State::Checking {
+                check,
+                call: Some((service, request)),
+            },
             applied,
-            decision: None,
             shared,
         }
     }
@@ -75,10 +75,11 @@ where
         shared: Arc<Shared<St>>,
     ) -> Self {
         ResponseFuture {
-            state: State::Deferred { check },
-            call: Some((service, request)),
+            state: State::Deferred {
+                check,
+                call: Some((service, request)),
+            },
             applied: Applied::new(),
-            decision: None,
             shared,
         }
     }
@@ -94,17 +95,21 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let result = match this.state.as_mut().project() {
-                StateProj::Checking { check } => ready!(check.poll(cx)),
-                StateProj::Deferred { check } => {
+            let (result, call) = match this.state.as_mut().project() {
+                StateProj::Checking { check, call } => {
+                    let result = ready!(check.poll(cx));
+                    (result, call.take())
+                }
+                StateProj::Deferred { check, call } => {
                     let (applied, result) = ready!(check.as_mut().poll(cx));
                     *this.applied = applied;
-                    result
+                    (result, call.take())
                 }
-                StateProj::Calling { future } => {
+                StateProj::Calling { future, decision } => {
                     let mut response = ready!(future.poll(cx))?;
+                    let decision = decision.take();
                     this.state.set(State::Done);
-                    if let Some(decision) = this.decision.take() {
+                    if let Some(decision) = decision {
                         let shared = &**this.shared;
                         write_headers(
                             response.headers_mut(),
@@ -120,11 +125,10 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             let shared = &**this.shared;
-            match result {
-                Ok(decision) if decision.allowed() => *this.decision = Some(decision),
+            let decision = match result {
+                Ok(decision) if decision.allowed() => Some(decision),
                 Ok(decision) => {
                     this.state.set(State::Done);
-                    this.call.take();
                     return Poll::Ready(Ok(denied(shared, this.applied, &decision)));
                 }
                 Err(error) => {
@@ -135,16 +139,17 @@ where
                     }
                     if shared.on_store_error == FailureMode::Closed {
                         this.state.set(State::Done);
-                        this.call.take();
                         return Poll::Ready(Ok(unavailable()));
                     }
+                    None
                 }
-            }
-            let Some((mut service, request)) = this.call.take() else {
+            };
+            let Some((mut service, request)) = call else {
                 panic!("ResponseFuture polled after completion");
             };
             this.state.set(State::Calling {
                 future: service.call(request),
+                decision,
             });
         }
     }
@@ -157,7 +162,7 @@ fn denied<St, B>(
 ) -> Response<ResponseBody<B>> {
     let mut response = match &shared.on_denied {
         Some(handler) => handler(&RateLimited::new(&shared.rules, applied, decision)),
-        None => problem_response(&shared.rules, applied, decision),
+        None => problem_response(&shared.rules, &shared.problems, applied, decision),
     };
     write_headers(
         response.headers_mut(),

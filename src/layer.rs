@@ -10,7 +10,7 @@ use tower_layer::Layer;
 
 use crate::key::{KeyExtractor, PeerIp, SharedExtractor};
 use crate::policy::{CompiledRule, ConfigError, FailureMode, Quota, Rule};
-use crate::response::{Headers, PolicyItems, RateLimited};
+use crate::response::{Headers, PolicyItems, ProblemBodies, RateLimited};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
 
@@ -32,6 +32,7 @@ pub(crate) struct Shared<St> {
     pub(crate) rules: Box<[CompiledRule]>,
     pub(crate) warned_missing_key: Box<[AtomicBool]>,
     pub(crate) policies: PolicyItems,
+    pub(crate) problems: ProblemBodies,
     pub(crate) store: St,
     pub(crate) headers: Headers,
     pub(crate) on_denied: Option<DeniedHandler>,
@@ -59,7 +60,7 @@ impl RateLimitLayer<MemoryStore> {
         RateLimitLayerBuilder {
             rules: Vec::new(),
             key: Arc::new(PeerIp::new()),
-            store: MemoryStore::new(),
+            store: StoreChoice::Default(MemoryStore::new),
             headers: Headers::default(),
             on_denied: None,
             on_store_error: FailureMode::default(),
@@ -129,10 +130,16 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
 pub struct RateLimitLayerBuilder<St> {
     rules: Vec<Rule>,
     key: SharedExtractor,
-    store: St,
+    store: StoreChoice<St>,
     headers: Headers,
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
+}
+
+/// The store given to the builder, or how to make the default one (only if it is needed).
+enum StoreChoice<St> {
+    Given(St),
+    Default(fn() -> St),
 }
 
 impl<St: Store> RateLimitLayerBuilder<St> {
@@ -160,7 +167,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         RateLimitLayerBuilder {
             rules: self.rules,
             key: self.key,
-            store,
+            store: StoreChoice::Given(store),
             headers: self.headers,
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
@@ -217,12 +224,17 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             .map(|rule| rule.compile(&self.key))
             .collect::<Result<Box<[_]>, _>>()?;
         let policies = PolicyItems::new(&rules);
+        let problems = ProblemBodies::new(&rules);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 warned_missing_key: rules.iter().map(|_| AtomicBool::new(false)).collect(),
                 rules,
                 policies,
-                store: self.store,
+                problems,
+                store: match self.store {
+                    StoreChoice::Given(store) => store,
+                    StoreChoice::Default(make) => make(),
+                },
                 headers: self.headers,
                 on_denied: self.on_denied,
                 on_store_error: self.on_store_error,

@@ -85,14 +85,42 @@ where
 
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
+
         let mut keys: SmallVec<[(u16, Key, u64); 2]> = SmallVec::new();
         let mut pending: SmallVec<[(u16, KeyFuture, u64); 1]> = SmallVec::new();
-        for (i, rule) in shared.rules.iter().enumerate() {
-            let index = i as u16;
+        if let [rule] = &*shared.rules {
+            // The common case, one rule: no lists to build.
+            let cost = rule.cost.of(&parts);
             match rule.key.extract(&parts) {
-                Extracted::Ready(Some(key)) => keys.push((index, key, rule.cost.of(&parts))),
-                Extracted::Ready(None) => warn_missing_key(shared, i),
-                Extracted::Pending(future) => pending.push((index, future, rule.cost.of(&parts))),
+                Extracted::Ready(Some(key)) => {
+                    let request = Request::from_parts(parts, body);
+                    let check = shared.store.check(&[Charge {
+                        rule: &rule.spec,
+                        key: &key,
+                        cost,
+                    }]);
+                    let applied = Applied::from_buf_and_len([0; 4], 1);
+                    return ResponseFuture::checking(
+                        check,
+                        applied,
+                        ready,
+                        request,
+                        shared.clone(),
+                    );
+                }
+                Extracted::Ready(None) => warn_missing_key(shared, 0),
+                Extracted::Pending(future) => pending.push((0, future, cost)),
+            }
+        } else {
+            for (i, rule) in shared.rules.iter().enumerate() {
+                let index = i as u16;
+                match rule.key.extract(&parts) {
+                    Extracted::Ready(Some(key)) => keys.push((index, key, rule.cost.of(&parts))),
+                    Extracted::Ready(None) => warn_missing_key(shared, i),
+                    Extracted::Pending(future) => {
+                        pending.push((index, future, rule.cost.of(&parts)))
+                    }
+                }
             }
         }
         let request = Request::from_parts(parts, body);

@@ -30,6 +30,7 @@ impl FixedWindow {
     }
 
     /// Checks a request of `cost` at `now`.
+    #[inline]
     pub fn check(
         limits: &Limits,
         state: Option<&FixedWindowState>,
@@ -50,6 +51,7 @@ impl FixedWindow {
     }
 
     /// Charges `cost` at `now`; `None` when nothing is counted.
+    #[inline]
     pub fn commit(
         limits: &Limits,
         state: Option<&FixedWindowState>,

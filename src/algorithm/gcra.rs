@@ -26,6 +26,7 @@ impl Gcra {
     }
 
     /// Checks a request of `cost` at `now`.
+    #[inline]
     pub fn check(limits: &Limits, state: Option<&GcraState>, now: u64, cost: u64) -> Outcome {
         let tat = Self::start(state, now);
         let capacity_end = now + limits.burst * limits.interval;
@@ -50,6 +51,7 @@ impl Gcra {
     }
 
     /// Charges `cost` at `now`; `None` when the bucket is left full.
+    #[inline]
     pub fn commit(
         limits: &Limits,
         state: Option<&GcraState>,

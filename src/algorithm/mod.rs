@@ -63,6 +63,10 @@ pub const MAX_MICROS: u64 = 1 << 53;
 /// The longest period a quota may have: 366 days.
 pub const MAX_PERIOD_MICROS: u64 = 366 * 24 * 3600 * MICROS_PER_SECOND;
 
+/// The longest time a bucket may take to refill from empty (`burst × interval`): ten periods of
+/// the longest length. It keeps every time sum of the model far below 2^53.
+pub const MAX_REFILL_MICROS: u64 = 10 * MAX_PERIOD_MICROS;
+
 /// The rate-limiting algorithm of a rule.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -154,7 +158,7 @@ pub enum LimitsError {
     PeriodTooLong,
     /// More than one request per microsecond.
     RateTooHigh,
-    /// The burst times the interval does not fit in [`MAX_PERIOD_MICROS`].
+    /// The burst times the interval is longer than [`MAX_REFILL_MICROS`].
     BurstTooLarge,
 }
 
@@ -169,7 +173,7 @@ impl fmt::Display for LimitsError {
                 "the quota allows more than one request per microsecond; lower it or lengthen the period"
             }
             LimitsError::BurstTooLarge => {
-                "the burst takes longer than 366 days to refill; lower the burst or raise the rate"
+                "the burst takes longer than 3660 days to refill; lower the burst or raise the rate"
             }
         })
     }
@@ -197,7 +201,7 @@ impl Limits {
         }
         let interval = period.div_ceil(limit);
         match burst.checked_mul(interval) {
-            Some(full) if full <= MAX_PERIOD_MICROS => {}
+            Some(full) if full <= MAX_REFILL_MICROS => {}
             _ => return Err(LimitsError::BurstTooLarge),
         }
         Ok(Limits {
@@ -233,8 +237,8 @@ pub enum State {
     Gcra(GcraState),
     /// See [`FixedWindow`].
     FixedWindow(FixedWindowState),
-    /// See [`SlidingWindowLog`].
-    SlidingWindowLog(SlidingWindowLogState),
+    /// See [`SlidingWindowLog`] (boxed: the log is the one state that grows).
+    SlidingWindowLog(Box<SlidingWindowLogState>),
     /// See [`SlidingWindowCounter`].
     SlidingWindowCounter(SlidingWindowCounterState),
 }
@@ -246,6 +250,7 @@ impl Algorithm {
     ///
     /// A `cost` above [`capacity`](Algorithm::capacity) can never be admitted: it is denied with
     /// `retry_after == u64::MAX`.
+    #[inline]
     pub fn check(self, limits: &Limits, state: Option<&State>, now: u64, cost: u64) -> Outcome {
         if cost > self.capacity(limits) {
             return Outcome {
@@ -278,6 +283,7 @@ impl Algorithm {
     /// the same as no state at all (the key can be removed).
     ///
     /// Call it only after [`check`](Algorithm::check) admitted the request.
+    #[inline]
     pub fn commit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) {
         let old = state.take();
         *state = match self {
@@ -300,10 +306,11 @@ impl Algorithm {
             .map(State::FixedWindow),
             Algorithm::SlidingWindowLog => {
                 let log = match old {
-                    Some(State::SlidingWindowLog(log)) => Some(log),
+                    Some(State::SlidingWindowLog(log)) => Some(*log),
                     _ => None,
                 };
-                SlidingWindowLog::commit(limits, log, now, cost).map(State::SlidingWindowLog)
+                SlidingWindowLog::commit(limits, log, now, cost)
+                    .map(|log| State::SlidingWindowLog(Box::new(log)))
             }
             Algorithm::SlidingWindowCounter => SlidingWindowCounter::commit(
                 limits,

@@ -27,6 +27,7 @@ impl SlidingWindowLog {
     }
 
     /// Checks a request of `cost` at `now`.
+    #[inline]
     pub fn check(
         limits: &Limits,
         state: Option<&SlidingWindowLogState>,
@@ -77,6 +78,7 @@ impl SlidingWindowLog {
 
     /// Drops the units that left the window and adds `cost` units at `now`; `None` when the log
     /// is left empty.
+    #[inline]
     pub fn commit(
         limits: &Limits,
         state: Option<SlidingWindowLogState>,

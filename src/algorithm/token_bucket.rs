@@ -24,6 +24,7 @@ pub struct TokenBucket;
 
 impl TokenBucket {
     /// The bucket as it is at `now`: refilled by whole intervals, capped at the burst.
+    #[inline]
     pub fn refill(limits: &Limits, state: Option<&TokenBucketState>, now: u64) -> TokenBucketState {
         let Some(state) = state else {
             return TokenBucketState {
@@ -55,6 +56,7 @@ impl TokenBucket {
     }
 
     /// Checks a request of `cost` at `now`.
+    #[inline]
     pub fn check(
         limits: &Limits,
         state: Option<&TokenBucketState>,
@@ -86,6 +88,7 @@ impl TokenBucket {
     }
 
     /// Takes `cost` tokens at `now`; `None` when the bucket is left full (no state needed).
+    #[inline]
     pub fn commit(
         limits: &Limits,
         state: Option<&TokenBucketState>,

@@ -96,6 +96,13 @@ impl Rule {
                 ),
             ));
         }
+        if self.algorithm == Algorithm::SlidingWindowCounter && quota.limit() > u64::from(u32::MAX)
+        {
+            return Err(ConfigError::in_rule(
+                &name,
+                "the sliding window counter counts at most 4294967295 per window; lower the quota or use another algorithm",
+            ));
+        }
         let period = quota.period().as_micros();
         let period = u64::try_from(period).unwrap_or(u64::MAX);
         let limits = Limits::new(

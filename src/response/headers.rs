@@ -1,9 +1,9 @@
-use std::fmt::Write;
+use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
+use super::buffer::Buffer;
 use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 use crate::decision::Decision;
 use crate::policy::CompiledRule;
@@ -107,19 +107,26 @@ impl PolicyItems {
         if applied.len() == total {
             return self.all.clone();
         }
-        let mut out = String::new();
+        let mut out = Buffer::default();
         for &i in applied {
             if !out.is_empty() {
-                out.push_str(", ");
+                out.push(b", ");
             }
-            out.push_str(&self.items[usize::from(i)]);
+            out.push(self.items[usize::from(i)].as_bytes());
         }
-        to_value(out)
+        out.header_value()
     }
 }
 
-fn to_value(s: String) -> HeaderValue {
-    HeaderValue::from_maybe_shared(Bytes::from(s)).unwrap_or(HeaderValue::from_static(""))
+/// `Retry-After` values up to an hour are made once and shared.
+fn retry_after_value(seconds: u64) -> HeaderValue {
+    static COMMON: OnceLock<Box<[HeaderValue]>> = OnceLock::new();
+    let common = COMMON.get_or_init(|| (0..=3600u64).map(HeaderValue::from).collect());
+    usize::try_from(seconds)
+        .ok()
+        .and_then(|i| common.get(i))
+        .cloned()
+        .unwrap_or_else(|| HeaderValue::from(seconds))
 }
 
 fn seconds_up(micros: u64) -> u64 {
@@ -136,30 +143,30 @@ pub(crate) fn write_headers(
     decision: &Decision,
 ) {
     let outcomes = decision.outcomes();
-    if !decision.allowed() {
-        if let Some(seconds) = decision.retry_after_seconds() {
-            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
-        }
+    if !decision.allowed()
+        && let Some(seconds) = decision.retry_after_seconds()
+    {
+        headers.insert(RETRY_AFTER, retry_after_value(seconds));
     }
     if outcomes.is_empty() {
         return;
     }
     if style.ietf {
         headers.append(&RATELIMIT_POLICY, policies.value(applied, rules.len()));
-        let mut value = String::with_capacity(32 * outcomes.len());
+        let mut value = Buffer::default();
         for (&i, outcome) in applied.iter().zip(outcomes) {
             if !value.is_empty() {
-                value.push_str(", ");
+                value.push(b", ");
             }
-            let _ = write!(
-                value,
-                "\"{}\";r={};t={}",
-                rules[usize::from(i)].spec.name(),
-                outcome.remaining,
-                seconds_up(outcome.reset)
-            );
+            value
+                .push(b"\"")
+                .push(rules[usize::from(i)].spec.name().as_bytes())
+                .push(b"\";r=")
+                .push_u64(outcome.remaining)
+                .push(b";t=")
+                .push_u64(seconds_up(outcome.reset));
         }
-        headers.append(&RATELIMIT, to_value(value));
+        headers.append(&RATELIMIT, value.header_value());
     }
     if let Some(format) = style.legacy {
         if headers.contains_key(&X_LIMIT) {

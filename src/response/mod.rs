@@ -20,6 +20,7 @@
 //!   status with your own; the headers are still added.
 
 mod body;
+mod buffer;
 mod headers;
 mod problem;
 
@@ -28,4 +29,4 @@ pub use headers::{Headers, ResetFormat};
 pub use problem::RateLimited;
 
 pub(crate) use headers::{PolicyItems, write_headers};
-pub(crate) use problem::problem_response;
+pub(crate) use problem::{ProblemBodies, problem_response};

@@ -1,12 +1,11 @@
-use std::fmt::Write;
-
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
 
-use crate::algorithm::{MICROS_PER_SECOND, Outcome};
+use crate::algorithm::Outcome;
 use crate::decision::Decision;
 use crate::policy::CompiledRule;
+use crate::response::buffer::Buffer;
 
 /// What a custom denied-response function is told: each rule checked for the request, and how
 /// long to wait.
@@ -68,57 +67,79 @@ impl RateLimited {
 
 static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+const TYPE_AND_TITLE: &[u8] =
+    b"{\"type\":\"https://www.rfc-editor.org/rfc/rfc6585#section-4\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"";
+
+/// The 429 documents of a layer's rules, written once: the body names the violated policies and
+/// points to `Retry-After` (the budget headers carry the numbers), so it does not change from one
+/// denial to the next.
+pub(crate) struct ProblemBodies {
+    /// The body when only rule `i` denied.
+    single: Box<[Bytes]>,
+}
+
+impl ProblemBodies {
+    pub(crate) fn new(rules: &[CompiledRule]) -> Self {
+        ProblemBodies {
+            single: rules
+                .iter()
+                .map(|rule| problem_body([rule.spec.name()].into_iter(), true))
+                .collect(),
+        }
+    }
+}
+
+/// Writes a problem document for these violated policies.
+fn problem_body<'a>(violated: impl Iterator<Item = &'a str> + Clone, can_retry: bool) -> Bytes {
+    let mut body = Buffer::default();
+    body.push(TYPE_AND_TITLE);
+    if can_retry {
+        body.push(b"Rate limit exceeded; retry after the number of seconds in Retry-After.");
+    } else {
+        body.push(
+            b"This request costs more than the rate limit ever allows; it cannot succeed as it is.",
+        );
+    }
+    body.push(b"\",\"violated_policies\":[");
+    for (n, name) in violated.enumerate() {
+        if n > 0 {
+            body.push(b",");
+        }
+        // Rule names are validated to [A-Za-z0-9._-]: nothing to escape.
+        body.push(b"\"").push(name.as_bytes()).push(b"\"");
+    }
+    body.push(b"]}");
+    body.to_bytes()
+}
+
 /// The default 429 answer: an RFC 9457 problem document naming the violated policies.
 pub(crate) fn problem_response(
     rules: &[CompiledRule],
+    bodies: &ProblemBodies,
     applied: &[u16],
     decision: &Decision,
 ) -> Response<Bytes> {
-    let retry = decision.retry_after_seconds();
-    let mut body = String::with_capacity(256);
-    body.push_str(
-        "{\"type\":\"https://www.rfc-editor.org/rfc/rfc6585#section-4\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"",
-    );
-    match retry {
-        Some(1) => body.push_str("Rate limit exceeded; retry in 1 second."),
-        Some(s) => {
-            let _ = write!(body, "Rate limit exceeded; retry in {s} seconds.");
+    let can_retry = decision.retry_after_seconds().is_some();
+    let mut violated = applied
+        .iter()
+        .zip(decision.outcomes())
+        .filter(|(_, o)| !o.allowed)
+        .map(|(&i, _)| usize::from(i));
+    let body = match (violated.next(), violated.next()) {
+        (Some(only), None) if can_retry => bodies.single[only].clone(),
+        _ => {
+            let names = applied
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(_, o)| !o.allowed)
+                .map(|(&i, _)| rules[usize::from(i)].spec.name());
+            problem_body(names, can_retry)
         }
-        None => body.push_str("This request costs more than the rate limit ever allows."),
-    }
-    body.push_str("\",\"violated_policies\":[");
-    let mut first = true;
-    for (&i, outcome) in applied.iter().zip(decision.outcomes()) {
-        if outcome.allowed {
-            continue;
-        }
-        if !first {
-            body.push(',');
-        }
-        first = false;
-        // Rule names are validated to [A-Za-z0-9._-]: nothing to escape.
-        let _ = write!(
-            body,
-            "{{\"policy\":\"{}\",\"limit\":{},\"remaining\":{},\"reset\":{}",
-            rules[usize::from(i)].spec.name(),
-            outcome.limit,
-            outcome.remaining,
-            outcome.reset.div_ceil(MICROS_PER_SECOND),
-        );
-        if outcome.retry_after != u64::MAX {
-            let _ = write!(
-                body,
-                ",\"retry_after\":{}",
-                outcome.retry_after.div_ceil(MICROS_PER_SECOND).max(1)
-            );
-        }
-        body.push('}');
-    }
-    body.push_str("]}");
-    let mut response = Response::new(Bytes::from(body));
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, PROBLEM_JSON.clone());
+    let headers = response.headers_mut();
+    headers.reserve(6);
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON.clone());
     response
 }

@@ -79,8 +79,9 @@ struct Shard {
     next_sweep: u64,
 }
 
+/// One cache line per key: a lookup touches one line of the table's data.
+#[repr(align(64))]
 struct Entry {
-    hash: u64,
     rule: u64,
     key: Key,
     /// When the state is equivalent to no state at all.
@@ -93,7 +94,7 @@ struct Entry {
 pub struct MemoryStoreBuilder {
     max_keys: usize,
     shards: usize,
-    clock: Arc<dyn Clock>,
+    clock: Option<Arc<dyn Clock>>,
 }
 
 impl MemoryStore {
@@ -109,7 +110,7 @@ impl MemoryStore {
         MemoryStoreBuilder {
             max_keys: DEFAULT_MAX_KEYS,
             shards: 64,
-            clock: Arc::new(SystemClock::new()),
+            clock: None,
         }
     }
 
@@ -152,24 +153,62 @@ impl MemoryStore {
         let now = self.inner.clock.now_micros();
         match charges {
             [] => Decision::default(),
-            [charge] => {
-                let hash = self.hash(charge.rule.id(), charge.key);
-                let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
-                shard.maybe_sweep(now);
-                let outcome = {
-                    let state = shard.find(hash, charge, now);
-                    charge
-                        .rule
-                        .algorithm()
-                        .check(charge.rule.limits(), state, now, charge.cost)
-                };
-                if outcome.allowed {
-                    self.commit(&mut shard, hash, charge, now, outcome.reset);
-                }
-                Decision::from_outcomes([outcome])
-            }
+            [charge] => self.check_one(charge, now),
             _ => self.check_many(charges, now),
         }
+    }
+
+    /// The common case, one rule: one lock, one probe of the table.
+    fn check_one(&self, charge: &Charge<'_>, now: u64) -> Decision {
+        let rule = charge.rule;
+        let (algorithm, limits) = (rule.algorithm(), rule.limits());
+        let hash = self.hash(rule.id(), charge.key);
+        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+        shard.maybe_sweep(now);
+        if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
+            self.make_room(&mut shard, now);
+        }
+        let eq = |e: &Entry| e.rule == rule.id() && e.key == *charge.key;
+        let rehash = |e: &Entry| self.hash(e.rule, &e.key);
+        let outcome = match shard.table.entry(hash, eq, rehash) {
+            hashbrown::hash_table::Entry::Occupied(mut occupied) => {
+                let entry = occupied.get_mut();
+                let live = entry.expires_at > now;
+                let outcome =
+                    algorithm.check(limits, live.then_some(&entry.state), now, charge.cost);
+                if outcome.allowed {
+                    let mut state = live.then(|| std::mem::replace(&mut entry.state, PLACEHOLDER));
+                    algorithm.commit(limits, &mut state, now, charge.cost);
+                    match state {
+                        Some(state) => {
+                            entry.state = state;
+                            entry.expires_at = now + outcome.reset;
+                        }
+                        None => {
+                            occupied.remove();
+                        }
+                    }
+                }
+                outcome
+            }
+            hashbrown::hash_table::Entry::Vacant(vacant) => {
+                let outcome = algorithm.check(limits, None, now, charge.cost);
+                if outcome.allowed {
+                    let mut state = None;
+                    algorithm.commit(limits, &mut state, now, charge.cost);
+                    if let Some(state) = state {
+                        vacant.insert(Entry {
+                            rule: rule.id(),
+                            key: charge.key.clone(),
+                            expires_at: now + outcome.reset,
+                            state,
+                        });
+                    }
+                }
+                outcome
+            }
+        };
+        Decision::single(outcome)
     }
 
     fn check_many(&self, charges: &[Charge<'_>], now: u64) -> Decision {
@@ -252,13 +291,12 @@ impl MemoryStore {
                 shard.table.insert_unique(
                     hash,
                     Entry {
-                        hash,
                         rule: rule.id(),
                         key: charge.key.clone(),
                         expires_at,
                         state,
                     },
-                    |e| e.hash,
+                    |e| self.hash(e.rule, &e.key),
                 );
             }
         }
@@ -381,7 +419,7 @@ impl MemoryStoreBuilder {
     /// The clock (default: [`SystemClock`]). Tests use a
     /// [`ManualClock`](crate::clock::ManualClock) instead of sleeping.
     pub fn clock<C: Clock>(mut self, clock: C) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 
@@ -406,10 +444,18 @@ impl MemoryStoreBuilder {
                 shard_mask: shards as u64 - 1,
                 per_shard,
                 hasher: foldhash::fast::RandomState::default(),
-                clock: self.clock,
+                clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 evictions: AtomicU64::new(0),
                 last_eviction_warning: AtomicU64::new(0),
             }),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_entry_fits_in_64_bytes() {
+        assert_eq!(std::mem::size_of::<super::Entry>(), 64);
     }
 }

@@ -1,0 +1,402 @@
+//! HTTP load harness: hello-world axum served on one runtime thread, bare and behind rate
+//! limiters, measured in one run so the figures compare on the same (noisy) machine.
+//!
+//! ```text
+//! cargo run --release --example load                 # 3 rounds × 5 s per configuration
+//! LOAD_SECONDS=10 LOAD_ROUNDS=5 LOAD_CONNECTIONS=64 cargo run --release --example load
+//! ```
+//!
+//! Configurations: bare; tollgate allowing everything; tollgate rejecting everything (after the
+//! first request); tower_governor allowing everything; tower_governor rejecting everything.
+//! The load generator is `wrk` when it is installed (one thread, the other core), else a built-in
+//! hyper client. Rounds are interleaved; each figure is the median over rounds. Only loopback
+//! addresses are used and every run stops by itself.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use tollgate::{Quota, RateLimitLayer, Rule};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Config {
+    Bare,
+    TollgateAllow,
+    TollgateReject,
+    GovernorAllow,
+    GovernorReject,
+}
+
+impl Config {
+    const ALL: [Config; 5] = [
+        Config::Bare,
+        Config::TollgateAllow,
+        Config::TollgateReject,
+        Config::GovernorAllow,
+        Config::GovernorReject,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Config::Bare => "bare axum",
+            Config::TollgateAllow => "tollgate, allowing all",
+            Config::TollgateReject => "tollgate, rejecting all",
+            Config::GovernorAllow => "tower_governor, allowing all",
+            Config::GovernorReject => "tower_governor, rejecting all",
+        }
+    }
+
+    fn app(self) -> Router {
+        let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+        match self {
+            Config::Bare => app,
+            Config::TollgateAllow => app.layer(
+                RateLimitLayer::builder()
+                    .rule(Rule::new(
+                        "load",
+                        Quota::per_second(1_000_000).burst(1_000_000_000),
+                    ))
+                    .build()
+                    .expect("valid configuration"),
+            ),
+            Config::TollgateReject => app.layer(
+                RateLimitLayer::builder()
+                    .rule(Rule::new("load", Quota::per_hour(1)))
+                    .build()
+                    .expect("valid configuration"),
+            ),
+            Config::GovernorAllow => {
+                let config = tower_governor::governor::GovernorConfigBuilder::default()
+                    .per_nanosecond(1)
+                    .burst_size(1_000_000_000)
+                    .finish()
+                    .expect("valid configuration");
+                app.layer(tower_governor::GovernorLayer::new(config))
+            }
+            Config::GovernorReject => {
+                // tower_governor's per_second(n) means one request every n seconds.
+                let config = tower_governor::governor::GovernorConfigBuilder::default()
+                    .per_second(3600)
+                    .burst_size(1)
+                    .finish()
+                    .expect("valid configuration");
+                app.layer(tower_governor::GovernorLayer::new(config))
+            }
+        }
+    }
+}
+
+/// A server on its own OS thread with a current-thread runtime: one core serves.
+struct Server {
+    addr: SocketAddr,
+    /// `/proc/<pid>/task/<tid>` of the serving thread, to read its CPU time.
+    task: Option<std::path::PathBuf>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(config: Config) -> Server {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (task_tx, task_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let _ = task_tx.send(
+                std::fs::read_link("/proc/thread-self")
+                    .ok()
+                    .map(|p| std::path::Path::new("/proc").join(p)),
+            );
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
+                let app = config
+                    .app()
+                    .into_make_service_with_connect_info::<SocketAddr>();
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stop_rx.await;
+                    })
+                    .await
+                    .expect("serve");
+            });
+        });
+        Server {
+            task: task_rx.recv().ok().flatten(),
+            addr: addr_rx.recv().expect("server address"),
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Server {
+    /// CPU time (user + system) the serving thread used so far, in seconds; from /proc on Linux.
+    fn cpu_seconds(&self) -> Option<f64> {
+        let stat = std::fs::read_to_string(self.task.as_ref()?.join("stat")).ok()?;
+        // Fields after the command name (which is in parentheses): state is field 3; utime and
+        // stime are fields 14 and 15, in clock ticks (100 per second on Linux).
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 =
+            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+        Some(ticks / 100.0)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Measurement {
+    /// Server CPU time per request, in µs (NaN where /proc is not available).
+    cpu_micros_per_request: f64,
+    requests_per_second: f64,
+    p50_micros: f64,
+    p99_micros: f64,
+    non_2xx_share: f64,
+}
+
+fn have_wrk() -> bool {
+    Command::new("wrk").arg("--version").output().is_ok()
+}
+
+fn measure_wrk(addr: SocketAddr, seconds: u64, connections: u64) -> Measurement {
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{seconds}s"),
+            "--latency",
+        ])
+        .arg(format!("http://{addr}/"))
+        .output()
+        .expect("run wrk");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |prefix: &str| -> Option<&str> {
+        text.lines()
+            .map(str::trim)
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.split_whitespace().nth(1))
+    };
+    let latency = |s: &str| -> f64 {
+        let (num, unit) = s.split_at(s.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(s.len()));
+        let v: f64 = num.parse().unwrap_or(f64::NAN);
+        match unit {
+            "us" => v,
+            "ms" => v * 1e3,
+            "s" => v * 1e6,
+            _ => f64::NAN,
+        }
+    };
+    let total: f64 = text
+        .lines()
+        .find(|l| l.contains("requests in"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(f64::NAN);
+    let non_2xx: f64 = field("Non-2xx or 3xx responses:")
+        .and_then(|_| {
+            text.lines()
+                .find(|l| l.contains("Non-2xx"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0.0);
+    Measurement {
+        cpu_micros_per_request: f64::NAN,
+        requests_per_second: field("Requests/sec:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN),
+        p50_micros: field("50%").map(latency).unwrap_or(f64::NAN),
+        p99_micros: field("99%").map(latency).unwrap_or(f64::NAN),
+        non_2xx_share: non_2xx / total,
+    }
+}
+
+/// The fallback load generator: `connections` keep-alive HTTP/1.1 connections on one thread.
+fn measure_hyper(addr: SocketAddr, seconds: u64, connections: u64) -> Measurement {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for _ in 0..connections {
+            let stop = stop.clone();
+            tasks.push(tokio::spawn(async move {
+                let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let (mut sender, conn) = hyper::client::conn::http1::handshake::<
+                    _,
+                    http_body_util::Empty<bytes::Bytes>,
+                >(io)
+                .await
+                .expect("handshake");
+                tokio::spawn(conn);
+                let mut latencies = Vec::new();
+                let mut rejected = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let req = http::Request::get("/")
+                        .header("host", "localhost")
+                        .body(Default::default())
+                        .expect("request");
+                    let start = Instant::now();
+                    let res = sender.send_request(req).await.expect("response");
+                    let status = res.status();
+                    http_body_util::BodyExt::collect(res.into_body())
+                        .await
+                        .expect("body");
+                    latencies.push(start.elapsed().as_micros() as u32);
+                    rejected += u64::from(!status.is_success());
+                }
+                (latencies, rejected)
+            }));
+        }
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Vec::new();
+        let mut rejected = 0;
+        for task in tasks {
+            let (latencies, r) = task.await.expect("load task");
+            all.extend(latencies);
+            rejected += r;
+        }
+        all.sort_unstable();
+        let pct = |p: f64| {
+            all.get(((all.len() as f64 - 1.0) * p) as usize)
+                .copied()
+                .unwrap_or(0) as f64
+        };
+        Measurement {
+            cpu_micros_per_request: f64::NAN,
+            requests_per_second: all.len() as f64 / seconds as f64,
+            p50_micros: pct(0.50),
+            p99_micros: pct(0.99),
+            non_2xx_share: rejected as f64 / all.len().max(1) as f64,
+        }
+    })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let seconds = env_u64("LOAD_SECONDS", 5).clamp(1, 60);
+    let rounds = env_u64("LOAD_ROUNDS", 3).clamp(1, 10);
+    let connections = env_u64("LOAD_CONNECTIONS", 32).clamp(1, 512);
+    let wrk = have_wrk() && std::env::var("LOAD_CLIENT").as_deref() != Ok("hyper");
+    println!(
+        "load: {} × {rounds} rounds × {seconds} s, {connections} connections, client: {}",
+        Config::ALL.len(),
+        if wrk {
+            "wrk -t1"
+        } else {
+            "built-in hyper client"
+        }
+    );
+
+    // LOAD_ONLY=1,2 measures only those configurations (0 is bare), e.g. under a profiler.
+    let only: Option<Vec<usize>> = std::env::var("LOAD_ONLY")
+        .ok()
+        .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect());
+    let mut results: Vec<Vec<Measurement>> = vec![Vec::new(); Config::ALL.len()];
+    for round in 1..=rounds {
+        for (i, config) in Config::ALL.iter().enumerate() {
+            if only.as_ref().is_some_and(|only| !only.contains(&i)) {
+                continue;
+            }
+            let server = Server::start(*config);
+            let cpu_before = server.cpu_seconds();
+            let mut m = if wrk {
+                measure_wrk(server.addr, seconds, connections)
+            } else {
+                measure_hyper(server.addr, seconds, connections)
+            };
+            if let (Some(before), Some(after)) = (cpu_before, server.cpu_seconds()) {
+                m.cpu_micros_per_request =
+                    (after - before) * 1e6 / (m.requests_per_second * seconds as f64);
+            } else {
+                m.cpu_micros_per_request = f64::NAN;
+            }
+            drop(server);
+            eprintln!(
+                "round {round}: {:<30} {:>10.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  non-2xx {:>5.1}%  server CPU {:.2} µs/req",
+                config.name(),
+                m.requests_per_second,
+                m.p50_micros,
+                m.p99_micros,
+                100.0 * m.non_2xx_share,
+                m.cpu_micros_per_request
+            );
+            results[i].push(m);
+        }
+    }
+
+    let summary: Vec<Measurement> = results
+        .iter()
+        .map(|ms| {
+            if ms.is_empty() {
+                Measurement::default()
+            } else {
+                Measurement {
+                    requests_per_second: median(ms.iter().map(|m| m.requests_per_second).collect()),
+                    p50_micros: median(ms.iter().map(|m| m.p50_micros).collect()),
+                    p99_micros: median(ms.iter().map(|m| m.p99_micros).collect()),
+                    non_2xx_share: median(ms.iter().map(|m| m.non_2xx_share).collect()),
+                    cpu_micros_per_request: median(
+                        ms.iter().map(|m| m.cpu_micros_per_request).collect(),
+                    ),
+                }
+            }
+        })
+        .collect();
+    let bare = summary[0];
+    println!();
+    println!(
+        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | non-2xx |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (config, m) in Config::ALL.iter().zip(&summary) {
+        println!(
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.1}% |",
+            config.name(),
+            m.requests_per_second,
+            m.requests_per_second / bare.requests_per_second,
+            m.cpu_micros_per_request,
+            m.cpu_micros_per_request / bare.cpu_micros_per_request,
+            m.p50_micros,
+            m.p99_micros,
+            100.0 * m.non_2xx_share
+        );
+    }
+}

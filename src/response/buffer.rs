@@ -1,0 +1,99 @@
+//! A small on-stack byte buffer for header values and bodies: one allocation at the end.
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+const INLINE: usize = 384;
+
+/// Bytes written on the stack, spilling to the heap only past 384 bytes.
+pub(crate) struct Buffer {
+    inline: [u8; INLINE],
+    len: usize,
+    spilled: Option<Vec<u8>>,
+}
+
+impl Default for Buffer {
+    fn default() -> Self {
+        Buffer {
+            inline: [0; INLINE],
+            len: 0,
+            spilled: None,
+        }
+    }
+}
+
+impl Buffer {
+    #[inline]
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        match &mut self.spilled {
+            None if self.len + bytes.len() <= INLINE => {
+                self.inline[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+                self.len += bytes.len();
+            }
+            None => {
+                let mut heap = Vec::with_capacity(2 * INLINE + bytes.len());
+                heap.extend_from_slice(&self.inline[..self.len]);
+                heap.extend_from_slice(bytes);
+                self.spilled = Some(heap);
+            }
+            Some(heap) => heap.extend_from_slice(bytes),
+        }
+        self
+    }
+
+    /// Appends the decimal digits of `n`.
+    #[inline]
+    pub(crate) fn push_u64(&mut self, mut n: u64) -> &mut Self {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..])
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        match &self.spilled {
+            Some(heap) => heap,
+            None => &self.inline[..self.len],
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.as_slice().is_empty()
+    }
+
+    /// A header value of these bytes (always visible ASCII here).
+    pub(crate) fn header_value(&self) -> HeaderValue {
+        HeaderValue::from_bytes(self.as_slice()).unwrap_or(HeaderValue::from_static(""))
+    }
+
+    pub(crate) fn to_bytes(&self) -> Bytes {
+        Bytes::copy_from_slice(self.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Buffer;
+
+    #[test]
+    fn writes_numbers_and_spills_past_the_inline_space() {
+        let mut b = Buffer::default();
+        b.push(b"r=")
+            .push_u64(0)
+            .push(b";t=")
+            .push_u64(18_446_744_073_709_551_615);
+        assert_eq!(b.to_bytes(), "r=0;t=18446744073709551615");
+        for _ in 0..100 {
+            b.push(b"0123456789");
+        }
+        assert_eq!(b.to_bytes().len(), 26 + 1000);
+        assert!(b.to_bytes().ends_with(b"789"));
+    }
+}
