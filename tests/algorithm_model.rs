@@ -303,7 +303,7 @@ fn invalid_limits_are_refused_with_a_reason() {
     let longest = tollgate::algorithm::MAX_PERIOD_MICROS;
     assert!(Limits::new(7, longest, 7).is_ok());
     assert!(
-        Limits::new(1, 1_000_000, 400 * 86_400)
+        Limits::new(1, 1_000_000, 4_000 * 86_400)
             .unwrap_err()
             .to_string()
             .contains("burst")
