@@ -24,14 +24,23 @@ const CLIENT: &str = "198.51.100.7";
 fn sanitize(line: &[u8]) -> HeaderValue {
     let bytes: Vec<u8> = line
         .iter()
-        .map(|&b| if b == b'\t' || (b >= 0x20 && b != 0x7f) { b } else { b' ' })
+        .map(|&b| {
+            if b == b'\t' || (b >= 0x20 && b != 0x7f) {
+                b
+            } else {
+                b' '
+            }
+        })
         .collect();
     HeaderValue::from_bytes(&bytes).expect("sanitized header value")
 }
 
 fn headers(lines: &[HeaderValue], suffix: Option<(&str, &str)>) -> HeaderMap {
     let mut map = HeaderMap::new();
-    for (name, extra) in [("x-forwarded-for", suffix.map(|s| s.0)), ("forwarded", suffix.map(|s| s.1))] {
+    for (name, extra) in [
+        ("x-forwarded-for", suffix.map(|s| s.0)),
+        ("forwarded", suffix.map(|s| s.1)),
+    ] {
         let mut lines = lines.to_vec();
         if let Some(extra) = extra {
             match lines.last_mut() {
@@ -75,23 +84,32 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    let cidr = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8", "fd00::/8"]).unwrap();
+    let cidr = ClientIp::new()
+        .parse_trusted_proxies(["10.0.0.0/8", "fd00::/8"])
+        .unwrap();
     let extractors = [
         cidr.clone(),
         cidr.clone().header(ProxyHeader::Forwarded),
         cidr.clone().header(ProxyHeader::XRealIp),
         ClientIp::new().trusted_hops(1),
-        ClientIp::new().trusted_hops(3).header(ProxyHeader::Forwarded),
+        ClientIp::new()
+            .trusted_hops(3)
+            .header(ProxyHeader::Forwarded),
         ClientIp::new(),
     ];
     let peer: IpAddr = "10.0.0.1".parse().unwrap();
     let plain = headers(&lines, None);
     for (i, extractor) in extractors.iter().enumerate() {
-        let found = extractor.resolve(Some(peer), &plain).expect("a peer always gives a key");
+        let found = extractor
+            .resolve(Some(peer), &plain)
+            .expect("a peer always gives a key");
         // The list headers never name a trusted proxy as the client (a single-value header may:
         // the proxy set it to whatever address it saw).
         if i < 2 {
-            assert!(found == peer || !trusted(found), "trusted address {found} taken as client");
+            assert!(
+                found == peer || !trusted(found),
+                "trusted address {found} taken as client"
+            );
         }
     }
 
@@ -102,7 +120,9 @@ fuzz_target!(|data: &[u8]| {
         cidr.clone(),
         cidr.clone().header(ProxyHeader::Forwarded),
         ClientIp::new().trusted_hops(1),
-        ClientIp::new().trusted_hops(1).header(ProxyHeader::Forwarded),
+        ClientIp::new()
+            .trusted_hops(1)
+            .header(ProxyHeader::Forwarded),
     ] {
         assert_eq!(extractor.resolve(Some(peer), &appended), Some(client));
     }
@@ -111,6 +131,10 @@ fuzz_target!(|data: &[u8]| {
     let key = Key::text(String::from_utf8_lossy(data));
     let text = key.to_string();
     assert!(text.len() <= MAX_TEXT_KEY_LEN);
-    assert!(!text.chars().any(|c| matches!(c, '{' | '}' | '|' | '~') || c.is_control() || c.is_whitespace()));
+    assert!(
+        !text
+            .chars()
+            .any(|c| matches!(c, '{' | '}' | '|' | '~') || c.is_control() || c.is_whitespace())
+    );
     assert!(text.parse::<IpAddr>().is_err() && text != "global");
 });
