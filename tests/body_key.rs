@@ -2,6 +2,8 @@
 //! hands the handler the identical bytes, holds at most the limit (plus one frame) of a 100 MB
 //! streamed body, and falls back to the client IP when there is no usable field.
 
+#![cfg(feature = "axum")]
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;

@@ -42,8 +42,7 @@ impl Subscriber for Warnings {
 fn warnings(f: impl FnOnce()) -> Vec<String> {
     let warnings = Warnings::default();
     tracing::subscriber::with_default(warnings.clone(), f);
-    let out = warnings.0.lock().unwrap().clone();
-    out
+    warnings.0.lock().unwrap().clone()
 }
 
 fn extract_n(extractor: &impl KeyExtractor, peer: [u8; 4], headers: &[(&str, &str)], n: usize) {

@@ -1,6 +1,8 @@
 //! Every extractor through the layer on real axum routers, and the peer address as axum, a
 //! plain `SocketAddr` and tonic record it.
 
+#![cfg(feature = "axum")]
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -329,6 +331,7 @@ async fn client_ip_behind_a_trusted_proxy_through_the_layer() {
     assert_eq!(status(&mut app, from("198.51.100.3")).await, StatusCode::OK);
 }
 
+#[cfg(feature = "tonic")]
 fn peer_of(insert: impl FnOnce(&mut http::Extensions)) -> Option<Key> {
     let (mut parts, ()) = http::Request::new(()).into_parts();
     insert(&mut parts.extensions);
@@ -338,6 +341,7 @@ fn peer_of(insert: impl FnOnce(&mut http::Extensions)) -> Option<Key> {
     peer
 }
 
+#[cfg(feature = "tonic")]
 #[test]
 fn peer_addresses_from_axum_plain_and_tonic() {
     let addr = SocketAddr::from(([203, 0, 113, 7], 4000));
@@ -367,6 +371,7 @@ fn peer_addresses_from_axum_plain_and_tonic() {
     assert_eq!(peer_of(|_| {}), None);
 }
 
+#[cfg(feature = "tonic")]
 #[test]
 fn grpc_route_and_peer_through_trusted_proxy() {
     let (mut parts, ()) = http::Request::post("/helloworld.Greeter/SayHello")

@@ -389,14 +389,11 @@ enum Kind {
 }
 
 fn content_kind(headers: &HeaderMap) -> Option<Kind> {
-    if let Some(encoding) = headers.get(CONTENT_ENCODING) {
-        if !encoding
-            .as_bytes()
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"identity")
-        {
-            return None;
-        }
+    let encoded = headers
+        .get(CONTENT_ENCODING)
+        .is_some_and(|e| !e.as_bytes().trim_ascii().eq_ignore_ascii_case(b"identity"));
+    if encoded {
+        return None;
     }
     let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
     let essence = value.split(';').next()?.trim();

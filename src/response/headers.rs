@@ -136,10 +136,10 @@ pub(crate) fn write_headers(
     decision: &Decision,
 ) {
     let outcomes = decision.outcomes();
-    if !decision.allowed() {
-        if let Some(seconds) = decision.retry_after_seconds() {
-            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
-        }
+    if !decision.allowed()
+        && let Some(seconds) = decision.retry_after_seconds()
+    {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
     }
     if outcomes.is_empty() {
         return;
