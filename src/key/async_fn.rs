@@ -1,4 +1,4 @@
-//! [`async_fn`]: a key that needs asynchronous work, such as looking up the tenant of an API
+//! [`async_fn()`]: a key that needs asynchronous work, such as looking up the tenant of an API
 //! key.
 //!
 //! ```
@@ -41,7 +41,7 @@ use http::request::Parts;
 
 use super::{Extracted, Key, KeyExtractor};
 
-/// An extractor from a closure that returns a future. Made by [`async_fn`].
+/// An extractor from a closure that returns a future. Made by [`async_fn()`].
 #[derive(Clone)]
 pub struct AsyncFn<F> {
     f: F,

@@ -583,8 +583,8 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 
 /// Counts by the [`BodyFieldKey`] that [`BodyKeyLayer`] found; no key without one.
 ///
-/// If no [`BodyKeyLayer`] ran before the rate limit (it was placed inside it, or on another
-/// route), this is reported once through `tracing`.
+/// If a request reaches it that no [`BodyKeyLayer`] read (the body layer was placed inside the
+/// rate limit, or only on other routes), this is reported once through `tracing`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FromBody;
 
@@ -600,9 +600,10 @@ impl KeyExtractor for FromBody {
             && !HINTED.swap(true, Ordering::Relaxed)
         {
             tracing::warn!(
-                "tollgate: FromBody found no BodyScan: no BodyKeyLayer ran before the rate limit \
-                 on this route. Add BodyKeyLayer after (outside) RateLimitLayer on the route. \
-                 Reported once."
+                "tollgate: FromBody saw a request that no BodyKeyLayer had read, so it has no \
+                 body key (the rule's fallback, if any, applies). If this route should be keyed \
+                 by its body, add BodyKeyLayer outside RateLimitLayer on it (with Router, add it \
+                 after). Reported once."
             );
         }
         Extracted::Ready(None)

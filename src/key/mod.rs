@@ -28,8 +28,8 @@
 //! | [`ClientIp`] | the client's address through trusted proxies (`X-Forwarded-For`, `Forwarded`, …) |
 //! | [`FromExtension`] | a typed request extension, such as the user your authentication set |
 //! | [`FromHeader`] | a header value (hashed for secrets) |
-//! | [`async_fn`] | a closure returning a future, for lookups |
-//! | [`FromBody`] + [`BodyKeyLayer`] | a JSON or form field of the body, such as the email of a login |
+//! | [`async_fn()`] | a closure returning a future, for lookups |
+//! | `FromBody` + `BodyKeyLayer` (feature `axum`) | a JSON or form field of the body, such as the email of a login |
 //! | [`Route`] | the route pattern (`/users/{id}`) or gRPC method, optionally with the method |
 //! | [`Global`] | one key for everyone |
 //! | [`combine`], [`first_of`], [`KeyExtractorExt`] | several in one key; fallback chains |
@@ -38,18 +38,18 @@
 //! (no allocation), text keys escape `{`, `}`, `%`, `|`, `~`, whitespace and control characters
 //! and are hashed to 71 bytes past [`MAX_TEXT_KEY_LEN`].
 
-mod async_fn;
+pub mod async_fn;
 #[cfg(feature = "axum")]
-mod body;
-mod client_ip;
-mod compose;
-mod extension;
+pub mod body;
+pub mod client_ip;
+pub mod compose;
+pub mod extension;
 pub mod forwarded;
 mod global;
-mod header;
+pub mod header;
 mod identity;
 mod peer_ip;
-mod route;
+pub mod route;
 
 pub use async_fn::{AsyncFn, async_fn};
 #[cfg(feature = "axum")]
