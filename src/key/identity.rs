@@ -17,10 +17,13 @@ use sha2::{Digest, Sha256};
 /// // long values are hashed, so they are safe inside a Redis Cluster hash tag.
 /// assert_eq!(Key::text("a{b}").to_string(), "a%7Bb%7D");
 /// assert_eq!(Key::text("x".repeat(500)).to_string().len(), 71); // "sha256:" + 64 hex digits
+/// // A text identity never reads like another kind of key.
+/// assert_ne!(Key::text("203.0.113.7").to_string(), "203.0.113.7");
+/// assert_ne!(Key::text("global"), Key::global());
 /// ```
 ///
 /// IP keys never allocate. The textual form (`Display`) is what the Redis store puts between the
-/// braces of its keys.
+/// braces of its keys; distinct keys have distinct textual forms.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Key(Repr);
 
@@ -33,6 +36,9 @@ enum Repr {
 
 /// Text identities longer than this many bytes (after escaping) are replaced by their SHA-256.
 pub const MAX_TEXT_KEY_LEN: usize = 128;
+
+/// The prefix of hashed identities.
+const HASH_PREFIX: &str = "sha256:";
 
 impl Key {
     /// The one key of [`Global`](super::Global).
@@ -58,13 +64,19 @@ impl Key {
         }
     }
 
-    /// A text identity. `%`, `{`, `}`, whitespace and control characters are percent-escaped (so
-    /// distinct inputs stay distinct); a result longer than [`MAX_TEXT_KEY_LEN`] bytes is
-    /// replaced by `sha256:` and the hex digest of the input.
+    /// A text identity.
+    ///
+    /// * `%`, `{`, `}`, `|`, `~`, whitespace and control characters are percent-escaped, so that
+    ///   distinct inputs stay distinct and the result is safe inside a Redis Cluster hash tag
+    ///   (`|` and `~` are the separators of [`combine`](super::combine) and
+    ///   [`first_of`](super::first_of)).
+    /// * A text that would read like another kind of key (an IP address, `global`, a hashed
+    ///   `sha256:` identity) or is empty has its first character escaped (the empty text
+    ///   becomes `%`), so a client cannot name someone else's IP key through a text identity.
+    /// * A result longer than [`MAX_TEXT_KEY_LEN`] bytes is replaced by `sha256:` and the hex
+    ///   digest of the escaped text (71 bytes).
     pub fn text(identity: impl AsRef<str>) -> Self {
         let identity = identity.as_ref();
-        let needs_escape =
-            |c: char| matches!(c, '%' | '{' | '}') || c.is_control() || c.is_whitespace();
         let escaped_len: usize = identity
             .chars()
             .map(|c| {
@@ -75,41 +87,62 @@ impl Key {
                 }
             })
             .sum();
-        if escaped_len > MAX_TEXT_KEY_LEN {
-            let digest = Sha256::digest(identity.as_bytes());
-            let mut out = String::with_capacity(7 + 64);
-            out.push_str("sha256:");
-            for byte in digest {
-                out.push(char::from_digit(u32::from(byte >> 4), 16).unwrap_or('0'));
-                out.push(char::from_digit(u32::from(byte & 0xf), 16).unwrap_or('0'));
+        let mut out = if escaped_len == identity.len() {
+            if escaped_len <= MAX_TEXT_KEY_LEN && !is_ambiguous(identity) {
+                return Key(Repr::Text(identity.into()));
             }
-            return Key(Repr::Text(out.into()));
-        }
-        if escaped_len == identity.len() {
-            return Key(Repr::Text(identity.into()));
-        }
-        let mut out = String::with_capacity(escaped_len);
-        for c in identity.chars() {
-            if needs_escape(c) {
-                let mut buf = [0u8; 4];
-                for byte in c.encode_utf8(&mut buf).bytes() {
-                    out.push('%');
-                    out.push(
-                        char::from_digit(u32::from(byte >> 4), 16)
-                            .unwrap_or('0')
-                            .to_ascii_uppercase(),
-                    );
-                    out.push(
-                        char::from_digit(u32::from(byte & 0xf), 16)
-                            .unwrap_or('0')
-                            .to_ascii_uppercase(),
-                    );
+            identity.to_owned()
+        } else {
+            let mut out = String::with_capacity(escaped_len);
+            for c in identity.chars() {
+                if needs_escape(c) {
+                    push_escaped(&mut out, c);
+                } else {
+                    out.push(c);
                 }
-            } else {
-                out.push(c);
             }
+            out
+        };
+        if is_ambiguous(&out) {
+            match out.chars().next() {
+                None => out.push('%'),
+                Some(first) => {
+                    let mut fixed = String::with_capacity(out.len() + 2);
+                    push_escaped(&mut fixed, first);
+                    fixed.push_str(&out[first.len_utf8()..]);
+                    out = fixed;
+                }
+            }
+        }
+        if out.len() > MAX_TEXT_KEY_LEN {
+            return Key::digest(out.as_bytes());
         }
         Key(Repr::Text(out.into()))
+    }
+
+    /// `sha256:` and the hex SHA-256 digest of `bytes`: an opaque, fixed-size identity for
+    /// secrets (API keys, tokens), personal data (emails) and values that are not UTF-8. The
+    /// store then never sees the value itself.
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    ///
+    /// let key = Key::digest("secret-api-key");
+    /// assert!(key.to_string().starts_with("sha256:"));
+    /// assert_eq!(key.to_string().len(), 71);
+    /// ```
+    pub fn digest(bytes: impl AsRef<[u8]>) -> Self {
+        Key(Repr::Text(hex_digest(bytes.as_ref()).into()))
+    }
+
+    /// A key from text that is already escaped (no raw `{`, `}` or control characters), as the
+    /// combinators build it; hashed when longer than [`MAX_TEXT_KEY_LEN`].
+    pub(crate) fn from_escaped(text: String) -> Self {
+        if text.len() > MAX_TEXT_KEY_LEN {
+            Key::digest(text.as_bytes())
+        } else {
+            Key(Repr::Text(text.into()))
+        }
     }
 
     /// The IP address, for IP keys.
@@ -119,6 +152,53 @@ impl Key {
             _ => None,
         }
     }
+
+    /// The text, for text keys (escaped or hashed as described in [`Key::text`]).
+    pub fn as_text(&self) -> Option<&str> {
+        match &self.0 {
+            Repr::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    /// Whether this is the [`global`](Key::global) key.
+    pub fn is_global(&self) -> bool {
+        matches!(self.0, Repr::Global)
+    }
+}
+
+fn needs_escape(c: char) -> bool {
+    matches!(c, '%' | '{' | '}' | '|' | '~') || c.is_control() || c.is_whitespace()
+}
+
+/// Whether (already escaped) text reads like a key of another kind.
+fn is_ambiguous(text: &str) -> bool {
+    text.is_empty()
+        || text == "global"
+        || text.starts_with(HASH_PREFIX)
+        || (text.len() <= 45 && text.parse::<IpAddr>().is_ok())
+}
+
+fn push_escaped(out: &mut String, c: char) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut buf = [0u8; 4];
+    for byte in c.encode_utf8(&mut buf).bytes() {
+        out.push('%');
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let digest = Sha256::digest(bytes);
+    let mut out = String::with_capacity(HASH_PREFIX.len() + 64);
+    out.push_str(HASH_PREFIX);
+    for byte in digest {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
+    }
+    out
 }
 
 impl fmt::Display for Key {
@@ -134,5 +214,56 @@ impl fmt::Display for Key {
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Key({self})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_separators_and_braces() {
+        assert_eq!(Key::text("a|b~c").to_string(), "a%7Cb%7Ec");
+        assert_eq!(Key::text("{x} y\n").to_string(), "%7Bx%7D%20y%0A");
+        assert_eq!(Key::text("100%").to_string(), "100%25");
+        assert_eq!(Key::text("alice").to_string(), "alice");
+    }
+
+    #[test]
+    fn text_never_reads_like_another_kind() {
+        assert_eq!(Key::text("1.2.3.4").to_string(), "%31.2.3.4");
+        assert_eq!(Key::text("::1").to_string(), "%3A:1");
+        assert_eq!(Key::text("global").to_string(), "%67lobal");
+        assert_eq!(Key::text("sha256:abc").to_string(), "%73ha256:abc");
+        assert_eq!(Key::text("").to_string(), "%");
+        assert_ne!(Key::text("1.2.3.4"), Key::ip("1.2.3.4".parse().unwrap()));
+        // Escapes stay distinct from what they escape.
+        assert_ne!(Key::text("%31.2.3.4"), Key::text("1.2.3.4"));
+        assert_ne!(Key::text("%"), Key::text(""));
+    }
+
+    #[test]
+    fn long_text_is_hashed_to_a_fixed_size() {
+        let long = Key::text("é".repeat(100));
+        let text = long.as_text().unwrap();
+        assert!(text.starts_with("sha256:") && text.len() == 71);
+        assert_ne!(long, Key::text("é".repeat(101)));
+        assert_eq!(Key::text("a".repeat(128)).to_string().len(), 128);
+        assert_eq!(Key::text("a".repeat(129)).to_string().len(), 71);
+        // Escaping the first character of an ambiguous text may cross the limit: hashed too.
+        let ambiguous = format!("sha256:{}", "a".repeat(MAX_TEXT_KEY_LEN - 7));
+        assert_eq!(ambiguous.len(), MAX_TEXT_KEY_LEN);
+        assert_eq!(Key::text(&ambiguous).to_string().len(), 71);
+    }
+
+    #[test]
+    fn ip_keys_are_canonical_and_grouped() {
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        assert_eq!(Key::ip(mapped).to_string(), "192.0.2.1");
+        assert_eq!(Key::ip_prefix(mapped, 64).to_string(), "192.0.2.1");
+        let v6: IpAddr = "2001:db8:1:2:3:4:5:6".parse().unwrap();
+        assert_eq!(Key::ip_prefix(v6, 48).to_string(), "2001:db8:1::");
+        assert_eq!(Key::ip_prefix(v6, 200).to_string(), "2001:db8:1:2:3:4:5:6");
+        assert_eq!(Key::ip_prefix(v6, 0).to_string(), "::");
     }
 }

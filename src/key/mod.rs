@@ -19,14 +19,53 @@
 //! When an extractor finds no key (no authenticated user, no peer address), the rule does not
 //! apply to that request; the layer logs this once per rule through `tracing`. Chain extractors
 //! (a user, else the IP) to make sure every request is counted.
+//!
+//! # The extractors
+//!
+//! | Extractor | Key |
+//! |---|---|
+//! | [`PeerIp`] | the socket peer's address (the default) |
+//! | [`ClientIp`] | the client's address through trusted proxies (`X-Forwarded-For`, `Forwarded`, …) |
+//! | [`FromExtension`] | a typed request extension, such as the user your authentication set |
+//! | [`FromHeader`] | a header value (hashed for secrets) |
+//! | [`async_fn()`] | a closure returning a future, for lookups |
+//! | `FromBody` + `BodyKeyLayer` (feature `axum`) | a JSON or form field of the body, such as the email of a login |
+//! | [`Route`] | the route pattern (`/users/{id}`) or gRPC method, optionally with the method |
+//! | [`Global`] | one key for everyone |
+//! | [`combine`], [`first_of`], [`KeyExtractorExt`] | several in one key; fallback chains |
+//!
+//! Identities come from untrusted input, so every [`Key`] is bounded: IP keys are addresses
+//! (no allocation), text keys escape `{`, `}`, `%`, `|`, `~`, whitespace and control characters
+//! and are hashed to 71 bytes past [`MAX_TEXT_KEY_LEN`].
 
+pub mod async_fn;
+#[cfg(feature = "axum")]
+pub mod body;
+pub mod client_ip;
+pub mod compose;
+pub mod extension;
+pub mod forwarded;
 mod global;
+pub mod header;
 mod identity;
 mod peer_ip;
+pub mod route;
 
+pub use async_fn::{AsyncFn, async_fn};
+#[cfg(feature = "axum")]
+pub use body::{
+    BodyFieldKey, BodyKey, BodyKeyFuture, BodyKeyLayer, BodyOutcome, BodyScan, DEFAULT_BODY_LIMIT,
+    FromBody, Normalize,
+};
+pub use client_ip::{ClientIp, MAX_HOPS, ProxyHeader};
+pub use compose::{Combine, FirstOf, KeyExtractorExt, combine, first_of};
+pub use extension::FromExtension;
 pub use global::Global;
-pub use identity::Key;
+pub use header::FromHeader;
+pub use identity::{Key, MAX_TEXT_KEY_LEN};
+pub use ipnet::IpNet;
 pub use peer_ip::PeerIp;
+pub use route::{MAX_GRPC_PATH_LEN, Route};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,7 +1,9 @@
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
 
+use super::client_ip::hint_no_trust;
 use super::{Extracted, Key, KeyExtractor};
 
 /// The address of the socket peer: the client, or the last proxy in front of the service.
@@ -22,8 +24,10 @@ use super::{Extracted, Key, KeyExtractor};
 /// With none of these present the key is missing and the rule does not apply: the layer says so
 /// once through `tracing`.
 ///
-/// Forwarded headers are never read here: a client can write them. Behind a proxy, use an
-/// extractor that trusts only the proxy's own entries.
+/// Forwarded headers are never read here: a client can write them. Behind a proxy, use
+/// [`ClientIp`](super::ClientIp), which trusts only the proxy's own entries. When a request
+/// carries `X-Forwarded-For` or `Forwarded` anyway, this is reported once per process through
+/// `tracing`, as a hint that a proxy may need configuring.
 #[derive(Clone, Copy, Debug)]
 pub struct PeerIp {
     v6_prefix: u8,
@@ -70,8 +74,14 @@ impl Default for PeerIp {
     }
 }
 
+/// Whether the "forwarding headers but no trusted proxy" hint was given by a `PeerIp`.
+static HINTED: AtomicBool = AtomicBool::new(false);
+
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Extracted {
+        if !HINTED.load(Ordering::Relaxed) {
+            hint_no_trust(&parts.headers, &HINTED);
+        }
         Extracted::Ready(Self::peer_addr(parts).map(|ip| Key::ip_prefix(ip, self.v6_prefix)))
     }
 }
