@@ -30,9 +30,13 @@
 
 mod error;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisClusterStore, RedisStore};
 
 use std::future::Future;
 
