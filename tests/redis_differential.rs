@@ -78,7 +78,11 @@ fn advance(rng: &mut Rng, clock: &ManualClock, rules: &[RuleSpec], last: Option<
         } else {
             o.reset
         };
-        if rng.chance(50) { at } else { at.saturating_sub(1) }
+        if rng.chance(50) {
+            at
+        } else {
+            at.saturating_sub(1)
+        }
     });
     let micros = match rng.below(12) {
         0 | 1 => 0,
@@ -162,7 +166,8 @@ async fn compare<S, F, Fut>(
                 panic!("{name}: seed {seed}, timeline {timeline}, step {step}: {e}")
             });
             assert_eq!(
-                actual, expected,
+                actual,
+                expected,
                 "{name}: seed {seed}, timeline {timeline}, step {step}\n rules: {rules:?}\n \
                  charges: {:?}",
                 charges.iter().map(|c| c.cost).collect::<Vec<_>>()
@@ -327,7 +332,11 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
             }
         }
     }
-    assert_eq!(cases.len(), 8, "no case where the order of operations matters");
+    assert_eq!(
+        cases.len(),
+        8,
+        "no case where the order of operations matters"
+    );
     let limits = Limits::new(limit, period, limit).unwrap();
     let rule = RuleSpec::new("sc", Algorithm::SlidingWindowCounter, limits);
     for (i, &(previous, elapsed)) in cases.iter().enumerate() {
@@ -336,7 +345,13 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
         let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
         let redis = standalone(clock.clone(), support::unique_prefix("rounding")).await;
         let key = Key::text(format!("case-{i}"));
-        let charge = |cost| [Charge { rule: &rule, key: &key, cost }];
+        let charge = |cost| {
+            [Charge {
+                rule: &rule,
+                key: &key,
+                cost,
+            }]
+        };
         let first = redis.check(&charge(previous)).await.unwrap();
         assert_eq!(first, memory.check(&charge(previous)).await.unwrap());
         clock.set(start + period + elapsed);

@@ -33,10 +33,10 @@ mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use error::StoreError;
-pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisClusterStore, RedisStore};
+pub use error::StoreError;
+pub use memory::{MemoryStore, MemoryStoreBuilder};
 
 use std::future::Future;
 

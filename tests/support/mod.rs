@@ -130,10 +130,14 @@ impl RedisServer {
             }
             if let Ok(Some(status)) = server.child.try_wait() {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();
-                return Err(format!("redis-server on port {port} exited ({status}): {log}"));
+                return Err(format!(
+                    "redis-server on port {port} exited ({status}): {log}"
+                ));
             }
             if Instant::now() > deadline {
-                return Err(format!("redis-server on port {port} did not answer PING in 10 s"));
+                return Err(format!(
+                    "redis-server on port {port} did not answer PING in 10 s"
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

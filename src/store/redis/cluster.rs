@@ -175,17 +175,23 @@ impl Inner {
                 SlotAddr::Master,
             )))
         };
-        let command = || -> Cmd {
-            script::command(&self.script, mode, now, charges.iter().copied())
-        };
+        let command =
+            || -> Cmd { script::command(&self.script, mode, now, charges.iter().copied()) };
         let mut conn = self.conn.clone();
-        match conn.route_command(command(), route()).await {
+        // A routed command answers a server error as a value: extract it.
+        match conn
+            .route_command(command(), route())
+            .await
+            .and_then(Value::extract_error)
+        {
             Err(e) if script::is_no_script(&e) => {
                 conn.route_command(self.script.load_command(), route())
                     .await
+                    .and_then(Value::extract_error)
                     .map_err(store_error)?;
                 conn.route_command(command(), route())
                     .await
+                    .and_then(Value::extract_error)
                     .map_err(store_error)
             }
             result => result.map_err(store_error),
@@ -256,16 +262,14 @@ impl Inner {
 
         // 3. A group denied (a concurrent request took the last units) or failed: give back what
         // the other groups took.
-        let refunds = groups
-            .iter()
-            .zip(&group_charges)
-            .zip(&charged)
-            .filter_map(|(((slot, _), charges), reply)| match reply {
+        let refunds = groups.iter().zip(&group_charges).zip(&charged).filter_map(
+            |(((slot, _), charges), reply)| match reply {
                 Ok(reply) if reply.allowed() => {
                     Some(self.call(*slot, Mode::Refund(reply.now), now, charges))
                 }
                 _ => None,
-            });
+            },
+        );
         for result in join_all(refunds).await {
             if let Err(e) = result {
                 tracing::warn!(
@@ -318,11 +322,7 @@ impl Store for RedisClusterStore {
             .collect();
         let now = inner.settings.now();
         Box::pin(async move {
-            within(
-                inner.settings.response_timeout,
-                inner.check(&prepared, now),
-            )
-            .await
+            within(inner.settings.response_timeout, inner.check(&prepared, now)).await
         })
     }
 }
