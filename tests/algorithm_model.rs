@@ -1,0 +1,257 @@
+//! Property tests of the reference model: every algorithm against a brute-force oracle over
+//! random timelines, plus the promises each one makes (bounds, exact retry-after, reset).
+
+use proptest::prelude::*;
+use tollgate::algorithm::{Algorithm, Limits, State};
+
+const EPOCH: u64 = 1_704_067_200_000_000; // 2024-01-01 in µs
+
+/// One request of a timeline: wait `gap` µs, then ask for `cost`.
+#[derive(Clone, Debug)]
+struct Step {
+    gap: u64,
+    cost: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    limits: Limits,
+    steps: Vec<Step>,
+}
+
+fn limits() -> impl Strategy<Value = Limits> {
+    (1u64..20, prop_oneof![1u64..50, 50u64..5_000, Just(1_000_000u64), 1_000u64..10_000_000], 1u64..30)
+        .prop_filter_map("valid limits", |(limit, period, burst)| Limits::new(limit, period.max(limit), burst).ok())
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    limits().prop_flat_map(|limits| {
+        let p = limits.period;
+        let gap = prop_oneof![
+            4 => Just(0u64),
+            8 => 0..=(p / 10).max(1),
+            4 => 0..=p,
+            1 => 0..=(3 * p),
+        ];
+        let cost = prop_oneof![1 => Just(0u64), 12 => Just(1u64), 3 => 1u64..=4];
+        let steps = prop::collection::vec((gap, cost).prop_map(|(gap, cost)| Step { gap, cost }), 1..150);
+        (Just(limits), steps).prop_map(|(limits, steps)| Case { limits, steps })
+    })
+}
+
+/// What the model decided at each step: (time, cost, admitted).
+fn run_model(alg: Algorithm, case: &Case, start: u64) -> Vec<(u64, u64, bool)> {
+    let mut state: Option<State> = None;
+    let mut now = start;
+    let mut out = Vec::new();
+    for step in &case.steps {
+        now += step.gap;
+        let outcome = alg.check(&case.limits, state.as_ref(), now, step.cost);
+        if outcome.allowed {
+            alg.commit(&case.limits, &mut state, now, step.cost);
+        }
+        out.push((now, step.cost, outcome.allowed));
+    }
+    out
+}
+
+fn capacity(alg: Algorithm, l: &Limits) -> u64 {
+    alg.capacity(l)
+}
+
+/// Brute-force oracles: each decides from the full history of admitted requests, in a form
+/// different from the model's.
+fn oracle_admits(alg: Algorithm, l: &Limits, history: &[(u64, u64)], now: u64, cost: u64) -> bool {
+    if cost > capacity(alg, l) {
+        return false;
+    }
+    match alg {
+        Algorithm::FixedWindow => {
+            let start = now - now % l.period;
+            let used: u64 = history.iter().filter(|(t, _)| *t >= start).map(|(_, c)| c).sum();
+            used + cost <= l.limit
+        }
+        Algorithm::SlidingWindowLog => {
+            let used: u64 = history.iter().filter(|(t, _)| t + l.period > now).map(|(_, c)| c).sum();
+            used + cost <= l.limit
+        }
+        Algorithm::SlidingWindowCounter => {
+            let start = now - now % l.period;
+            let current: u64 = history.iter().filter(|(t, _)| *t >= start).map(|(_, c)| c).sum();
+            let previous: u64 = history
+                .iter()
+                .filter(|(t, _)| *t < start && *t + l.period >= start)
+                .map(|(_, c)| c)
+                .sum();
+            let elapsed = now - start;
+            let weighted = (previous as f64) * ((l.period - elapsed) as f64) / (l.period as f64);
+            weighted.floor() as u64 + current + cost <= l.limit
+        }
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            // A continuous bucket counted in 1/interval token units (exact integers): it fills by
+            // one unit per µs up to burst × interval; a request needs cost × interval units.
+            let full = l.burst * l.interval;
+            let mut level = full;
+            let mut last = None::<u64>;
+            for &(t, c) in history {
+                if let Some(prev) = last {
+                    level = (level + (t - prev)).min(full);
+                }
+                level -= c * l.interval;
+                last = Some(t);
+            }
+            if let Some(prev) = last {
+                level = (level + (now - prev)).min(full);
+            }
+            level >= cost * l.interval
+        }
+    }
+}
+
+fn check_against_oracle(alg: Algorithm, case: &Case) -> Result<(), TestCaseError> {
+    let mut history: Vec<(u64, u64)> = Vec::new();
+    for (now, cost, admitted) in run_model(alg, case, EPOCH) {
+        let expected = oracle_admits(alg, &case.limits, &history, now, cost);
+        prop_assert_eq!(admitted, expected, "{} at {} cost {} after {:?}", alg, now, cost, history);
+        if admitted && cost > 0 {
+            history.push((now, cost));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_algorithm_agrees_with_its_oracle(case in case()) {
+        for alg in Algorithm::ALL {
+            check_against_oracle(alg, &case)?;
+        }
+    }
+
+    #[test]
+    fn window_algorithms_never_admit_more_than_the_quota(case in case()) {
+        for alg in [Algorithm::FixedWindow, Algorithm::SlidingWindowLog, Algorithm::SlidingWindowCounter] {
+            let decisions = run_model(alg, &case, EPOCH);
+            let admitted: Vec<(u64, u64)> =
+                decisions.iter().filter(|d| d.2).map(|d| (d.0, d.1)).collect();
+            let p = case.limits.period;
+            for &(t, _) in &admitted {
+                // Every calendar window (all three), and for the log every sliding window too.
+                let start = t - t % p;
+                let in_calendar: u64 =
+                    admitted.iter().filter(|(u, _)| *u >= start && *u < start + p).map(|(_, c)| c).sum();
+                prop_assert!(in_calendar <= case.limits.limit, "{alg}: {in_calendar} in one window");
+                if alg == Algorithm::SlidingWindowLog {
+                    let sliding: u64 =
+                        admitted.iter().filter(|(u, _)| *u <= t && *u + p > t).map(|(_, c)| c).sum();
+                    prop_assert!(sliding <= case.limits.limit, "log: {sliding} in (t - period, t]");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn buckets_never_exceed_burst_plus_rate_times_elapsed(case in case()) {
+        for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let decisions = run_model(alg, &case, EPOCH);
+            let admitted: Vec<(u64, u64)> =
+                decisions.iter().filter(|d| d.2).map(|d| (d.0, d.1)).collect();
+            let l = &case.limits;
+            for i in 0..admitted.len() {
+                let mut total = 0;
+                for &(t, c) in &admitted[i..] {
+                    total += c;
+                    let elapsed = t - admitted[i].0;
+                    // The exact rate is limit/period; the model's interval rounds it down.
+                    let bound = l.burst as u128 * l.period as u128 + elapsed as u128 * l.limit as u128;
+                    prop_assert!(total as u128 * l.period as u128 <= bound,
+                        "{alg}: {total} admitted within {elapsed} µs, burst {}", l.burst);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn token_bucket_and_gcra_decide_alike(case in case()) {
+        let a = run_model(Algorithm::TokenBucket, &case, EPOCH);
+        let b = run_model(Algorithm::Gcra, &case, EPOCH);
+        prop_assert_eq!(a, b);
+    }
+
+    #[test]
+    fn retry_after_is_exact_and_reset_restores_the_budget(case in case()) {
+        for alg in Algorithm::ALL {
+            let mut state: Option<State> = None;
+            let mut now = EPOCH;
+            for step in &case.steps {
+                now += step.gap;
+                let outcome = alg.check(&case.limits, state.as_ref(), now, step.cost);
+                if outcome.allowed {
+                    alg.commit(&case.limits, &mut state, now, step.cost);
+                    prop_assert_eq!(outcome.retry_after, 0);
+                    // `remaining` more unit requests fit right now, and not one more.
+                    let mut probe = state.clone();
+                    for _ in 0..outcome.remaining {
+                        prop_assert!(alg.check(&case.limits, probe.as_ref(), now, 1).allowed, "{alg}: remaining");
+                        alg.commit(&case.limits, &mut probe, now, 1);
+                    }
+                    prop_assert!(!alg.check(&case.limits, probe.as_ref(), now, 1).allowed, "{alg}: remaining + 1");
+                    // At `now + reset` the key is as good as new.
+                    let later = alg.check(&case.limits, state.as_ref(), now + outcome.reset, 0);
+                    prop_assert_eq!(later.remaining, alg.capacity(&case.limits), "{}: reset", alg);
+                    prop_assert_eq!(outcome.reset == 0, state.is_none(), "{}: no state iff nothing to reset", alg);
+                } else {
+                    let wait = outcome.retry_after;
+                    if step.cost > alg.capacity(&case.limits) {
+                        prop_assert_eq!(wait, u64::MAX, "{}: a cost above capacity never fits", alg);
+                        continue;
+                    }
+                    prop_assert!(wait > 0, "{alg}: a denial must say to wait");
+                    let at = now + wait;
+                    prop_assert!(alg.check(&case.limits, state.as_ref(), at, step.cost).allowed,
+                        "{alg}: denied at now + retry_after ({wait})");
+                    prop_assert!(!alg.check(&case.limits, state.as_ref(), at - 1, step.cost).allowed,
+                        "{alg}: admitted before now + retry_after ({wait})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_cost_above_capacity_is_never_admitted() {
+    let limits = Limits::new(5, 1_000_000, 5).unwrap();
+    for alg in Algorithm::ALL {
+        let outcome = alg.check(&limits, None, EPOCH, 6);
+        assert!(!outcome.allowed, "{alg}");
+        assert_eq!(outcome.retry_after, u64::MAX, "{alg}");
+        assert_eq!(outcome.remaining, 5, "{alg}");
+    }
+}
+
+#[test]
+fn fixed_window_allows_the_documented_boundary_burst() {
+    // 100 per minute: 100 at 12:00:59 and 100 more at 12:01:00 are all admitted.
+    let limits = Limits::new(100, 60_000_000, 100).unwrap();
+    let alg = Algorithm::FixedWindow;
+    let minute = EPOCH; // aligned to a minute
+    let mut state = None;
+    for t in [minute + 59_000_000, minute + 60_000_000] {
+        for _ in 0..100 {
+            assert!(alg.check(&limits, state.as_ref(), t, 1).allowed);
+            alg.commit(&limits, &mut state, t, 1);
+        }
+        assert!(!alg.check(&limits, state.as_ref(), t, 1).allowed);
+    }
+}
+
+#[test]
+fn invalid_limits_are_refused_with_a_reason() {
+    assert!(Limits::new(0, 1_000_000, 1).unwrap_err().to_string().contains("at least 1"));
+    assert!(Limits::new(1, 0, 1).is_err());
+    assert!(Limits::new(1, 1_000_000, 0).is_err());
+    assert!(Limits::new(2_000_000, 1_000_000, 1).unwrap_err().to_string().contains("microsecond"));
+    assert!(Limits::new(1, 400 * 86_400_000_000, 1).is_err());
+}
