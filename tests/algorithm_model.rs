@@ -20,8 +20,19 @@ struct Case {
 }
 
 fn limits() -> impl Strategy<Value = Limits> {
-    (1u64..20, prop_oneof![1u64..50, 50u64..5_000, Just(1_000_000u64), 1_000u64..10_000_000], 1u64..30)
-        .prop_filter_map("valid limits", |(limit, period, burst)| Limits::new(limit, period.max(limit), burst).ok())
+    (
+        1u64..20,
+        prop_oneof![
+            1u64..50,
+            50u64..5_000,
+            Just(1_000_000u64),
+            1_000u64..10_000_000
+        ],
+        1u64..30,
+    )
+        .prop_filter_map("valid limits", |(limit, period, burst)| {
+            Limits::new(limit, period.max(limit), burst).ok()
+        })
 }
 
 fn case() -> impl Strategy<Value = Case> {
@@ -34,7 +45,10 @@ fn case() -> impl Strategy<Value = Case> {
             1 => 0..=(3 * p),
         ];
         let cost = prop_oneof![1 => Just(0u64), 12 => Just(1u64), 3 => 1u64..=4];
-        let steps = prop::collection::vec((gap, cost).prop_map(|(gap, cost)| Step { gap, cost }), 1..150);
+        let steps = prop::collection::vec(
+            (gap, cost).prop_map(|(gap, cost)| Step { gap, cost }),
+            1..150,
+        );
         (Just(limits), steps).prop_map(|(limits, steps)| Case { limits, steps })
     })
 }
@@ -68,16 +82,28 @@ fn oracle_admits(alg: Algorithm, l: &Limits, history: &[(u64, u64)], now: u64, c
     match alg {
         Algorithm::FixedWindow => {
             let start = now - now % l.period;
-            let used: u64 = history.iter().filter(|(t, _)| *t >= start).map(|(_, c)| c).sum();
+            let used: u64 = history
+                .iter()
+                .filter(|(t, _)| *t >= start)
+                .map(|(_, c)| c)
+                .sum();
             used + cost <= l.limit
         }
         Algorithm::SlidingWindowLog => {
-            let used: u64 = history.iter().filter(|(t, _)| t + l.period > now).map(|(_, c)| c).sum();
+            let used: u64 = history
+                .iter()
+                .filter(|(t, _)| t + l.period > now)
+                .map(|(_, c)| c)
+                .sum();
             used + cost <= l.limit
         }
         Algorithm::SlidingWindowCounter => {
             let start = now - now % l.period;
-            let current: u64 = history.iter().filter(|(t, _)| *t >= start).map(|(_, c)| c).sum();
+            let current: u64 = history
+                .iter()
+                .filter(|(t, _)| *t >= start)
+                .map(|(_, c)| c)
+                .sum();
             let previous: u64 = history
                 .iter()
                 .filter(|(t, _)| *t < start && *t + l.period >= start)
@@ -112,7 +138,15 @@ fn check_against_oracle(alg: Algorithm, case: &Case) -> Result<(), TestCaseError
     let mut history: Vec<(u64, u64)> = Vec::new();
     for (now, cost, admitted) in run_model(alg, case, EPOCH) {
         let expected = oracle_admits(alg, &case.limits, &history, now, cost);
-        prop_assert_eq!(admitted, expected, "{} at {} cost {} after {:?}", alg, now, cost, history);
+        prop_assert_eq!(
+            admitted,
+            expected,
+            "{} at {} cost {} after {:?}",
+            alg,
+            now,
+            cost,
+            history
+        );
         if admitted && cost > 0 {
             history.push((now, cost));
         }
@@ -249,9 +283,19 @@ fn fixed_window_allows_the_documented_boundary_burst() {
 
 #[test]
 fn invalid_limits_are_refused_with_a_reason() {
-    assert!(Limits::new(0, 1_000_000, 1).unwrap_err().to_string().contains("at least 1"));
+    assert!(
+        Limits::new(0, 1_000_000, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("at least 1")
+    );
     assert!(Limits::new(1, 0, 1).is_err());
     assert!(Limits::new(1, 1_000_000, 0).is_err());
-    assert!(Limits::new(2_000_000, 1_000_000, 1).unwrap_err().to_string().contains("microsecond"));
+    assert!(
+        Limits::new(2_000_000, 1_000_000, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("microsecond")
+    );
     assert!(Limits::new(1, 400 * 86_400_000_000, 1).is_err());
 }

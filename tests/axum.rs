@@ -27,12 +27,19 @@ fn manual_store() -> (ManualClock, MemoryStore) {
 
 fn request(path: &str, ip: [u8; 4]) -> Request<Body> {
     let mut req = Request::get(path).body(Body::empty()).unwrap();
-    req.extensions_mut().insert(ConnectInfo(SocketAddr::from((ip, 50_000))));
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((ip, 50_000))));
     req
 }
 
 async fn send(app: &mut Router, req: Request<Body>) -> Response<Body> {
-    app.as_service().ready().await.unwrap().call(req).await.unwrap()
+    app.as_service()
+        .ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap()
 }
 
 fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
@@ -46,7 +53,10 @@ fn parse_items(value: &str) -> Vec<(String, Vec<(String, u64)>)> {
         .map(|item| {
             let mut parts = item.trim().split(';');
             let name = parts.next().unwrap();
-            assert!(name.starts_with('"') && name.ends_with('"'), "policy names are quoted strings: {name}");
+            assert!(
+                name.starts_with('"') && name.ends_with('"'),
+                "policy names are quoted strings: {name}"
+            );
             let params = parts
                 .map(|p| {
                     let (k, v) = p.split_once('=').unwrap();
@@ -59,7 +69,11 @@ fn parse_items(value: &str) -> Vec<(String, Vec<(String, u64)>)> {
 }
 
 fn param(item: &(String, Vec<(String, u64)>), name: &str) -> u64 {
-    item.1.iter().find(|(k, _)| k == name).unwrap_or_else(|| panic!("no {name} in {item:?}")).1
+    item.1
+        .iter()
+        .find(|(k, _)| k == name)
+        .unwrap_or_else(|| panic!("no {name} in {item:?}"))
+        .1
 }
 
 fn counting_handler() -> (Arc<AtomicUsize>, Router) {
@@ -79,18 +93,35 @@ fn counting_handler() -> (Arc<AtomicUsize>, Router) {
 async fn limits_hold_per_client_ip_and_the_handler_never_runs_when_denied() {
     let (_clock, store) = manual_store();
     let (calls, router) = counting_handler();
-    let layer = RateLimitLayer::builder().rule(Rule::new("per-ip", Quota::per_minute(3))).store(store).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-ip", Quota::per_minute(3)))
+        .store(store)
+        .build()
+        .unwrap();
     let mut app = router.layer(layer);
 
     for _ in 0..3 {
-        assert_eq!(send(&mut app, request("/", [10, 0, 0, 1])).await.status(), StatusCode::OK);
+        assert_eq!(
+            send(&mut app, request("/", [10, 0, 0, 1])).await.status(),
+            StatusCode::OK
+        );
     }
     for _ in 0..5 {
-        assert_eq!(send(&mut app, request("/", [10, 0, 0, 1])).await.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            send(&mut app, request("/", [10, 0, 0, 1])).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "denied requests never reach the handler");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "denied requests never reach the handler"
+    );
     // Another client has its own budget.
-    assert_eq!(send(&mut app, request("/", [10, 0, 0, 2])).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&mut app, request("/", [10, 0, 0, 2])).await.status(),
+        StatusCode::OK
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
@@ -111,12 +142,32 @@ async fn routes_have_separate_limits_with_route_layer() {
         .route("/login", get(|| async { "login" }).route_layer(strict))
         .route("/search", get(|| async { "search" }).route_layer(relaxed));
 
-    assert_eq!(send(&mut app, request("/login", [1, 1, 1, 1])).await.status(), StatusCode::OK);
-    assert_eq!(send(&mut app, request("/login", [1, 1, 1, 1])).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&mut app, request("/login", [1, 1, 1, 1]))
+            .await
+            .status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut app, request("/login", [1, 1, 1, 1]))
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     for _ in 0..5 {
-        assert_eq!(send(&mut app, request("/search", [1, 1, 1, 1])).await.status(), StatusCode::OK);
+        assert_eq!(
+            send(&mut app, request("/search", [1, 1, 1, 1]))
+                .await
+                .status(),
+            StatusCode::OK
+        );
     }
-    assert_eq!(send(&mut app, request("/search", [1, 1, 1, 1])).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&mut app, request("/search", [1, 1, 1, 1]))
+            .await
+            .status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -128,18 +179,28 @@ async fn stacked_rules_are_all_or_nothing() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
 
     // 2 admitted, then 50 denied by "burst": the denials must not charge "daily".
     for _ in 0..2 {
-        assert_eq!(send(&mut app, request("/", [7, 7, 7, 7])).await.status(), StatusCode::OK);
+        assert_eq!(
+            send(&mut app, request("/", [7, 7, 7, 7])).await.status(),
+            StatusCode::OK
+        );
     }
     for _ in 0..50 {
         let res = send(&mut app, request("/", [7, 7, 7, 7])).await;
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-        let body: serde_json::Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
-        let violated: Vec<&str> =
-            body["violated_policies"].as_array().unwrap().iter().map(|p| p["policy"].as_str().unwrap()).collect();
+        let body: serde_json::Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        let violated: Vec<&str> = body["violated_policies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["policy"].as_str().unwrap())
+            .collect();
         assert_eq!(violated, ["burst"]);
     }
     clock.advance(Duration::from_secs(1));
@@ -147,7 +208,11 @@ async fn stacked_rules_are_all_or_nothing() {
     assert_eq!(res.status(), StatusCode::OK);
     let items = parse_items(header(&res, "ratelimit").unwrap());
     let daily = items.iter().find(|i| i.0 == "daily").unwrap();
-    assert_eq!(param(daily, "r"), 2, "5 per day, 3 admitted so far: the 50 denials charged nothing");
+    assert_eq!(
+        param(daily, "r"),
+        2,
+        "5 per day, 3 admitted so far: the 50 denials charged nothing"
+    );
 }
 
 #[tokio::test]
@@ -159,12 +224,17 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
         .headers(Headers::ietf().with_legacy(ResetFormat::DeltaSeconds))
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
 
     for expected_remaining in (0..10).rev() {
         let res = send(&mut app, request("/", [9, 9, 9, 9])).await;
         assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(header(&res, "ratelimit-policy"), Some("\"burst\";q=10;w=60"));
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some("\"burst\";q=10;w=60")
+        );
         let items = parse_items(header(&res, "ratelimit").unwrap());
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].0, "burst");
@@ -172,7 +242,10 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
         // 10 per minute: one token every 6 s; t is the time until the bucket is full again.
         assert_eq!(param(&items[0], "t"), 6 * (10 - expected_remaining));
         assert_eq!(header(&res, "x-ratelimit-limit"), Some("10"));
-        assert_eq!(header(&res, "x-ratelimit-remaining").unwrap(), expected_remaining.to_string());
+        assert_eq!(
+            header(&res, "x-ratelimit-remaining").unwrap(),
+            expected_remaining.to_string()
+        );
         assert!(header(&res, "retry-after").is_none());
     }
 
@@ -180,9 +253,16 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = header(&res, "retry-after").unwrap().parse().unwrap();
     assert_eq!(retry, 6);
-    assert_eq!(header(&res, "content-type"), Some("application/problem+json"));
-    assert_eq!(param(&parse_items(header(&res, "ratelimit").unwrap())[0], "r"), 0);
-    let body: serde_json::Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        param(&parse_items(header(&res, "ratelimit").unwrap())[0], "r"),
+        0
+    );
+    let body: serde_json::Value =
+        serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["status"], 429);
     assert_eq!(body["title"], "Too Many Requests");
     assert!(body["type"].as_str().unwrap().starts_with("https://"));
@@ -192,9 +272,15 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
 
     // Just before Retry-After: still denied. At Retry-After: admitted.
     clock.advance(Duration::from_secs(retry) - Duration::from_micros(1));
-    assert_eq!(send(&mut app, request("/", [9, 9, 9, 9])).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&mut app, request("/", [9, 9, 9, 9])).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     clock.advance(Duration::from_micros(1));
-    assert_eq!(send(&mut app, request("/", [9, 9, 9, 9])).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&mut app, request("/", [9, 9, 9, 9])).await.status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -205,8 +291,13 @@ async fn retry_after_rounds_up_and_is_never_zero() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
-    assert_eq!(send(&mut app, request("/", [1, 2, 3, 4])).await.status(), StatusCode::OK);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(
+        send(&mut app, request("/", [1, 2, 3, 4])).await.status(),
+        StatusCode::OK
+    );
     clock.advance(Duration::from_millis(99));
     // 1 ms left to wait: Retry-After says 1, never 0.
     let res = send(&mut app, request("/", [1, 2, 3, 4])).await;
@@ -224,32 +315,62 @@ async fn works_in_a_service_builder_and_keeps_the_inner_error_type() {
         .unwrap();
     #[derive(Debug)]
     struct MyError;
-    let mut svc = ServiceBuilder::new().layer(layer).service_fn(|_req: Request<String>| async {
-        Ok::<_, MyError>(Response::new(http_body_util::Full::new(bytes::Bytes::from("hi"))))
-    });
-    let res: Result<_, MyError> = svc.ready().await.unwrap().call(Request::new(String::new())).await;
+    let mut svc = ServiceBuilder::new()
+        .layer(layer)
+        .service_fn(|_req: Request<String>| async {
+            Ok::<_, MyError>(Response::new(http_body_util::Full::new(
+                bytes::Bytes::from("hi"),
+            )))
+        });
+    let res: Result<_, MyError> = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await;
     let res = res.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "hi");
-    let res = svc.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+    let res = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(String::new()))
+        .await
+        .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
 
 #[tokio::test]
 async fn allowed_responses_keep_what_the_handler_returned() {
     let (_clock, store) = manual_store();
-    let layer = RateLimitLayer::builder().rule(Rule::new("r", Quota::per_hour(5))).store(store).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("r", Quota::per_hour(5)))
+        .store(store)
+        .build()
+        .unwrap();
     let mut app = Router::new()
         .route(
             "/",
-            get(|| async { (StatusCode::CREATED, [("x-custom", "yes"), ("ratelimit", "\"inner\";r=1;t=1")], "body") }),
+            get(|| async {
+                (
+                    StatusCode::CREATED,
+                    [("x-custom", "yes"), ("ratelimit", "\"inner\";r=1;t=1")],
+                    "body",
+                )
+            }),
         )
         .layer(layer);
     let res = send(&mut app, request("/", [5, 5, 5, 5])).await;
     assert_eq!(res.status(), StatusCode::CREATED);
     assert_eq!(header(&res, "x-custom"), Some("yes"));
     // An inner limiter's field is kept; ours is added as another field line.
-    let lines: Vec<_> = res.headers().get_all("ratelimit").iter().map(|v| v.to_str().unwrap().to_owned()).collect();
+    let lines: Vec<_> = res
+        .headers()
+        .get_all("ratelimit")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect();
     assert_eq!(lines.len(), 2);
     assert!(lines[0].contains("inner") && lines[1].contains("\"r\""));
     assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "body");
@@ -259,21 +380,38 @@ async fn allowed_responses_keep_what_the_handler_returned() {
 async fn cost_can_come_from_the_request() {
     let (_clock, store) = manual_store();
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new("units", Quota::per_hour(10)).cost(Cost::from_fn(|parts| {
-            parts.headers.get("x-units").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1)
-        })))
+        .rule(
+            Rule::new("units", Quota::per_hour(10)).cost(Cost::from_fn(|parts| {
+                parts
+                    .headers
+                    .get("x-units")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            })),
+        )
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     let with_units = |n: &str| {
         let mut req = request("/", [3, 3, 3, 3]);
         req.headers_mut().insert("x-units", n.parse().unwrap());
         req
     };
-    assert_eq!(send(&mut app, with_units("8")).await.status(), StatusCode::OK);
-    assert_eq!(send(&mut app, with_units("3")).await.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(send(&mut app, with_units("2")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&mut app, with_units("8")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut app, with_units("3")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        send(&mut app, with_units("2")).await.status(),
+        StatusCode::OK
+    );
     // A cost the rule can never hold: denied, and no Retry-After promises a retry that cannot work.
     let res = send(&mut app, with_units("11")).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -295,38 +433,55 @@ async fn a_custom_denied_response_still_gets_the_headers() {
         })
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     send(&mut app, request("/", [4, 4, 4, 4])).await;
     let res = send(&mut app, request("/", [4, 4, 4, 4])).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(header(&res, "retry-after"), Some("3600"));
     assert!(header(&res, "ratelimit").is_some());
-    assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "busy: r");
+    assert_eq!(
+        res.into_body().collect().await.unwrap().to_bytes(),
+        "busy: r"
+    );
 }
 
 #[tokio::test]
 async fn a_request_without_a_key_is_not_limited_by_that_rule() {
     let (_clock, store) = manual_store();
     let by_user = |parts: &http::request::Parts| {
-        parts.headers.get("x-user").and_then(|v| v.to_str().ok()).map(Key::text)
+        parts
+            .headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(Key::text)
     };
     let layer = RateLimitLayer::builder()
         .rule(Rule::new("per-user", Quota::per_hour(1)).key(by_user))
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
     for _ in 0..3 {
         let res = send(&mut app, request("/", [1, 1, 1, 1])).await;
         assert_eq!(res.status(), StatusCode::OK);
-        assert!(header(&res, "ratelimit").is_none(), "no rule applied, no budget to report");
+        assert!(
+            header(&res, "ratelimit").is_none(),
+            "no rule applied, no budget to report"
+        );
     }
     let mut req = request("/", [1, 1, 1, 1]);
     req.headers_mut().insert("x-user", "ann".parse().unwrap());
     assert_eq!(send(&mut app, req).await.status(), StatusCode::OK);
     let mut req = request("/", [1, 1, 1, 1]);
     req.headers_mut().insert("x-user", "ann".parse().unwrap());
-    assert_eq!(send(&mut app, req).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        send(&mut app, req).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 /// An extractor that needs an asynchronous lookup.
@@ -334,7 +489,11 @@ struct TenantLookup;
 
 impl KeyExtractor for TenantLookup {
     fn extract(&self, parts: &http::request::Parts) -> Extracted {
-        let token = parts.headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let token = parts
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         Extracted::Pending(Box::pin(async move {
             tokio::task::yield_now().await;
             token.map(|t| Key::text(format!("tenant-of-{t}")))
@@ -355,14 +514,21 @@ async fn async_extractors_are_awaited_before_the_decision() {
     let mut app = router.layer(layer);
     let req = || {
         let mut req = request("/", [8, 8, 8, 8]);
-        req.headers_mut().insert("authorization", "abc".parse().unwrap());
+        req.headers_mut()
+            .insert("authorization", "abc".parse().unwrap());
         req
     };
     assert_eq!(send(&mut app, req()).await.status(), StatusCode::OK);
     let res = send(&mut app, req()).await;
     let items = parse_items(header(&res, "ratelimit").unwrap());
-    assert_eq!(items.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(), ["tenant", "ip"]);
-    assert_eq!(send(&mut app, req()).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        items.iter().map(|i| i.0.as_str()).collect::<Vec<_>>(),
+        ["tenant", "ip"]
+    );
+    assert_eq!(
+        send(&mut app, req()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
@@ -379,7 +545,10 @@ impl tollgate::store::Store for BrokenStore {
 
 #[tokio::test]
 async fn a_failing_store_fails_open_or_closed_as_configured() {
-    for (mode, expected) in [(FailureMode::Open, StatusCode::OK), (FailureMode::Closed, StatusCode::SERVICE_UNAVAILABLE)] {
+    for (mode, expected) in [
+        (FailureMode::Open, StatusCode::OK),
+        (FailureMode::Closed, StatusCode::SERVICE_UNAVAILABLE),
+    ] {
         let (calls, router) = counting_handler();
         let layer = RateLimitLayer::builder()
             .rule(Rule::new("r", Quota::per_hour(1)))
@@ -390,7 +559,10 @@ async fn a_failing_store_fails_open_or_closed_as_configured() {
         let mut app = router.layer(layer);
         let res = send(&mut app, request("/", [6, 6, 6, 6])).await;
         assert_eq!(res.status(), expected, "{mode:?}");
-        assert_eq!(calls.load(Ordering::SeqCst), usize::from(mode == FailureMode::Open));
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            usize::from(mode == FailureMode::Open)
+        );
         if mode == FailureMode::Closed {
             assert_eq!(header(&res, "retry-after"), Some("1"));
         }
@@ -406,8 +578,10 @@ fn configuration_mistakes_are_errors_that_say_what_to_change() {
     assert!(err(one(Rule::new("a", Quota::per_second(5).burst(0)))).contains("burst is 0"));
     assert!(err(one(Rule::new("a", Quota::per_second(5)).cost(6))).contains("lower the cost"));
     assert!(
-        err(one(Rule::new("a", Quota::per_minute(5).burst(9)).algorithm(Algorithm::FixedWindow)))
-            .contains("remove .burst")
+        err(one(
+            Rule::new("a", Quota::per_minute(5).burst(9)).algorithm(Algorithm::FixedWindow)
+        ))
+        .contains("remove .burst")
     );
     assert!(err(one(Rule::new("has space", Quota::per_second(5)))).contains("rule name"));
     assert!(err(RateLimitLayer::builder().build()).contains("no rules"));
@@ -427,13 +601,21 @@ async fn a_real_server_limits_by_the_socket_peer() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await.unwrap();
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
     });
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        let res = client.get(format!("http://{addr}/").parse().unwrap()).await.unwrap();
+        let res = client
+            .get(format!("http://{addr}/").parse().unwrap())
+            .await
+            .unwrap();
         statuses.push(res.status().as_u16());
     }
     assert_eq!(statuses, [200, 200, 429, 429]);

@@ -17,25 +17,50 @@ fn spec(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> RuleS
 
 fn check(store: &MemoryStore, charges: &[Charge<'_>]) -> tollgate::Decision {
     // The memory store decides synchronously: its future is `std::future::Ready`.
-    store.check(charges).into_inner().expect("the memory store never fails")
+    store
+        .check(charges)
+        .into_inner()
+        .expect("the memory store never fails")
 }
 
 fn store_with(clock: &ManualClock, max_keys: usize) -> MemoryStore {
-    MemoryStore::builder().clock(clock.clone()).max_keys(max_keys).build().unwrap()
+    MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(max_keys)
+        .build()
+        .unwrap()
 }
 
 #[test]
 fn a_request_denied_by_one_rule_charges_no_other() {
     let clock = ManualClock::default();
     let store = store_with(&clock, 1000);
-    let per_second = spec("per-second", Algorithm::TokenBucket, 2, Duration::from_secs(1));
-    let daily = spec("daily", Algorithm::FixedWindow, 5, Duration::from_secs(86_400));
+    let per_second = spec(
+        "per-second",
+        Algorithm::TokenBucket,
+        2,
+        Duration::from_secs(1),
+    );
+    let daily = spec(
+        "daily",
+        Algorithm::FixedWindow,
+        5,
+        Duration::from_secs(86_400),
+    );
     // Keys chosen so that both rules land in many different shards across the loop.
     for n in 0..50 {
         let key = Key::text(format!("client-{n}"));
         let charges = [
-            Charge { rule: &per_second, key: &key, cost: 1 },
-            Charge { rule: &daily, key: &key, cost: 1 },
+            Charge {
+                rule: &per_second,
+                key: &key,
+                cost: 1,
+            },
+            Charge {
+                rule: &daily,
+                key: &key,
+                cost: 1,
+            },
         ];
         assert!(check(&store, &charges).allowed());
         assert!(check(&store, &charges).allowed());
@@ -44,10 +69,24 @@ fn a_request_denied_by_one_rule_charges_no_other() {
             let decision = check(&store, &charges);
             assert!(!decision.allowed());
             assert!(!decision.outcomes()[0].allowed);
-            assert!(decision.outcomes()[1].allowed, "the daily rule alone would admit it");
+            assert!(
+                decision.outcomes()[1].allowed,
+                "the daily rule alone would admit it"
+            );
         }
-        let daily_alone = check(&store, &[Charge { rule: &daily, key: &key, cost: 0 }]);
-        assert_eq!(daily_alone.outcomes()[0].remaining, 3, "only the 2 admitted requests were charged");
+        let daily_alone = check(
+            &store,
+            &[Charge {
+                rule: &daily,
+                key: &key,
+                cost: 0,
+            }],
+        );
+        assert_eq!(
+            daily_alone.outcomes()[0].remaining,
+            3,
+            "only the 2 admitted requests were charged"
+        );
     }
 }
 
@@ -65,7 +104,17 @@ fn concurrent_requests_for_one_key_admit_exactly_the_limit() {
                     scope.spawn(move || {
                         let key = Key::text("one");
                         (0..125)
-                            .filter(|_| check(&store, &[Charge { rule: &rule, key: &key, cost: 1 }]).allowed())
+                            .filter(|_| {
+                                check(
+                                    &store,
+                                    &[Charge {
+                                        rule: &rule,
+                                        key: &key,
+                                        cost: 1,
+                                    }],
+                                )
+                                .allowed()
+                            })
                             .count()
                     })
                 })
@@ -83,7 +132,17 @@ fn keys_expire_when_their_budget_is_full_again() {
     let rule = spec("r", Algorithm::Gcra, 10, Duration::from_secs(10));
     for n in 0..20 {
         let key = Key::text(format!("k{n}"));
-        assert!(check(&store, &[Charge { rule: &rule, key: &key, cost: 1 }]).allowed());
+        assert!(
+            check(
+                &store,
+                &[Charge {
+                    rule: &rule,
+                    key: &key,
+                    cost: 1
+                }]
+            )
+            .allowed()
+        );
     }
     assert_eq!(store.len(), 20);
     // One token takes 1 s to come back.
@@ -98,44 +157,104 @@ fn keys_expire_when_their_budget_is_full_again() {
 #[test]
 fn expired_keys_are_dropped_as_the_store_is_used() {
     let clock = ManualClock::default();
-    let store = MemoryStore::builder().clock(clock.clone()).shards(1).build().unwrap();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build()
+        .unwrap();
     let rule = spec("r", Algorithm::FixedWindow, 10, Duration::from_secs(1));
     for n in 0..100 {
         let key = Key::text(format!("k{n}"));
-        check(&store, &[Charge { rule: &rule, key: &key, cost: 1 }]);
+        check(
+            &store,
+            &[Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }],
+        );
     }
     assert_eq!(store.len(), 100);
     clock.advance(Duration::from_secs(2));
     // No manual sweep: the next check on the shard drops what expired.
     let key = Key::text("fresh");
-    check(&store, &[Charge { rule: &rule, key: &key, cost: 1 }]);
+    check(
+        &store,
+        &[Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }],
+    );
     assert_eq!(store.len(), 1);
 }
 
 #[test]
 fn the_store_stays_within_max_keys_and_evicts_the_keys_closest_to_full() {
     let clock = ManualClock::default();
-    let store = MemoryStore::builder().clock(clock.clone()).shards(1).max_keys(100).build().unwrap();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .max_keys(100)
+        .build()
+        .unwrap();
     let short = spec("short", Algorithm::FixedWindow, 10, Duration::from_secs(1));
-    let long = spec("long", Algorithm::FixedWindow, 10, Duration::from_secs(3600));
+    let long = spec(
+        "long",
+        Algorithm::FixedWindow,
+        10,
+        Duration::from_secs(3600),
+    );
     // 50 keys that will be full again within a second, 50 that need an hour.
     for n in 0..50 {
         let key = Key::text(format!("s{n}"));
-        check(&store, &[Charge { rule: &short, key: &key, cost: 1 }]);
+        check(
+            &store,
+            &[Charge {
+                rule: &short,
+                key: &key,
+                cost: 1,
+            }],
+        );
         let key = Key::text(format!("l{n}"));
-        check(&store, &[Charge { rule: &long, key: &key, cost: 5 }]);
+        check(
+            &store,
+            &[Charge {
+                rule: &long,
+                key: &key,
+                cost: 5,
+            }],
+        );
     }
     assert_eq!(store.len(), 100);
     for n in 0..1000 {
         let key = Key::text(format!("new{n}"));
-        check(&store, &[Charge { rule: &long, key: &key, cost: 1 }]);
+        check(
+            &store,
+            &[Charge {
+                rule: &long,
+                key: &key,
+                cost: 1,
+            }],
+        );
         assert!(store.len() <= 100);
     }
     assert!(store.evictions() >= 950);
     // The keys whose budget was closest to full (the short-lived ones) went first.
     let probe = Key::text("s0");
-    let d = check(&store, &[Charge { rule: &short, key: &probe, cost: 0 }]);
-    assert_eq!(d.outcomes()[0].remaining, 10, "the short-lived key was evicted");
+    let d = check(
+        &store,
+        &[Charge {
+            rule: &short,
+            key: &probe,
+            cost: 0,
+        }],
+    );
+    assert_eq!(
+        d.outcomes()[0].remaining,
+        10,
+        "the short-lived key was evicted"
+    );
 }
 
 #[test]
@@ -164,7 +283,14 @@ fn the_store_gives_the_reference_models_decisions() {
             if expected.allowed {
                 algorithm.commit(rule.limits(), &mut state, now, cost);
             }
-            let got = check(&store, &[Charge { rule: &rule, key: &key, cost }]);
+            let got = check(
+                &store,
+                &[Charge {
+                    rule: &rule,
+                    key: &key,
+                    cost,
+                }],
+            );
             assert_eq!(got.outcomes(), &[expected], "{algorithm}");
         }
     }

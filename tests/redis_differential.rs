@@ -106,22 +106,36 @@ fn random_cost(rng: &mut Rng, rule: &RuleSpec) -> u64 {
     }
 }
 
-/// Runs `timelines` random timelines of `steps` checks through the memory store and the store
-/// made by `redis`, and compares every decision.
-async fn compare<S, F, Fut>(
-    name: &str,
+/// What to compare.
+struct Plan {
+    name: &'static str,
     seed: u64,
     timelines: u64,
     steps: u64,
-    algorithms: &[Algorithm],
+    algorithms: &'static [Algorithm],
+    /// Two or three rules per request.
     stacked: bool,
+    /// The rules of one request count different identities (different cluster slots).
     distinct_identities: bool,
-    redis: F,
-) where
+}
+
+/// Runs `timelines` random timelines of `steps` checks through the memory store and the store
+/// made by `redis`, and compares every decision.
+async fn compare<S, F, Fut>(plan: Plan, redis: F)
+where
     S: Store,
     F: Fn(ManualClock, String) -> Fut,
     Fut: std::future::Future<Output = S>,
 {
+    let Plan {
+        name,
+        seed,
+        timelines,
+        steps,
+        algorithms,
+        stacked,
+        distinct_identities,
+    } = plan;
     let mut rng = Rng(seed);
     let mut compared = 0u64;
     for timeline in 0..timelines {
@@ -207,13 +221,15 @@ macro_rules! differential {
         #[tokio::test]
         async fn $standalone() {
             compare(
-                stringify!($standalone),
-                $seed,
-                TIMELINES,
-                STEPS,
-                &[$algorithm],
-                false,
-                false,
+                Plan {
+                    name: stringify!($standalone),
+                    seed: $seed,
+                    timelines: TIMELINES,
+                    steps: STEPS,
+                    algorithms: &[$algorithm; 1],
+                    stacked: false,
+                    distinct_identities: false,
+                },
                 standalone,
             )
             .await;
@@ -222,13 +238,15 @@ macro_rules! differential {
         #[tokio::test]
         async fn $cluster() {
             compare(
-                stringify!($cluster),
-                $seed + 1,
-                TIMELINES / 2,
-                STEPS,
-                &[$algorithm],
-                false,
-                false,
+                Plan {
+                    name: stringify!($cluster),
+                    seed: $seed + 1,
+                    timelines: TIMELINES / 2,
+                    steps: STEPS,
+                    algorithms: &[$algorithm; 1],
+                    stacked: false,
+                    distinct_identities: false,
+                },
                 cluster,
             )
             .await;
@@ -270,13 +288,15 @@ differential!(
 #[tokio::test]
 async fn standalone_stacked_rules_match_the_model() {
     compare(
-        "standalone_stacked",
-        0x7011_6a7e_0501,
-        TIMELINES,
-        STEPS,
-        &Algorithm::ALL,
-        true,
-        false,
+        Plan {
+            name: "standalone_stacked",
+            seed: 0x7011_6a7e_0501,
+            timelines: TIMELINES,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: false,
+        },
         standalone,
     )
     .await;
@@ -285,13 +305,15 @@ async fn standalone_stacked_rules_match_the_model() {
 #[tokio::test]
 async fn cluster_stacked_rules_of_one_caller_match_the_model() {
     compare(
-        "cluster_stacked",
-        0x7011_6a7e_0601,
-        TIMELINES / 2,
-        STEPS,
-        &Algorithm::ALL,
-        true,
-        false,
+        Plan {
+            name: "cluster_stacked",
+            seed: 0x7011_6a7e_0601,
+            timelines: TIMELINES / 2,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: false,
+        },
         cluster,
     )
     .await;
@@ -300,13 +322,15 @@ async fn cluster_stacked_rules_of_one_caller_match_the_model() {
 #[tokio::test]
 async fn cluster_stacked_rules_across_slots_match_the_model() {
     compare(
-        "cluster_cross_slot",
-        0x7011_6a7e_0701,
-        TIMELINES / 2,
-        STEPS,
-        &Algorithm::ALL,
-        true,
-        true,
+        Plan {
+            name: "cluster_cross_slot",
+            seed: 0x7011_6a7e_0701,
+            timelines: TIMELINES / 2,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: true,
+        },
         cluster,
     )
     .await;
