@@ -247,7 +247,25 @@ fn redis_benchmark(
 }
 
 fn row(name: &str, f: Figures) {
-    println!("| {name} | {:.0} | {:.0} | {:.0} |", f.rate, f.p50, f.p99);
+    println!(
+        "| {name} | {:.0} | {:.0} | {:.0} | {} |",
+        f.rate,
+        f.p50,
+        f.p99,
+        load_average()
+    );
+}
+
+/// A row of the standalone table, with the server's time per script call.
+fn server_row(name: &str, f: Figures, server: &support::RedisServer) {
+    println!(
+        "| {name} | {:.0} | {:.0} | {:.0} | {:.1} | {} |",
+        f.rate,
+        f.p50,
+        f.p99,
+        script_micros(server),
+        load_average()
+    );
 }
 
 fn main() {
