@@ -342,12 +342,13 @@ fn main() {
         best.rate / 2.0,
         seconds,
     ));
-    row(
+    server_row(
         &format!(
             "RedisStore, open loop at {:.0}/s (half its best)",
             best.rate / 2.0
         ),
         half,
+        &server,
     );
     println!();
     println!(
