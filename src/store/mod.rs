@@ -30,7 +30,11 @@
 
 mod error;
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisClusterStore, RedisStore};
 pub use error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 

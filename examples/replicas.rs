@@ -1,0 +1,110 @@
+//! Why a shared store: K replicas behind a round-robin load balancer, each with its own
+//! `RateLimitLayer` and its own store handle, and one client sending 3 × the limit.
+//!
+//! ```text
+//! cargo run --example replicas            # Redis at REDIS_URL, default redis://127.0.0.1:6379
+//! store=memory replicas=3 limit=100 sent=300 admitted=300
+//! store=redis replicas=3 limit=100 sent=300 admitted=100
+//! ```
+//!
+//! With in-process memory stores every replica admits the limit: the fleet lets the client
+//! through K times. With Redis the replicas share one budget. The limit is 100 per hour, so that
+//! nothing refills during the run. When Redis cannot be reached the example says so and exits
+//! with status 1 after the memory line.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use axum::Router;
+use axum::routing::get;
+use http_body_util::Empty;
+use hyper::StatusCode;
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::{Quota, RateLimitLayer, Rule};
+
+const REPLICAS: usize = 3;
+const LIMIT: u64 = 100;
+
+/// Starts one replica on a free loopback port: a hello-world app behind its own layer.
+async fn replica<S: Store + Clone>(store: S) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("replicas", Quota::per_hour(LIMIT)))
+        .store(store)
+        .build()?;
+    let app = Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = listener.local_addr()?;
+    tokio::spawn(async move {
+        let service = app.into_make_service_with_connect_info::<SocketAddr>();
+        let _ = axum::serve(listener, service).await;
+    });
+    Ok(address)
+}
+
+/// Sends 3 × LIMIT requests round-robin over the replicas; counts the admitted ones.
+async fn run(replicas: &[SocketAddr]) -> Result<u64, Box<dyn std::error::Error>> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut admitted = 0;
+    for i in 0..3 * LIMIT {
+        let address = replicas[i as usize % replicas.len()];
+        let response = client.get(format!("http://{address}/").parse()?).await?;
+        match response.status() {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => return Err(format!("replica {address} answered {other}").into()),
+        }
+    }
+    Ok(admitted)
+}
+
+fn summary(store: &str, admitted: u64) {
+    println!(
+        "store={store} replicas={REPLICAS} limit={LIMIT} sent={} admitted={admitted}",
+        3 * LIMIT
+    );
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    match fleet().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn fleet() -> Result<(), Box<dyn std::error::Error>> {
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(replica(MemoryStore::new()).await?);
+    }
+    summary("memory", run(&replicas).await?);
+
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    // A prefix of its own per run: earlier runs' budgets (100 per hour) do not count.
+    let prefix = format!(
+        "tollgate-replicas-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+    );
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        let store = RedisStore::builder(url.as_str())
+            .prefix(&prefix)
+            .build()
+            .await
+            .map_err(|e| format!("cannot use Redis at {url} (set REDIS_URL): {e}"))?;
+        replicas.push(replica(store).await?);
+    }
+    summary("redis", run(&replicas).await?);
+    Ok(())
+}

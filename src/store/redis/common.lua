@@ -1,0 +1,39 @@
+-- tollgate: helpers shared by the algorithms. Every number is an integer below 2^53, where Lua's
+-- doubles are exact.
+
+-- floor(a / b) for integers 0 <= a < 2^53 and b > 0: the double quotient is corrected by one
+-- step either way, so the result equals Rust's integer division.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- a % b for integers 0 <= a < 2^53 and b > 0, as Rust computes it.
+local function imod(a, b)
+  return a - idiv(a, b) * b
+end
+
+-- Microseconds to whole milliseconds for PEXPIRE, rounded up: a key never expires before its
+-- state is equivalent to no state at all.
+local function expiry_ms(micros)
+  return math.max(1, idiv(micros + 999, 1000)) + EXPIRY_SLACK_MS
+end
+
+-- An integer as Redis should store it (tostring would switch to exponents).
+local function int(n)
+  return string.format('%d', n)
+end
+
+-- The string value of a key; nil when the key is missing or holds another type (a sliding log).
+local function get_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) ~= 'string' then
+    return nil
+  end
+  return v
+end

@@ -1,0 +1,71 @@
+-- tollgate: the fixed window, mirroring src/algorithm/fixed_window.rs.
+--
+-- Stored value: "start:count" (the window start in microseconds and the cost admitted in it).
+local FixedWindow = {}
+
+function FixedWindow.capacity(l)
+  return l.limit
+end
+
+function FixedWindow.load(key, l, now)
+  local v = get_string(key)
+  if v == nil then
+    return nil
+  end
+  local start, count = string.match(v, '^(%d+):(%d+)$')
+  if start == nil then
+    return nil
+  end
+  return { start = tonumber(start), count = tonumber(count) }
+end
+
+function FixedWindow.count(l, s, now)
+  local start = now - imod(now, l.period)
+  local count = 0
+  if s ~= nil and s.start == start then
+    count = s.count
+  end
+  return start, count
+end
+
+function FixedWindow.check(l, s, now, cost)
+  local start, count = FixedWindow.count(l, s, now)
+  local until_next = start + l.period - now
+  local allowed = count + cost <= l.limit
+  local used = count
+  if allowed then
+    used = count + cost
+  end
+  local reset = until_next
+  if used == 0 then
+    reset = 0
+  end
+  local retry = until_next
+  if allowed then
+    retry = 0
+  end
+  return allowed, math.max(l.limit - used, 0), reset, retry
+end
+
+function FixedWindow.commit(key, l, s, now, cost, reset)
+  local start, count = FixedWindow.count(l, s, now)
+  count = count + cost
+  if count > 0 then
+    redis.call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(reset))
+  else
+    redis.call('DEL', key)
+  end
+end
+
+function FixedWindow.refund(key, l, now, cost, at)
+  local s = FixedWindow.load(key, l, now)
+  if s == nil or s.start ~= at - imod(at, l.period) then
+    return
+  end
+  local count = s.count - cost
+  if count > 0 then
+    redis.call('SET', key, int(s.start) .. ':' .. int(count), 'KEEPTTL')
+  else
+    redis.call('DEL', key)
+  end
+end

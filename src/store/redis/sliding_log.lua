@@ -1,0 +1,116 @@
+-- tollgate: the sliding window log, mirroring src/algorithm/sliding_log.rs.
+--
+-- Stored value: a list of the admitted units' times, oldest first, one entry per cost unit, never
+-- more than the quota. Only the entries a decision needs are read (LLEN, LINDEX).
+local SlidingLog = {}
+
+function SlidingLog.capacity(l)
+  return l.limit
+end
+
+local function entry(key, i)
+  return tonumber(redis.call('LINDEX', key, i))
+end
+
+-- The state: the list's length, the index of its first live entry, and its newest entry.
+-- `other` is true when the key holds a value of another algorithm.
+function SlidingLog.load(key, l, now)
+  local len = redis.pcall('LLEN', key)
+  if type(len) ~= 'number' then
+    return nil, true
+  end
+  if len == 0 then
+    return nil
+  end
+  -- partition_point(|t| t + period <= now), by binary search.
+  local lo, hi = 0, len
+  if entry(key, 0) + l.period > now then
+    hi = 0
+  end
+  while lo < hi do
+    local mid = lo + idiv(hi - lo, 2)
+    if entry(key, mid) + l.period <= now then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  return { key = key, len = len, first = lo, back = entry(key, len - 1) }
+end
+
+function SlidingLog.check(l, s, now, cost)
+  local count = 0
+  if s ~= nil then
+    count = s.len - s.first
+  end
+  if count + cost <= l.limit then
+    local newest = nil
+    if s ~= nil then
+      newest = s.back
+      if cost > 0 then
+        newest = math.max(s.back, now)
+      end
+    elseif cost > 0 then
+      newest = now
+    end
+    local reset = 0
+    if newest ~= nil then
+      reset = math.max(newest + l.period - now, 0)
+    end
+    return true, l.limit - count - cost, reset, 0
+  end
+  local must_leave = count + cost - l.limit
+  local reset = 0
+  if s ~= nil then
+    reset = math.max(s.back + l.period - now, 0)
+  end
+  local retry = -1
+  if must_leave >= 1 and must_leave <= count then
+    retry = entry(s.key, s.first + must_leave - 1) + l.period - now
+  end
+  return false, math.max(l.limit - count, 0), reset, retry
+end
+
+function SlidingLog.commit(key, l, s, now, cost, reset, other)
+  if other then
+    redis.call('DEL', key)
+  end
+  local kept = 0
+  local at = now
+  if s ~= nil then
+    kept = s.len - s.first
+    if kept == 0 then
+      redis.call('DEL', key)
+    else
+      if s.first > 0 then
+        redis.call('LTRIM', key, s.first, -1)
+      end
+      at = math.max(s.back, now)
+    end
+  end
+  local value = int(at)
+  local left = cost
+  while left > 0 do
+    local batch = {}
+    for i = 1, math.min(left, 1000) do
+      batch[i] = value
+    end
+    redis.call('RPUSH', key, unpack(batch))
+    left = left - #batch
+  end
+  if kept + cost > 0 then
+    redis.call('PEXPIRE', key, expiry_ms(reset))
+  end
+end
+
+function SlidingLog.refund(key, l, now, cost, at)
+  local len = redis.pcall('LLEN', key)
+  if type(len) ~= 'number' or len == 0 then
+    return
+  end
+  if cost >= len then
+    redis.call('DEL', key)
+  elseif cost > 0 then
+    redis.call('LTRIM', key, 0, -(cost + 1))
+  end
+end

@@ -1,0 +1,386 @@
+//! The memory store and the Redis stores give identical decisions over random timelines, for
+//! every algorithm, alone and stacked, on a standalone server and on a 3-primary cluster.
+//!
+//! Both stores read one shared `ManualClock` (the Redis stores pass its time to the script, which
+//! otherwise reads the server's `TIME`), so every decision can be compared field by field.
+
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::time::Duration;
+
+use tollgate::algorithm::{Algorithm, Limits, MAX_PERIOD_MICROS};
+use tollgate::clock::ManualClock;
+use tollgate::decision::Decision;
+use tollgate::key::Key;
+use tollgate::policy::RuleSpec;
+use tollgate::store::{Charge, MemoryStore, RedisClusterStore, RedisStore, Store};
+
+/// A small deterministic generator (xorshift64*), so that a failure names its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.below(high - low + 1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+fn random_limits(rng: &mut Rng, algorithm: Algorithm) -> Limits {
+    let periods = [
+        1_000,
+        7_919,
+        250_000,
+        1_000_000,
+        3_000_000,
+        60_000_000,
+        3_600_000_000,
+    ];
+    loop {
+        let period = periods[rng.below(periods.len() as u64) as usize] + rng.below(3);
+        let limit = if rng.chance(25) {
+            rng.range(13, 1000)
+        } else {
+            rng.range(1, 12)
+        };
+        let burst = if algorithm.has_burst() && rng.chance(50) {
+            rng.range(1, limit + 3)
+        } else {
+            limit
+        };
+        if let Ok(limits) = Limits::new(limit, period.min(MAX_PERIOD_MICROS), burst) {
+            return limits;
+        }
+    }
+}
+
+/// One step of the clock: often none, often exactly to (or a microsecond before) the moment the
+/// last decision named, sometimes a fraction of a period, sometimes whole periods.
+fn advance(rng: &mut Rng, clock: &ManualClock, rules: &[RuleSpec], last: Option<&Decision>) {
+    let rule = rng.below(rules.len() as u64) as usize;
+    let limits = rules[rule].limits();
+    let period = limits.period;
+    let edge = last.and_then(|d| d.outcomes().get(rule)).map(|o| {
+        let at = if o.retry_after != 0 && o.retry_after != u64::MAX && rng.chance(60) {
+            o.retry_after
+        } else {
+            o.reset
+        };
+        if rng.chance(50) {
+            at
+        } else {
+            at.saturating_sub(1)
+        }
+    });
+    let micros = match rng.below(12) {
+        0 | 1 => 0,
+        2..=5 => edge.unwrap_or(0),
+        6 => limits.interval * rng.range(1, 3),
+        7 | 8 => rng.range(1, period / 3 + 1),
+        9 => rng.range(1, period),
+        10 => rng.range(period, 3 * period),
+        _ => rng.range(1, 10),
+    };
+    clock.advance(Duration::from_micros(micros));
+}
+
+fn random_cost(rng: &mut Rng, rule: &RuleSpec) -> u64 {
+    let capacity = rule.algorithm().capacity(rule.limits());
+    match rng.below(10) {
+        0 => 0,
+        1 => capacity + 1,
+        2 | 3 => rng.range(1, capacity),
+        _ => 1,
+    }
+}
+
+/// What to compare.
+struct Plan {
+    name: &'static str,
+    seed: u64,
+    timelines: u64,
+    steps: u64,
+    algorithms: &'static [Algorithm],
+    /// Two or three rules per request.
+    stacked: bool,
+    /// The rules of one request count different identities (different cluster slots).
+    distinct_identities: bool,
+}
+
+/// Runs `timelines` random timelines of `steps` checks through the memory store and the store
+/// made by `redis`, and compares every decision.
+async fn compare<S, F, Fut>(plan: Plan, redis: F)
+where
+    S: Store,
+    F: Fn(ManualClock, String) -> Fut,
+    Fut: std::future::Future<Output = S>,
+{
+    let Plan {
+        name,
+        seed,
+        timelines,
+        steps,
+        algorithms,
+        stacked,
+        distinct_identities,
+    } = plan;
+    let mut rng = Rng(seed);
+    let mut compared = 0u64;
+    for timeline in 0..timelines {
+        let clock = ManualClock::new(1_700_000_000_000_000 + rng.below(1 << 40));
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let prefix = support::unique_prefix(name);
+        let redis = redis(clock.clone(), prefix).await;
+        let count = if stacked { rng.range(2, 3) } else { 1 };
+        let rules: Vec<RuleSpec> = (0..count)
+            .map(|i| {
+                let algorithm = algorithms[rng.below(algorithms.len() as u64) as usize];
+                RuleSpec::new(
+                    format!("r{i}"),
+                    algorithm,
+                    random_limits(&mut rng, algorithm),
+                )
+            })
+            .collect();
+        let keys: Vec<Key> = (0..count)
+            .map(|i| {
+                if distinct_identities && i > 0 {
+                    Key::text(format!("user-{timeline}-{i}"))
+                } else {
+                    Key::text(format!("user-{timeline}"))
+                }
+            })
+            .collect();
+        let mut last: Option<Decision> = None;
+        for step in 0..steps {
+            advance(&mut rng, &clock, &rules, last.as_ref());
+            let charges: Vec<Charge<'_>> = rules
+                .iter()
+                .zip(&keys)
+                .map(|(rule, key)| Charge {
+                    rule,
+                    key,
+                    cost: random_cost(&mut rng, rule),
+                })
+                .collect();
+            let expected: Decision = memory.check(&charges).await.unwrap();
+            let actual: Decision = redis.check(&charges).await.unwrap_or_else(|e| {
+                panic!("{name}: seed {seed}, timeline {timeline}, step {step}: {e}")
+            });
+            assert_eq!(
+                actual,
+                expected,
+                "{name}: seed {seed}, timeline {timeline}, step {step}\n rules: {rules:?}\n \
+                 charges: {:?}",
+                charges.iter().map(|c| c.cost).collect::<Vec<_>>()
+            );
+            compared += 1;
+            last = Some(expected);
+        }
+    }
+    assert_eq!(compared, timelines * steps);
+}
+
+async fn standalone(clock: ManualClock, prefix: String) -> RedisStore {
+    RedisStore::builder(support::standalone().url())
+        .prefix(prefix)
+        .response_timeout(Duration::from_secs(10))
+        .clock_for_testing(clock)
+        .build()
+        .await
+        .unwrap()
+}
+
+async fn cluster(clock: ManualClock, prefix: String) -> RedisClusterStore {
+    RedisClusterStore::builder(support::cluster().urls())
+        .prefix(prefix)
+        .response_timeout(Duration::from_secs(10))
+        .clock_for_testing(clock)
+        .build()
+        .await
+        .unwrap()
+}
+
+const TIMELINES: u64 = 60;
+const STEPS: u64 = 80;
+
+macro_rules! differential {
+    ($standalone:ident, $cluster:ident, $algorithm:expr, $seed:expr) => {
+        #[tokio::test]
+        async fn $standalone() {
+            compare(
+                Plan {
+                    name: stringify!($standalone),
+                    seed: $seed,
+                    timelines: TIMELINES,
+                    steps: STEPS,
+                    algorithms: &[$algorithm; 1],
+                    stacked: false,
+                    distinct_identities: false,
+                },
+                standalone,
+            )
+            .await;
+        }
+
+        #[tokio::test]
+        async fn $cluster() {
+            compare(
+                Plan {
+                    name: stringify!($cluster),
+                    seed: $seed + 1,
+                    timelines: TIMELINES / 2,
+                    steps: STEPS,
+                    algorithms: &[$algorithm; 1],
+                    stacked: false,
+                    distinct_identities: false,
+                },
+                cluster,
+            )
+            .await;
+        }
+    };
+}
+
+differential!(
+    standalone_token_bucket_matches_the_model,
+    cluster_token_bucket_matches_the_model,
+    Algorithm::TokenBucket,
+    0x7011_6a7e_0001
+);
+differential!(
+    standalone_gcra_matches_the_model,
+    cluster_gcra_matches_the_model,
+    Algorithm::Gcra,
+    0x7011_6a7e_0101
+);
+differential!(
+    standalone_fixed_window_matches_the_model,
+    cluster_fixed_window_matches_the_model,
+    Algorithm::FixedWindow,
+    0x7011_6a7e_0201
+);
+differential!(
+    standalone_sliding_log_matches_the_model,
+    cluster_sliding_log_matches_the_model,
+    Algorithm::SlidingWindowLog,
+    0x7011_6a7e_0301
+);
+differential!(
+    standalone_sliding_counter_matches_the_model,
+    cluster_sliding_counter_matches_the_model,
+    Algorithm::SlidingWindowCounter,
+    0x7011_6a7e_0401
+);
+
+#[tokio::test]
+async fn standalone_stacked_rules_match_the_model() {
+    compare(
+        Plan {
+            name: "standalone_stacked",
+            seed: 0x7011_6a7e_0501,
+            timelines: TIMELINES,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: false,
+        },
+        standalone,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_stacked_rules_of_one_caller_match_the_model() {
+    compare(
+        Plan {
+            name: "cluster_stacked",
+            seed: 0x7011_6a7e_0601,
+            timelines: TIMELINES / 2,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: false,
+        },
+        cluster,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_stacked_rules_across_slots_match_the_model() {
+    compare(
+        Plan {
+            name: "cluster_cross_slot",
+            seed: 0x7011_6a7e_0701,
+            timelines: TIMELINES / 2,
+            steps: STEPS,
+            algorithms: &Algorithm::ALL,
+            stacked: true,
+            distinct_identities: true,
+        },
+        cluster,
+    )
+    .await;
+}
+
+/// The sliding window counter weighs the previous window in `f64`; the script must round exactly
+/// like the model. These cases are the ones where another order of the same operations
+/// (`previous * ((period - elapsed) / period)`) would round to another integer.
+#[tokio::test]
+async fn standalone_sliding_counter_rounds_like_the_model() {
+    let period: u64 = 1000;
+    let limit: u64 = 1000;
+    let mut cases = Vec::new();
+    'search: for previous in 1..=limit {
+        for elapsed in 0..period {
+            let model = (previous as f64) * ((period - elapsed) as f64) / (period as f64);
+            let other = (previous as f64) * (((period - elapsed) as f64) / (period as f64));
+            if model.floor() != other.floor() {
+                cases.push((previous, elapsed));
+                if cases.len() == 8 {
+                    break 'search;
+                }
+            }
+        }
+    }
+    assert_eq!(
+        cases.len(),
+        8,
+        "no case where the order of operations matters"
+    );
+    let limits = Limits::new(limit, period, limit).unwrap();
+    let rule = RuleSpec::new("sc", Algorithm::SlidingWindowCounter, limits);
+    for (i, &(previous, elapsed)) in cases.iter().enumerate() {
+        let start = 1_700_000_000_000_000 / period * period;
+        let clock = ManualClock::new(start);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = standalone(clock.clone(), support::unique_prefix("rounding")).await;
+        let key = Key::text(format!("case-{i}"));
+        let charge = |cost| {
+            [Charge {
+                rule: &rule,
+                key: &key,
+                cost,
+            }]
+        };
+        let first = redis.check(&charge(previous)).await.unwrap();
+        assert_eq!(first, memory.check(&charge(previous)).await.unwrap());
+        clock.set(start + period + elapsed);
+        let expected = memory.check(&charge(0)).await.unwrap();
+        let actual = redis.check(&charge(0)).await.unwrap();
+        assert_eq!(actual, expected, "previous {previous}, elapsed {elapsed}");
+    }
+}
