@@ -7,7 +7,8 @@
 //! ```
 //!
 //! Each account (the normalised email of a JSON or form body) gets 3 attempts per minute; each
-//! IP gets 20 per minute on top. A body without an email is counted by IP alone.
+//! IP gets 20 per minute on top. Bodies without a usable email (too large, another content type,
+//! no field) share one budget of 3 per minute: padding a body does not escape the account limit.
 
 use std::net::SocketAddr;
 
@@ -15,7 +16,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::{get, post};
 use http::StatusCode;
-use tollgate::key::{BodyKeyLayer, FromBody, KeyExtractorExt, PeerIp};
+use tollgate::key::{BodyKeyLayer, FromBody, Key, KeyExtractorExt, PeerIp};
 use tollgate::{Quota, RateLimitLayer, Rule};
 
 #[tokio::main]
@@ -24,8 +25,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
 
+    let no_account = |_: &http::request::Parts| Some(Key::text("login-without-account"));
     let limit = RateLimitLayer::builder()
-        .rule(Rule::new("per-account", Quota::per_minute(3)).key(FromBody.or(PeerIp::new())))
+        .rule(Rule::new("per-account", Quota::per_minute(3)).key(FromBody.or(no_account)))
         .rule(Rule::new("per-ip", Quota::per_minute(20)).key(PeerIp::new()))
         .build()?;
 

@@ -15,7 +15,10 @@ use tower_service::Service;
 use crate::decision::Decision;
 use crate::layer::Shared;
 use crate::policy::FailureMode;
-use crate::response::{RateLimited, ResponseBody, problem_response, write_headers};
+use crate::response::{
+    PROBLEM_JSON, RateLimited, ResponseBody, grpc_denied, grpc_unavailable, is_grpc,
+    problem_response, write_headers,
+};
 use crate::service::Applied;
 use crate::store::{Store, StoreError};
 
@@ -129,7 +132,10 @@ where
                 Ok(decision) if decision.allowed() => Some(decision),
                 Ok(decision) => {
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(denied(shared, this.applied, &decision)));
+                    let grpc = call
+                        .as_ref()
+                        .is_some_and(|(_, request)| is_grpc(request.headers()));
+                    return Poll::Ready(Ok(denied(shared, this.applied, &decision, grpc)));
                 }
                 Err(error) => {
                     if !shared.warned_store_error.swap(true, Ordering::Relaxed) {
@@ -139,7 +145,10 @@ where
                     }
                     if shared.on_store_error == FailureMode::Closed {
                         this.state.set(State::Done);
-                        return Poll::Ready(Ok(unavailable()));
+                        let grpc = call
+                            .as_ref()
+                            .is_some_and(|(_, request)| is_grpc(request.headers()));
+                        return Poll::Ready(Ok(unavailable(grpc)));
                     }
                     None
                 }
@@ -159,8 +168,10 @@ fn denied<St, B>(
     shared: &Shared<St>,
     applied: &[u16],
     decision: &Decision,
+    grpc: bool,
 ) -> Response<ResponseBody<B>> {
     let mut response = match &shared.on_denied {
+        _ if grpc => grpc_denied(decision.retry_after_micros()),
         Some(handler) => handler(&RateLimited::new(&shared.rules, applied, decision)),
         None => problem_response(&shared.rules, &shared.problems, applied, decision),
     };
@@ -175,17 +186,17 @@ fn denied<St, B>(
     response.map(ResponseBody::full)
 }
 
-fn unavailable<B>() -> Response<ResponseBody<B>> {
+fn unavailable<B>(grpc: bool) -> Response<ResponseBody<B>> {
+    if grpc {
+        return grpc_unavailable().map(ResponseBody::full);
+    }
     let body = Bytes::from_static(
         b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate limiter cannot decide right now; retry shortly.\"}",
     );
     let mut response = Response::new(ResponseBody::full(body));
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let headers = response.headers_mut();
-    headers.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
+    headers.insert(CONTENT_TYPE, PROBLEM_JSON.clone());
     headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
     response
 }

@@ -3,13 +3,16 @@
 //!
 //! ```
 //! use axum::{Router, routing::{get, post}};
-//! use tollgate::key::{BodyKeyLayer, ClientIp, FromBody, KeyExtractorExt};
+//! use tollgate::key::{BodyKeyLayer, ClientIp, FromBody, Key, KeyExtractorExt};
 //! use tollgate::{Quota, RateLimitLayer, Rule};
 //!
-//! // 5 login attempts per minute per account, whatever IP they come from; a body without an
-//! // email is counted by client IP.
+//! // 5 login attempts per minute per account, whatever IP they come from. Bodies without a
+//! // usable email (too large, another content type, no field) share one budget, so padding a
+//! // body cannot turn the per-account limit into a per-IP one; each IP also has its own limit.
+//! let no_account = |_: &http::request::Parts| Some(Key::text("login-without-account"));
 //! let limit = RateLimitLayer::builder()
-//!     .rule(Rule::new("login", Quota::per_minute(5)).key(FromBody.or(ClientIp::new())))
+//!     .rule(Rule::new("login", Quota::per_minute(5)).key(FromBody.or(no_account)))
+//!     .rule(Rule::new("login-ip", Quota::per_minute(20)).key(ClientIp::new()))
 //!     .build()?;
 //! let login = Router::new()
 //!     .route("/login", post(|body: String| async move { format!("{} bytes", body.len()) }))
@@ -40,8 +43,11 @@
 //!    it read, then the rest of the original body (trailers and errors included).
 //!
 //! [`FromBody`] then reads the [`BodyFieldKey`]; when there is none (body too large, another
-//! content type, no such field, invalid JSON) it finds no key, so chain the fallback you want:
-//! `FromBody.or(ClientIp::new())`. Every request that passed the layer also carries a
+//! content type, no such field, invalid JSON) it finds no key, so chain the fallback you want.
+//! Choose it with care: a client controls whether its body is usable, so a per-IP fallback lets
+//! an attacker who pads the body past the limit and rotates addresses escape the per-account
+//! budget. A fallback to one shared key (as above) keeps that budget closed to such requests,
+//! while well-formed requests are counted per account. Every request that passed the layer also carries a
 //! [`BodyScan`] extension saying what happened and how many bytes were held.
 //!
 //! Values are never logged; at `debug` level the layer logs only the outcome.

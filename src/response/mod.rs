@@ -18,9 +18,14 @@
 //!   0), the budget headers, and an RFC 9457 `application/problem+json` body naming the violated
 //!   policies. [`on_denied`](crate::RateLimitLayerBuilder::on_denied) replaces the body and
 //!   status with your own; the headers are still added.
+//! * gRPC calls (`content-type: application/grpc…`) are never answered with an HTTP 429: they get
+//!   a trailers-only `RESOURCE_EXHAUSTED` (`grpc-status: 8`) with `grpc-retry-pushback-ms` and a
+//!   `google.rpc.RetryInfo` in `grpc-status-details-bin`, plus the same headers as metadata.
+//!   When the store fails and the layer fails closed, they get `UNAVAILABLE` (`grpc-status: 14`).
 
 mod body;
 mod buffer;
+mod grpc;
 mod headers;
 mod problem;
 
@@ -28,5 +33,6 @@ pub use body::ResponseBody;
 pub use headers::{Headers, ResetFormat};
 pub use problem::RateLimited;
 
+pub(crate) use grpc::{grpc_denied, grpc_unavailable, is_grpc};
 pub(crate) use headers::{PolicyItems, write_headers};
-pub(crate) use problem::{ProblemBodies, problem_response};
+pub(crate) use problem::{PROBLEM_JSON, ProblemBodies, problem_response};

@@ -65,7 +65,7 @@ impl RateLimited {
     }
 }
 
-static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+pub(crate) static PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
 const TYPE_AND_TITLE: &[u8] =
     b"{\"type\":\"https://www.rfc-editor.org/rfc/rfc6585#section-4\",\"title\":\"Too Many Requests\",\"status\":429,\"detail\":\"";

@@ -1,0 +1,161 @@
+//! gRPC answers: `RESOURCE_EXHAUSTED` (and `UNAVAILABLE` when failing closed), never an HTTP 429.
+//!
+//! A gRPC client cannot read an HTTP 429: tonic turns it into `UNAVAILABLE`, which retry policies
+//! retry at once. So a request whose `content-type` is `application/grpc…` is denied with a
+//! trailers-only gRPC response (HTTP 200, no body) carrying:
+//!
+//! * `grpc-status: 8` (`RESOURCE_EXHAUSTED`) and a `grpc-message`;
+//! * `grpc-retry-pushback-ms`, the server pushback of gRPC's retry design, in milliseconds;
+//! * `grpc-status-details-bin`, a `google.rpc.Status` whose details hold a `google.rpc.RetryInfo`
+//!   with the same delay (what Google APIs send);
+//! * the same `Retry-After` and budget headers as HTTP answers, as metadata.
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+static GRPC_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+
+/// `RESOURCE_EXHAUSTED`.
+const RESOURCE_EXHAUSTED: i32 = 8;
+/// `UNAVAILABLE`.
+const UNAVAILABLE: i32 = 14;
+
+/// Whether a request is a gRPC call.
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// The answer to a gRPC call over the limit; `retry_after_micros` is `None` when the call can
+/// never be admitted.
+pub(crate) fn grpc_denied(retry_after_micros: Option<u64>) -> Response<Bytes> {
+    let message = match retry_after_micros {
+        Some(_) => "rate limit exceeded; retry after grpc-retry-pushback-ms",
+        None => "this call costs more than the rate limit ever allows",
+    };
+    grpc_answer(RESOURCE_EXHAUSTED, message, retry_after_micros)
+}
+
+/// The answer to a gRPC call when the store failed and the layer fails closed.
+pub(crate) fn grpc_unavailable() -> Response<Bytes> {
+    grpc_answer(
+        UNAVAILABLE,
+        "the rate limiter cannot decide right now; retry shortly",
+        Some(1_000_000),
+    )
+}
+
+fn grpc_answer(code: i32, message: &str, retry_after_micros: Option<u64>) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::new());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(&GRPC_STATUS, HeaderValue::from(code));
+    // Messages here are plain ASCII: nothing to percent-encode.
+    if let Ok(value) = HeaderValue::from_str(message) {
+        headers.insert(&GRPC_MESSAGE, value);
+    }
+    if let Some(micros) = retry_after_micros {
+        headers.insert(&GRPC_PUSHBACK, HeaderValue::from(micros.div_ceil(1000)));
+    }
+    let details = status_details(code, message, retry_after_micros);
+    if let Ok(value) = HeaderValue::from_str(&base64(&details)) {
+        headers.insert(&GRPC_DETAILS, value);
+    }
+    response
+}
+
+/// `google.rpc.Status { code, message, details: [Any(google.rpc.RetryInfo { retry_delay })] }`,
+/// protobuf-encoded.
+fn status_details(code: i32, message: &str, retry_after_micros: Option<u64>) -> Vec<u8> {
+    let mut status = Vec::with_capacity(128);
+    put_key(&mut status, 1, 0);
+    put_varint(&mut status, code as u64);
+    put_bytes(&mut status, 2, message.as_bytes());
+    if let Some(micros) = retry_after_micros {
+        let mut duration = Vec::new();
+        let seconds = micros / 1_000_000;
+        let nanos = (micros % 1_000_000) * 1000;
+        if seconds > 0 {
+            put_key(&mut duration, 1, 0);
+            put_varint(&mut duration, seconds);
+        }
+        if nanos > 0 {
+            put_key(&mut duration, 2, 0);
+            put_varint(&mut duration, nanos);
+        }
+        let mut retry_info = Vec::new();
+        put_bytes(&mut retry_info, 1, &duration);
+        let mut any = Vec::new();
+        put_bytes(&mut any, 1, b"type.googleapis.com/google.rpc.RetryInfo");
+        put_bytes(&mut any, 2, &retry_info);
+        put_bytes(&mut status, 3, &any);
+    }
+    status
+}
+
+fn put_key(out: &mut Vec<u8>, field: u64, wire_type: u64) {
+    put_varint(out, (field << 3) | wire_type);
+}
+
+fn put_bytes(out: &mut Vec<u8>, field: u64, bytes: &[u8]) {
+    put_key(out, field, 2);
+    put_varint(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push((n as u8 & 0x7f) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// Standard base64 without padding, as gRPC `-bin` metadata is sent.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 0x3f) as usize]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard_alphabet_without_padding() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg");
+        assert_eq!(base64(b"fo"), "Zm8");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        assert_eq!(base64(&[0xff, 0xfe]), "//4");
+    }
+
+    #[test]
+    fn varints_and_the_retry_info_encoding() {
+        let mut v = Vec::new();
+        put_varint(&mut v, 300);
+        assert_eq!(v, [0xac, 0x02]);
+        let details = status_details(8, "m", Some(1_500_000));
+        // code 8, message "m", then one Any.
+        assert_eq!(&details[..5], &[0x08, 0x08, 0x12, 0x01, b'm']);
+        assert_eq!(details[5], 0x1a);
+        // It ends with the Duration: seconds 1, nanos 500000000.
+        assert!(details.ends_with(&[0x08, 0x01, 0x10, 0x80, 0xca, 0xb5, 0xee, 0x01]));
+    }
+}
