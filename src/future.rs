@@ -3,8 +3,8 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, ready};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
@@ -138,8 +138,11 @@ where
                     return Poll::Ready(Ok(denied(shared, this.applied, &decision, grpc)));
                 }
                 Err(error) => {
-                    if !shared.warned_store_error.swap(true, Ordering::Relaxed) {
-                        tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store failed; reported once");
+                    let now = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.as_micros() as u64);
+                    if shared.warned_store_error.due(now, 60_000_000) {
+                        tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store failed; reported at most once a minute");
                     } else {
                         tracing::debug!(%error, "tollgate: the rate-limit store failed");
                     }

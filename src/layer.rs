@@ -3,7 +3,6 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use bytes::Bytes;
 use tower_layer::Layer;
@@ -13,6 +12,7 @@ use crate::policy::{CompiledRule, ConfigError, FailureMode, Quota, Rule};
 use crate::response::{Headers, PolicyItems, ProblemBodies, RateLimited};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
+use crate::warn::{Every, Once};
 
 /// A function that writes the response to a denied request.
 pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> http::Response<Bytes> + Send + Sync>;
@@ -30,14 +30,14 @@ pub struct RateLimitLayer<St = MemoryStore> {
 /// Everything the layer's services share.
 pub(crate) struct Shared<St> {
     pub(crate) rules: Box<[CompiledRule]>,
-    pub(crate) warned_missing_key: Box<[AtomicBool]>,
+    pub(crate) warned_missing_key: Box<[Once]>,
     pub(crate) policies: PolicyItems,
     pub(crate) problems: ProblemBodies,
     pub(crate) store: St,
     pub(crate) headers: Headers,
     pub(crate) on_denied: Option<DeniedHandler>,
     pub(crate) on_store_error: FailureMode,
-    pub(crate) warned_store_error: AtomicBool,
+    pub(crate) warned_store_error: Every,
 }
 
 impl RateLimitLayer<MemoryStore> {
@@ -227,7 +227,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         let problems = ProblemBodies::new(&rules);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                warned_missing_key: rules.iter().map(|_| AtomicBool::new(false)).collect(),
+                warned_missing_key: rules.iter().map(|_| Once::new()).collect(),
                 rules,
                 policies,
                 problems,
@@ -238,7 +238,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 headers: self.headers,
                 on_denied: self.on_denied,
                 on_store_error: self.on_store_error,
-                warned_store_error: AtomicBool::new(false),
+                warned_store_error: Every::default(),
             }),
         })
     }

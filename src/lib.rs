@@ -57,6 +57,7 @@ pub mod policy;
 pub mod response;
 pub mod service;
 pub mod store;
+mod warn;
 
 pub use algorithm::Algorithm;
 pub use decision::Decision;

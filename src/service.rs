@@ -2,7 +2,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -165,7 +164,7 @@ where
 }
 
 fn warn_missing_key<St>(shared: &Shared<St>, rule: usize) {
-    if !shared.warned_missing_key[rule].swap(true, Ordering::Relaxed) {
+    if shared.warned_missing_key[rule].first() {
         tracing::warn!(
             rule = shared.rules[rule].spec.name(),
             "tollgate: the key extractor found no key for a request, so this rule did not apply to it \

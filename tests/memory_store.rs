@@ -299,6 +299,28 @@ fn the_store_gives_the_reference_models_decisions() {
 #[test]
 fn bad_configuration_is_an_error_not_a_panic() {
     assert!(MemoryStore::builder().max_keys(0).build().is_err());
+    // The largest bound is accepted, and a bound is never exceeded even when it does not divide
+    // into the shards.
+    assert!(MemoryStore::builder().max_keys(usize::MAX).build().is_ok());
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .max_keys(65)
+        .build()
+        .unwrap();
+    let rule = spec("r", Algorithm::FixedWindow, 10, Duration::from_secs(60));
+    for n in 0..1000 {
+        let key = Key::text(format!("k{n}"));
+        check(
+            &store,
+            &[Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }],
+        );
+        assert!(store.len() <= 65, "{} keys", store.len());
+    }
     let err = MemoryStore::builder().shards(3).build().unwrap_err();
     assert!(err.to_string().contains("power of two"), "{err}");
 }

@@ -99,7 +99,7 @@ impl Algorithm {
     ];
 
     /// A short stable name (`token_bucket`, `gcra`, `fixed_window`, `sliding_log`,
-    /// `sliding_counter`), used in metrics and in the Redis scripts.
+    /// `sliding_counter`), for logs and messages.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
@@ -131,8 +131,10 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// The validated numbers of one rule, in microseconds.
+/// The validated numbers of one rule, in microseconds. Made only by [`Limits::new`], which checks
+/// them (the fields are readable, not writable from outside the crate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct Limits {
     /// Requests (cost units) per period.
     pub limit: u64,

@@ -57,9 +57,9 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
+use crate::warn::Once;
 use axum::BoxError;
 use axum::body::Body;
 use bytes::Bytes;
@@ -594,17 +594,14 @@ impl<'de> Visitor<'de> for ScalarVisitor {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FromBody;
 
-static HINTED: AtomicBool = AtomicBool::new(false);
+static HINTED: Once = Once::new();
 
 impl KeyExtractor for FromBody {
     fn extract(&self, parts: &Parts) -> Extracted {
         if let Some(found) = parts.extensions.get::<BodyFieldKey>() {
             return Extracted::Ready(Some(found.0.clone()));
         }
-        if parts.extensions.get::<BodyScan>().is_none()
-            && !HINTED.load(Ordering::Relaxed)
-            && !HINTED.swap(true, Ordering::Relaxed)
-        {
+        if parts.extensions.get::<BodyScan>().is_none() && HINTED.first() {
             tracing::warn!(
                 "tollgate: FromBody saw a request that no BodyKeyLayer had read, so it has no \
                  body key (the rule's fallback, if any, applies). If this route should be keyed \

@@ -48,10 +48,10 @@
 //! their /64 by default ([`ipv6_prefix`](ClientIp::ipv6_prefix)): one host is given a whole /64
 //! and could otherwise rotate through it. IP keys do not allocate.
 
+use crate::warn::Once;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
@@ -163,13 +163,9 @@ impl Networks {
 /// The misconfiguration hints, each reported once per extractor.
 #[derive(Default)]
 struct Hints {
-    untrusted: AtomicBool,
-    all_trusted: AtomicBool,
-    unusable: AtomicBool,
-}
-
-fn once(flag: &AtomicBool) -> bool {
-    !flag.load(Ordering::Relaxed) && !flag.swap(true, Ordering::Relaxed)
+    untrusted: Once,
+    all_trusted: Once,
+    unusable: Once,
 }
 
 /// The client's IP address: the socket peer, or what trusted proxies say it is. See the
@@ -301,7 +297,7 @@ impl ClientIp {
         let peer = peer.map(|ip| ip.to_canonical());
         match &self.trust {
             Trust::Nobody => {
-                if !self.hints.untrusted.load(Ordering::Relaxed) {
+                if !self.hints.untrusted.done() {
                     hint_no_trust(headers, &self.hints.untrusted);
                 }
                 peer
@@ -309,7 +305,7 @@ impl ClientIp {
             Trust::Networks(nets) => {
                 let peer = peer?;
                 if !nets.contains(peer) {
-                    if !self.hints.untrusted.load(Ordering::Relaxed) {
+                    if !self.hints.untrusted.done() {
                         self.hint_untrusted_peer(headers, peer);
                     }
                     return Some(peer);
@@ -357,7 +353,7 @@ impl ClientIp {
                 }
             }
         }
-        if seen && once(&self.hints.all_trusted) {
+        if seen && self.hints.all_trusted.first() {
             tracing::warn!(
                 header = %self.header.name(),
                 "tollgate: every entry of a forwarding header (up to {MAX_HOPS}) is a trusted \
@@ -377,7 +373,7 @@ impl ClientIp {
                 None
             }
             None => {
-                if once(&self.hints.all_trusted) {
+                if self.hints.all_trusted.first() {
                     tracing::warn!(
                         header = %self.header.name(),
                         hops,
@@ -404,7 +400,7 @@ impl ClientIp {
     }
 
     fn hint_unusable(&self, node: Node) {
-        if once(&self.hints.unusable) {
+        if self.hints.unusable.first() {
             let what = match node {
                 Node::Unknown => "`unknown`",
                 Node::Obfuscated => "an obfuscated identifier",
@@ -420,7 +416,7 @@ impl ClientIp {
 
     fn hint_untrusted_peer(&self, headers: &HeaderMap, peer: IpAddr) {
         let name = self.header.name();
-        if headers.contains_key(&name) && once(&self.hints.untrusted) {
+        if headers.contains_key(&name) && self.hints.untrusted.first() {
             // Infrastructure addresses help to fix the configuration; public ones may be
             // clients and are not logged.
             let peer = if is_internal(peer) {
@@ -440,8 +436,8 @@ impl ClientIp {
 }
 
 /// Reports once, through `flag`, that forwarding headers arrive while no proxy is trusted.
-pub(crate) fn hint_no_trust(headers: &HeaderMap, flag: &AtomicBool) {
-    if (headers.contains_key(X_FORWARDED_FOR) || headers.contains_key(FORWARDED)) && once(flag) {
+pub(crate) fn hint_no_trust(headers: &HeaderMap, flag: &Once) {
+    if (headers.contains_key(X_FORWARDED_FOR) || headers.contains_key(FORWARDED)) && flag.first() {
         tracing::warn!(
             "tollgate: a request carries X-Forwarded-For or Forwarded but no proxy is trusted, \
              so the header is ignored and the client IP is the socket peer. Behind a reverse \

@@ -53,6 +53,26 @@ impl FromHeader {
         }
     }
 
+    /// Reads the header `name`, or says why `name` is not a header name (for names that come
+    /// from configuration files).
+    ///
+    /// ```
+    /// use tollgate::key::FromHeader;
+    /// assert!(FromHeader::try_new("x-api-key").is_ok());
+    /// assert!(FromHeader::try_new("not a header").unwrap_err().to_string().contains("header name"));
+    /// ```
+    pub fn try_new(name: &str) -> Result<Self, crate::ConfigError> {
+        let name = HeaderName::try_from(name).map_err(|_| {
+            crate::ConfigError::new(format!(
+                "{name:?} is not a valid header name; use letters, digits and '-' (e.g. \"x-api-key\")"
+            ))
+        })?;
+        Ok(FromHeader {
+            name,
+            hashed: false,
+        })
+    }
+
     /// Keys by the SHA-256 of the value ([`Key::digest`]) instead of the value: for secrets
     /// such as API keys and tokens, which then never reach the store or its logs.
     pub fn hashed(mut self) -> Self {

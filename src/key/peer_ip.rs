@@ -1,7 +1,8 @@
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use http::request::Parts;
+
+use crate::warn::Once;
 
 use super::client_ip::hint_no_trust;
 use super::{Extracted, Key, KeyExtractor};
@@ -75,13 +76,11 @@ impl Default for PeerIp {
 }
 
 /// Whether the "forwarding headers but no trusted proxy" hint was given by a `PeerIp`.
-static HINTED: AtomicBool = AtomicBool::new(false);
+static HINTED: Once = Once::new();
 
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Extracted {
-        if !HINTED.load(Ordering::Relaxed) {
-            hint_no_trust(&parts.headers, &HINTED);
-        }
+        hint_no_trust(&parts.headers, &HINTED);
         Extracted::Ready(Self::peer_addr(parts).map(|ip| Key::ip_prefix(ip, self.v6_prefix)))
     }
 }

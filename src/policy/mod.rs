@@ -22,6 +22,6 @@ pub use cost::Cost;
 pub use error::ConfigError;
 pub use failure::FailureMode;
 pub use quota::Quota;
-pub use rule::{Rule, RuleSpec};
+pub use rule::{MAX_LOG_ENTRIES, Rule, RuleSpec};
 
 pub(crate) use rule::CompiledRule;

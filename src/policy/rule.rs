@@ -74,11 +74,6 @@ impl Rule {
         &self.quota
     }
 
-    /// The rule's algorithm.
-    pub fn get_algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
-
     /// Validates the rule and fixes its key extractor.
     pub(crate) fn compile(
         self,
@@ -148,6 +143,10 @@ impl fmt::Debug for Rule {
     }
 }
 
+/// The largest quota of a [`SlidingWindowLog`](Algorithm::SlidingWindowLog) rule: the log keeps
+/// one entry (8 bytes in memory, a list element in Redis) per admitted request.
+pub const MAX_LOG_ENTRIES: u64 = 10_000;
+
 fn validate_name(name: &str) -> Result<(), ConfigError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
     if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
@@ -210,14 +209,14 @@ impl RuleSpec {
     pub fn policy(&self) -> (u64, u64) {
         let l = &self.limits;
         let (quota, micros) = if self.algorithm.has_burst() {
-            // burst × period / limit, in whole seconds, rounded to nearest.
+            // burst × period / limit: the time to refill the whole burst.
             let micros = (l.burst as u128 * l.period as u128 / l.limit as u128) as u64;
             (l.burst, micros)
         } else {
             (l.limit, l.period)
         };
-        let seconds = (micros + MICROS_PER_SECOND / 2) / MICROS_PER_SECOND;
-        (quota, seconds.max(1))
+        // Rounded up: "q per w" never promises more than the rule allows.
+        (quota, micros.div_ceil(MICROS_PER_SECOND).max(1))
     }
 }
 

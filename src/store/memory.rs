@@ -9,11 +9,12 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use super::{Charge, Store, StoreError};
-use crate::algorithm::{Algorithm, MICROS_PER_SECOND, State};
+use crate::algorithm::{Algorithm, MAX_MICROS, MICROS_PER_SECOND, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::ConfigError;
+use crate::warn::Every;
 
 /// How often each shard drops its expired keys, in microseconds.
 const SWEEP_INTERVAL: u64 = MICROS_PER_SECOND;
@@ -70,7 +71,7 @@ struct Inner {
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
-    last_eviction_warning: AtomicU64,
+    eviction_warning: Every,
 }
 
 #[derive(Default)]
@@ -150,7 +151,8 @@ impl MemoryStore {
     }
 
     fn check_now(&self, charges: &[Charge<'_>]) -> Decision {
-        let now = self.inner.clock.now_micros();
+        // Keep every sum of the model below 2^53 whatever a custom clock says.
+        let now = self.inner.clock.now_micros().min(MAX_MICROS);
         match charges {
             [] => Decision::default(),
             [charge] => self.check_one(charge, now),
@@ -166,7 +168,7 @@ impl MemoryStore {
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
         shard.maybe_sweep(now);
         if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
-            self.make_room(&mut shard, now);
+            self.make_room(&mut shard, now, 1);
         }
         let eq = |e: &Entry| e.rule == rule.id() && e.key == *charge.key;
         let rehash = |e: &Entry| self.hash(e.rule, &e.key);
@@ -228,6 +230,10 @@ impl MemoryStore {
             .map(|&s| {
                 let mut guard = lock(&self.inner.shards[s]);
                 guard.maybe_sweep(now);
+                // Make room before deciding, so that inserting one rule's new key can never
+                // evict another rule's key of the same request.
+                let arriving = located.iter().filter(|&&(_, shard)| shard == s).count();
+                self.make_room(&mut guard, now, arriving);
                 (s, guard)
             })
             .collect();
@@ -285,7 +291,7 @@ impl MemoryStore {
                 algorithm.commit(rule.limits(), &mut state, now, charge.cost);
                 let Some(state) = state else { return };
                 if shard.table.len() >= self.inner.per_shard {
-                    self.make_room(shard, now);
+                    self.make_room(shard, now, 1);
                 }
                 let expires_at = now + reset;
                 shard.table.insert_unique(
@@ -302,13 +308,18 @@ impl MemoryStore {
         }
     }
 
-    fn make_room(&self, shard: &mut Shard, now: u64) {
+    /// Frees room for `needed` new keys: expired keys first, then the keys closest to a full
+    /// budget until a tenth of the shard (and at least `needed`) is free.
+    fn make_room(&self, shard: &mut Shard, now: u64, needed: usize) {
         shard.sweep(now);
         let capacity = self.inner.per_shard;
-        if shard.table.len() < capacity {
+        if shard.table.len() + needed <= capacity {
             return;
         }
-        let keep = capacity - (capacity * EVICT_TO_FREE_PERCENT / 100).max(1);
+        let free = (capacity * EVICT_TO_FREE_PERCENT / 100)
+            .max(needed)
+            .min(capacity);
+        let keep = capacity - free;
         let mut expiries: Vec<u64> = shard.table.iter().map(|e| e.expires_at).collect();
         let evict = expiries.len() - keep;
         let (_, &mut threshold, _) = expiries.select_nth_unstable(evict - 1);
@@ -327,14 +338,7 @@ impl MemoryStore {
         });
         let evicted = (before - shard.table.len()) as u64;
         self.inner.evictions.fetch_add(evicted, Ordering::Relaxed);
-        let last = self.inner.last_eviction_warning.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 60 * MICROS_PER_SECOND
-            && self
-                .inner
-                .last_eviction_warning
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.inner.eviction_warning.due(now, 60 * MICROS_PER_SECOND) {
             tracing::warn!(
                 evicted,
                 max_keys = self.inner.per_shard * self.inner.shards.len(),
@@ -436,8 +440,10 @@ impl MemoryStoreBuilder {
                 "memory store: max_keys is 0; use at least 1",
             ));
         }
-        let shards = self.shards.min(self.max_keys.next_power_of_two());
-        let per_shard = self.max_keys.div_ceil(shards);
+        // Never more shards than keys, and never more keys than asked for in total.
+        let most_shards = 1usize << (usize::BITS - 1 - self.max_keys.leading_zeros());
+        let shards = self.shards.min(most_shards);
+        let per_shard = self.max_keys / shards;
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
@@ -446,7 +452,7 @@ impl MemoryStoreBuilder {
                 hasher: foldhash::fast::RandomState::default(),
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 evictions: AtomicU64::new(0),
-                last_eviction_warning: AtomicU64::new(0),
+                eviction_warning: Every::default(),
             }),
         })
     }

@@ -1,0 +1,63 @@
+//! Hints in the log without flooding it: once, or at most once per period.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// A hint given the first time only.
+#[derive(Debug, Default)]
+pub(crate) struct Once(AtomicBool);
+
+impl Once {
+    pub(crate) const fn new() -> Self {
+        Once(AtomicBool::new(false))
+    }
+
+    /// Whether the hint was given already (a cheap check before looking for its condition).
+    pub(crate) fn done(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// True exactly once, for the first caller.
+    pub(crate) fn first(&self) -> bool {
+        !self.0.load(Ordering::Relaxed) && !self.0.swap(true, Ordering::Relaxed)
+    }
+}
+
+/// A hint given at most once per period, for conditions that come back (a store outage).
+#[derive(Debug, Default)]
+pub(crate) struct Every {
+    last_micros: AtomicU64,
+}
+
+impl Every {
+    /// True for one caller when `period_micros` passed since the last true (and the first time).
+    pub(crate) fn due(&self, now_micros: u64, period_micros: u64) -> bool {
+        let last = self.last_micros.load(Ordering::Relaxed);
+        (last == 0 || now_micros.saturating_sub(last) >= period_micros)
+            && self
+                .last_micros
+                .compare_exchange(
+                    last,
+                    now_micros.max(1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn once_is_true_once_and_every_once_per_period() {
+        let once = Once::new();
+        assert!(once.first());
+        assert!(!once.first());
+        let every = Every::default();
+        assert!(every.due(1_000, 60));
+        assert!(!every.due(1_030, 60));
+        assert!(every.due(1_060, 60));
+        assert!(!every.due(1_061, 60));
+    }
+}
