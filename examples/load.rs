@@ -4,10 +4,13 @@
 //! ```text
 //! cargo run --release --example load                 # 3 rounds × 5 s per configuration
 //! LOAD_SECONDS=10 LOAD_ROUNDS=5 LOAD_CONNECTIONS=64 cargo run --release --example load
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --example load -- --redis
 //! ```
 //!
 //! Configurations: bare; tollgate allowing everything; tollgate rejecting everything (after the
-//! first request); tower_governor allowing everything; tower_governor rejecting everything.
+//! first request); tower_governor allowing everything; tower_governor rejecting everything. With
+//! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything;
+//! its connections are driven by the serving thread, so their cost is counted where it is paid.
 //! The load generator is `wrk` when it is installed (one thread, the other core), else a built-in
 //! hyper client. Rounds are interleaved; each figure is the median over rounds. Only loopback
 //! addresses are used and every run stops by itself.
@@ -20,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get;
+use tollgate::store::RedisStore;
 use tollgate::{Quota, RateLimitLayer, Rule};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,15 +33,19 @@ enum Config {
     TollgateReject,
     GovernorAllow,
     GovernorReject,
+    RedisAllow,
+    RedisReject,
 }
 
 impl Config {
-    const ALL: [Config; 5] = [
+    const ALL: [Config; 7] = [
         Config::Bare,
         Config::TollgateAllow,
         Config::TollgateReject,
         Config::GovernorAllow,
         Config::GovernorReject,
+        Config::RedisAllow,
+        Config::RedisReject,
     ];
 
     fn name(self) -> &'static str {
@@ -47,11 +55,26 @@ impl Config {
             Config::TollgateReject => "tollgate, rejecting all",
             Config::GovernorAllow => "tower_governor, allowing all",
             Config::GovernorReject => "tower_governor, rejecting all",
+            Config::RedisAllow => "tollgate + Redis, allowing all",
+            Config::RedisReject => "tollgate + Redis, rejecting all",
         }
     }
 
-    fn app(self) -> Router {
+    fn uses_redis(self) -> bool {
+        matches!(self, Config::RedisAllow | Config::RedisReject)
+    }
+
+    /// The app; `redis` is the URL and a key prefix of its own (so that every run starts from
+    /// an empty budget).
+    async fn app(self, redis: &(String, String)) -> Router {
         let app = Router::new().route("/", get(|| async { "Hello, World!" }));
+        let redis_store = || async {
+            RedisStore::builder(&redis.0)
+                .prefix(&redis.1)
+                .build()
+                .await
+                .expect("connect to Redis (set REDIS_URL)")
+        };
         match self {
             Config::Bare => app,
             Config::TollgateAllow => app.layer(
@@ -86,6 +109,23 @@ impl Config {
                     .expect("valid configuration");
                 app.layer(tower_governor::GovernorLayer::new(config))
             }
+            Config::RedisAllow => app.layer(
+                RateLimitLayer::builder()
+                    .rule(Rule::new(
+                        "load",
+                        Quota::per_second(1_000_000).burst(1_000_000_000),
+                    ))
+                    .store(redis_store().await)
+                    .build()
+                    .expect("valid configuration"),
+            ),
+            Config::RedisReject => app.layer(
+                RateLimitLayer::builder()
+                    .rule(Rule::new("load", Quota::per_hour(1)))
+                    .store(redis_store().await)
+                    .build()
+                    .expect("valid configuration"),
+            ),
         }
     }
 }
@@ -100,7 +140,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(config: Config) -> Server {
+    fn start(config: Config, redis: (String, String)) -> Server {
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (task_tx, task_rx) = std::sync::mpsc::channel();
@@ -122,7 +162,8 @@ impl Server {
                     .send(listener.local_addr().expect("addr"))
                     .expect("send addr");
                 let app = config
-                    .app()
+                    .app(&redis)
+                    .await
                     .into_make_service_with_connect_info::<SocketAddr>();
                 axum::serve(listener, app)
                     .with_graceful_shutdown(async {
@@ -315,13 +356,24 @@ fn main() {
     let rounds = env_u64("LOAD_ROUNDS", 3).clamp(1, 10);
     let connections = env_u64("LOAD_CONNECTIONS", 32).clamp(1, 512);
     let wrk = have_wrk() && std::env::var("LOAD_CLIENT").as_deref() != Ok("hyper");
+    let with_redis = std::env::args().any(|a| a == "--redis");
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let configs: Vec<Config> = Config::ALL
+        .into_iter()
+        .filter(|c| with_redis || !c.uses_redis())
+        .collect();
     println!(
-        "load: {} × {rounds} rounds × {seconds} s, {connections} connections, client: {}",
-        Config::ALL.len(),
+        "load: {} configurations × {rounds} rounds × {seconds} s, {connections} connections, client: {}{}",
+        configs.len(),
         if wrk {
             "wrk -t1"
         } else {
             "built-in hyper client"
+        },
+        if with_redis {
+            format!(", Redis at {url}")
+        } else {
+            String::new()
         }
     );
 
@@ -329,13 +381,14 @@ fn main() {
     let only: Option<Vec<usize>> = std::env::var("LOAD_ONLY")
         .ok()
         .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect());
-    let mut results: Vec<Vec<Measurement>> = vec![Vec::new(); Config::ALL.len()];
+    let mut results: Vec<Vec<Measurement>> = vec![Vec::new(); configs.len()];
     for round in 1..=rounds {
-        for (i, config) in Config::ALL.iter().enumerate() {
+        for (i, config) in configs.iter().enumerate() {
             if only.as_ref().is_some_and(|only| !only.contains(&i)) {
                 continue;
             }
-            let server = Server::start(*config);
+            let prefix = format!("tollgate-load-{}-{round}-{i}", std::process::id());
+            let server = Server::start(*config, (url.clone(), prefix));
             let cpu_before = server.cpu_seconds();
             let mut m = if wrk {
                 measure_wrk(server.addr, seconds, connections)
@@ -383,12 +436,12 @@ fn main() {
     let bare = summary[0];
     println!();
     println!(
-        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | non-2xx |"
+        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (config, m) in Config::ALL.iter().zip(&summary) {
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (config, m) in configs.iter().zip(&summary) {
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.1}% |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% |",
             config.name(),
             m.requests_per_second,
             m.requests_per_second / bare.requests_per_second,
@@ -396,6 +449,7 @@ fn main() {
             m.cpu_micros_per_request / bare.cpu_micros_per_request,
             m.p50_micros,
             m.p99_micros,
+            m.p99_micros - bare.p99_micros,
             100.0 * m.non_2xx_share
         );
     }

@@ -1,4 +1,27 @@
 //! [`ResponseFuture`]: decide, then call the inner service or answer for it.
+//!
+//! The future first waits for the decision (key extractors that need a lookup, then the store),
+//! and only then either calls the inner service, adding the budget headers to its response, or
+//! answers for it (429, a gRPC status, or 503 when the store failed and the layer fails closed).
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use tollgate::{Quota, RateLimitLayer, ResponseFuture, Rule};
+//! use tollgate::key::Global;
+//! use tower::{Layer, Service, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let layer = RateLimitLayer::builder().rule(Rule::new("r", Quota::per_second(5)).key(Global)).build().unwrap();
+//! let mut service = layer.layer(service_fn(|_: Request<String>| async {
+//!     Ok::<_, Infallible>(Response::new(String::from("ok")))
+//! }));
+//! let future: ResponseFuture<_, _, _> = service.call(Request::new(String::new())); // nothing ran yet
+//! let response = future.await.unwrap();
+//! assert!(response.headers().contains_key("ratelimit"));
+//! # }
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;

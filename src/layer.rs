@@ -1,4 +1,17 @@
 //! [`RateLimitLayer`] and its builder.
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
+//!
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("burst", Quota::per_second(10).burst(20)))
+//!     .rule(Rule::new("daily", Quota::per_day(1000)).algorithm(Algorithm::FixedWindow))
+//!     .build()?;
+//! // Cheap to clone: every route and every connection shares the rules and the store.
+//! let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer.clone());
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
 
 use std::collections::HashSet;
 use std::fmt;

@@ -40,9 +40,12 @@
 //!
 //! # Features
 //!
-//! * `axum` (default): the peer IP from axum's `ConnectInfo<SocketAddr>`.
-//! * `redis` (default): the Redis and Redis Cluster store.
+//! * `axum` (default): the peer IP from axum's `ConnectInfo<SocketAddr>`, route keys from
+//!   `MatchedPath`, and [`BodyKeyLayer`](key::BodyKeyLayer) (keys from a field of the body).
+//! * `redis` (default): the Redis and Redis Cluster stores.
 //! * `tonic`: the peer IP from tonic's `TcpConnectInfo`.
+//!
+//! gRPC needs no feature: a call over the limit gets `RESOURCE_EXHAUSTED`, never an HTTP 429.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]

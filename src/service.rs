@@ -1,4 +1,25 @@
 //! [`RateLimit`]: the service that checks every request before the inner service sees it.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response, StatusCode};
+//! use tollgate::key::Global;
+//! use tollgate::{Quota, RateLimitLayer, Rule};
+//! use tower::{Layer, Service, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let layer = RateLimitLayer::builder().rule(Rule::new("one", Quota::per_hour(1)).key(Global)).build().unwrap();
+//! let inner = service_fn(|_req: Request<String>| async {
+//!     Ok::<_, Infallible>(Response::new(String::from("served")))
+//! });
+//! let mut service = layer.layer(inner);
+//! let first = service.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::OK);
+//! let second = service.ready().await.unwrap().call(Request::new(String::new())).await.unwrap();
+//! assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+//! # }
+//! ```
 
 use std::fmt;
 use std::sync::Arc;
@@ -85,7 +106,7 @@ where
         let shared = &self.shared;
         let (parts, body) = request.into_parts();
 
-        let mut keys: SmallVec<[(u16, Key, u64); 2]> = SmallVec::new();
+        let mut keys = FoundKeys::new();
         let mut pending: SmallVec<[(u16, KeyFuture, u64); 1]> = SmallVec::new();
         if let [rule] = &*shared.rules {
             // The common case, one rule: no lists to build.
@@ -125,16 +146,7 @@ where
         let request = Request::from_parts(parts, body);
 
         if pending.is_empty() {
-            let charges: SmallVec<[Charge<'_>; 2]> = keys
-                .iter()
-                .map(|(i, key, cost)| Charge {
-                    rule: &shared.rules[usize::from(*i)].spec,
-                    key,
-                    cost: *cost,
-                })
-                .collect();
-            let check = shared.store.check(&charges);
-            let applied = keys.iter().map(|(i, _, _)| *i).collect();
+            let (check, applied) = check_keys(shared, &keys);
             return ResponseFuture::checking(check, applied, ready, request, shared.clone());
         }
 
@@ -147,20 +159,28 @@ where
                 }
             }
             keys.sort_unstable_by_key(|(i, _, _)| *i);
-            let charges: SmallVec<[Charge<'_>; 2]> = keys
-                .iter()
-                .map(|(i, key, cost)| Charge {
-                    rule: &shared.rules[usize::from(*i)].spec,
-                    key,
-                    cost: *cost,
-                })
-                .collect();
-            let check = shared.store.check(&charges);
-            let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
+            let (check, applied) = check_keys(&shared, &keys);
             (applied, check.await)
         });
         ResponseFuture::deferred(deferred, ready, request, self.shared.clone())
     }
+}
+
+/// Keys found for a request: the rule's index, the key, the cost.
+type FoundKeys = SmallVec<[(u16, Key, u64); 2]>;
+
+/// Asks the store about every rule that found a key, in rule order.
+fn check_keys<St: Store>(shared: &Shared<St>, keys: &FoundKeys) -> (St::Future, Applied) {
+    let charges: SmallVec<[Charge<'_>; 2]> = keys
+        .iter()
+        .map(|(i, key, cost)| Charge {
+            rule: &shared.rules[usize::from(*i)].spec,
+            key,
+            cost: *cost,
+        })
+        .collect();
+    let applied = keys.iter().map(|(i, _, _)| *i).collect();
+    (shared.store.check(&charges), applied)
 }
 
 fn warn_missing_key<St>(shared: &Shared<St>, rule: usize) {
