@@ -5,11 +5,11 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hashbrown::HashTable;
+use hashbrown::{HashTable, hash_table};
 use smallvec::SmallVec;
 
 use super::{Charge, Store, StoreError};
-use crate::algorithm::{Algorithm, MAX_MICROS, MICROS_PER_SECOND, State};
+use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, State};
 use crate::clock::{Clock, SystemClock};
 use crate::decision::Decision;
 use crate::key::Key;
@@ -162,55 +162,45 @@ impl MemoryStore {
 
     /// The common case, one rule: one lock, one probe of the table.
     fn check_one(&self, charge: &Charge<'_>, now: u64) -> Decision {
-        let rule = charge.rule;
-        let (algorithm, limits) = (rule.algorithm(), rule.limits());
-        let hash = self.hash(rule.id(), charge.key);
+        let hash = self.hash(charge.rule.id(), charge.key);
         let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
         shard.maybe_sweep(now);
         if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
             self.make_room(&mut shard, now, 1);
         }
-        let eq = |e: &Entry| e.rule == rule.id() && e.key == *charge.key;
-        let rehash = |e: &Entry| self.hash(e.rule, &e.key);
-        let outcome = match shard.table.entry(hash, eq, rehash) {
-            hashbrown::hash_table::Entry::Occupied(mut occupied) => {
-                let entry = occupied.get_mut();
-                let live = entry.expires_at > now;
-                let outcome =
-                    algorithm.check(limits, live.then_some(&entry.state), now, charge.cost);
-                if outcome.allowed {
-                    let mut state = live.then(|| std::mem::replace(&mut entry.state, PLACEHOLDER));
-                    algorithm.commit(limits, &mut state, now, charge.cost);
-                    match state {
-                        Some(state) => {
-                            entry.state = state;
-                            entry.expires_at = now + outcome.reset;
-                        }
-                        None => {
-                            occupied.remove();
-                        }
-                    }
+        let slot = self.slot(&mut shard, hash, charge);
+        let outcome = {
+            let state = match &slot {
+                hash_table::Entry::Occupied(occupied) => {
+                    let entry = occupied.get();
+                    (entry.expires_at > now).then_some(&entry.state)
                 }
-                outcome
-            }
-            hashbrown::hash_table::Entry::Vacant(vacant) => {
-                let outcome = algorithm.check(limits, None, now, charge.cost);
-                if outcome.allowed {
-                    let mut state = None;
-                    algorithm.commit(limits, &mut state, now, charge.cost);
-                    if let Some(state) = state {
-                        vacant.insert(Entry {
-                            rule: rule.id(),
-                            key: charge.key.clone(),
-                            expires_at: now + outcome.reset,
-                            state,
-                        });
-                    }
-                }
-                outcome
-            }
+                hash_table::Entry::Vacant(_) => None,
+            };
+            charge
+                .rule
+                .algorithm()
+                .check(charge.rule.limits(), state, now, charge.cost)
         };
+        if outcome.allowed {
+            self.commit(slot, charge, now, outcome.reset);
+        }
         Decision::single(outcome)
+    }
+
+    /// The table slot of a charge's key.
+    fn slot<'s>(
+        &self,
+        shard: &'s mut Shard,
+        hash: u64,
+        charge: &Charge<'_>,
+    ) -> hash_table::Entry<'s, Entry> {
+        let rule = charge.rule.id();
+        shard.table.entry(
+            hash,
+            |e| e.rule == rule && e.key == *charge.key,
+            |e| self.hash(e.rule, &e.key),
+        )
     }
 
     fn check_many(&self, charges: &[Charge<'_>], now: u64) -> Decision {
@@ -256,54 +246,50 @@ impl MemoryStore {
                 charges.iter().zip(&located).zip(decision.outcomes())
             {
                 let i = position(shard, &guards);
-                self.commit(&mut guards[i].1, hash, charge, now, outcome.reset);
+                let slot = self.slot(&mut guards[i].1, hash, charge);
+                self.commit(slot, charge, now, outcome.reset);
             }
         }
         decision
     }
 
-    /// Charges an admitted request; `reset` (from its outcome) is how long the new state lives.
-    fn commit(&self, shard: &mut Shard, hash: u64, charge: &Charge<'_>, now: u64, reset: u64) {
-        let rule = charge.rule;
-        let algorithm: Algorithm = rule.algorithm();
-        let existing = shard
-            .table
-            .find_entry(hash, |e| e.rule == rule.id() && e.key == *charge.key);
-        match existing {
-            Ok(mut entry) => {
-                let live = entry.get().expires_at > now;
-                let mut state =
-                    live.then(|| std::mem::replace(&mut entry.get_mut().state, PLACEHOLDER));
-                algorithm.commit(rule.limits(), &mut state, now, charge.cost);
+    /// Charges an admitted request in its slot; `reset` (from its outcome) is how long the new
+    /// state lives. Room for a new key was made before the decision.
+    fn commit(
+        &self,
+        slot: hash_table::Entry<'_, Entry>,
+        charge: &Charge<'_>,
+        now: u64,
+        reset: u64,
+    ) {
+        let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+        match slot {
+            hash_table::Entry::Occupied(mut occupied) => {
+                let entry = occupied.get_mut();
+                let mut state = (entry.expires_at > now)
+                    .then(|| std::mem::replace(&mut entry.state, PLACEHOLDER));
+                algorithm.commit(limits, &mut state, now, charge.cost);
                 match state {
                     Some(state) => {
-                        let e = entry.get_mut();
-                        e.state = state;
-                        e.expires_at = now + reset;
+                        entry.state = state;
+                        entry.expires_at = now + reset;
                     }
                     None => {
-                        entry.remove();
+                        occupied.remove();
                     }
                 }
             }
-            Err(_) => {
+            hash_table::Entry::Vacant(vacant) => {
                 let mut state = None;
-                algorithm.commit(rule.limits(), &mut state, now, charge.cost);
-                let Some(state) = state else { return };
-                if shard.table.len() >= self.inner.per_shard {
-                    self.make_room(shard, now, 1);
-                }
-                let expires_at = now + reset;
-                shard.table.insert_unique(
-                    hash,
-                    Entry {
-                        rule: rule.id(),
+                algorithm.commit(limits, &mut state, now, charge.cost);
+                if let Some(state) = state {
+                    vacant.insert(Entry {
+                        rule: charge.rule.id(),
                         key: charge.key.clone(),
-                        expires_at,
+                        expires_at: now + reset,
                         state,
-                    },
-                    |e| self.hash(e.rule, &e.key),
-                );
+                    });
+                }
             }
         }
     }
