@@ -40,8 +40,12 @@ cargo fmt --all -- --check
 say "cargo clippy --all-targets --all-features -D warnings"
 cargo clippy --all-targets --all-features -- -D warnings
 
-say "cargo build --no-default-features"
+say "cargo build --no-default-features; cargo check --all-targets (default features)"
 cargo build --no-default-features
+cargo check --all-targets
+
+say "cargo doc --all-features (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 
 say "cargo test --all-features (unit, integration, doc tests)"
 cargo test --all-features

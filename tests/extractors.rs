@@ -14,8 +14,8 @@ use axum::middleware::{self, Next};
 use axum::routing::get;
 use http::StatusCode;
 use tollgate::key::{
-    ClientIp, Extracted, FromExtension, FromHeader, Key, KeyExtractor, KeyExtractorExt, PeerIp,
-    Route, async_fn, combine, first_of,
+    ClientIp, FromExtension, FromHeader, Key, KeyExtractor, KeyExtractorExt, Route, async_fn,
+    combine, first_of,
 };
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
@@ -335,7 +335,10 @@ async fn client_ip_behind_a_trusted_proxy_through_the_layer() {
 fn peer_of(insert: impl FnOnce(&mut http::Extensions)) -> Option<Key> {
     let (mut parts, ()) = http::Request::new(()).into_parts();
     insert(&mut parts.extensions);
-    let peer = PeerIp::new().extract(&parts).ready().unwrap();
+    let peer = tollgate::key::PeerIp::new()
+        .extract(&parts)
+        .ready()
+        .unwrap();
     let client = ClientIp::new().extract(&parts).ready().unwrap();
     assert_eq!(peer, client);
     peer
@@ -390,7 +393,7 @@ fn grpc_route_and_peer_through_trusted_proxy() {
         .parse_trusted_proxies(["10.0.0.0/8"])
         .unwrap()
         .and(Route::new());
-    let Extracted::Ready(Some(key)) = extractor.extract(&parts) else {
+    let tollgate::key::Extracted::Ready(Some(key)) = extractor.extract(&parts) else {
         panic!("expected a key");
     };
     assert_eq!(key.to_string(), "198.51.100.4|/helloworld.Greeter/SayHello");
