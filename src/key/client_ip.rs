@@ -28,7 +28,10 @@
 //!    addresses; the first untrusted one is the client. At most [`MAX_HOPS`] entries are read.
 //! 4. With [`trusted_hops`](ClientIp::trusted_hops)`(n)`: the `n`th entry from the right.
 //! 5. With a single-value header ([`ProxyHeader::XRealIp`], [`ProxyHeader::CfConnectingIp`],
-//!    …), chosen explicitly: its value (last line), if the peer is trusted.
+//!    …), chosen explicitly: its value (last line), if the peer is trusted. With a hop count the
+//!    peer cannot be checked, so the header is believed from any peer: choose a single-value
+//!    header with `trusted_hops` only when every request reaches the service through a proxy that
+//!    overwrites that header (the hop count itself says the service is never reached directly).
 //!
 //! The leftmost entries are never used for their own sake: anything left of the entries your
 //! proxies wrote was written by the client.

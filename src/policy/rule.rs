@@ -168,7 +168,10 @@ pub struct RuleSpec {
 }
 
 impl RuleSpec {
-    /// A rule as a store sees it. The name is not validated here; [`Rule`] does that.
+    /// A rule as a store sees it, for store implementations and tests. Nothing is validated here
+    /// beyond what [`Limits::new`] checks: [`Rule`] validates the name, the sliding window
+    /// counter's quota (at most `u32::MAX` per window) and the sliding log's (at most
+    /// [`MAX_LOG_ENTRIES`]).
     pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm, limits: Limits) -> Self {
         let name = name.into();
         // A stable 64-bit id of the name, so that stores can key by a number.
