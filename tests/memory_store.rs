@@ -23,6 +23,11 @@ fn check(store: &MemoryStore, charges: &[Charge<'_>]) -> tollgate::Decision {
         .expect("the memory store never fails")
 }
 
+/// Checks one rule for one key.
+fn check_one(store: &MemoryStore, rule: &RuleSpec, key: &Key, cost: u64) -> tollgate::Decision {
+    check(store, &[Charge { rule, key, cost }])
+}
+
 fn store_with(clock: &ManualClock, max_keys: usize) -> MemoryStore {
     MemoryStore::builder()
         .clock(clock.clone())
@@ -74,14 +79,7 @@ fn a_request_denied_by_one_rule_charges_no_other() {
                 "the daily rule alone would admit it"
             );
         }
-        let daily_alone = check(
-            &store,
-            &[Charge {
-                rule: &daily,
-                key: &key,
-                cost: 0,
-            }],
-        );
+        let daily_alone = check_one(&store, &daily, &key, 0);
         assert_eq!(
             daily_alone.outcomes()[0].remaining,
             3,
@@ -104,17 +102,7 @@ fn concurrent_requests_for_one_key_admit_exactly_the_limit() {
                     scope.spawn(move || {
                         let key = Key::text("one");
                         (0..125)
-                            .filter(|_| {
-                                check(
-                                    &store,
-                                    &[Charge {
-                                        rule: &rule,
-                                        key: &key,
-                                        cost: 1,
-                                    }],
-                                )
-                                .allowed()
-                            })
+                            .filter(|_| check_one(&store, &rule, &key, 1).allowed())
                             .count()
                     })
                 })
@@ -132,17 +120,7 @@ fn keys_expire_when_their_budget_is_full_again() {
     let rule = spec("r", Algorithm::Gcra, 10, Duration::from_secs(10));
     for n in 0..20 {
         let key = Key::text(format!("k{n}"));
-        assert!(
-            check(
-                &store,
-                &[Charge {
-                    rule: &rule,
-                    key: &key,
-                    cost: 1
-                }]
-            )
-            .allowed()
-        );
+        assert!(check_one(&store, &rule, &key, 1).allowed());
     }
     assert_eq!(store.len(), 20);
     // One token takes 1 s to come back.
@@ -165,27 +143,13 @@ fn expired_keys_are_dropped_as_the_store_is_used() {
     let rule = spec("r", Algorithm::FixedWindow, 10, Duration::from_secs(1));
     for n in 0..100 {
         let key = Key::text(format!("k{n}"));
-        check(
-            &store,
-            &[Charge {
-                rule: &rule,
-                key: &key,
-                cost: 1,
-            }],
-        );
+        check_one(&store, &rule, &key, 1);
     }
     assert_eq!(store.len(), 100);
     clock.advance(Duration::from_secs(2));
     // No manual sweep: the next check on the shard drops what expired.
     let key = Key::text("fresh");
-    check(
-        &store,
-        &[Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }],
-    );
+    check_one(&store, &rule, &key, 1);
     assert_eq!(store.len(), 1);
 }
 
@@ -208,48 +172,20 @@ fn the_store_stays_within_max_keys_and_evicts_the_keys_closest_to_full() {
     // 50 keys that will be full again within a second, 50 that need an hour.
     for n in 0..50 {
         let key = Key::text(format!("s{n}"));
-        check(
-            &store,
-            &[Charge {
-                rule: &short,
-                key: &key,
-                cost: 1,
-            }],
-        );
+        check_one(&store, &short, &key, 1);
         let key = Key::text(format!("l{n}"));
-        check(
-            &store,
-            &[Charge {
-                rule: &long,
-                key: &key,
-                cost: 5,
-            }],
-        );
+        check_one(&store, &long, &key, 5);
     }
     assert_eq!(store.len(), 100);
     for n in 0..1000 {
         let key = Key::text(format!("new{n}"));
-        check(
-            &store,
-            &[Charge {
-                rule: &long,
-                key: &key,
-                cost: 1,
-            }],
-        );
+        check_one(&store, &long, &key, 1);
         assert!(store.len() <= 100);
     }
     assert!(store.evictions() >= 950);
     // The keys whose budget was closest to full (the short-lived ones) went first.
     let probe = Key::text("s0");
-    let d = check(
-        &store,
-        &[Charge {
-            rule: &short,
-            key: &probe,
-            cost: 0,
-        }],
-    );
+    let d = check_one(&store, &short, &probe, 0);
     assert_eq!(
         d.outcomes()[0].remaining,
         10,
@@ -311,14 +247,7 @@ fn bad_configuration_is_an_error_not_a_panic() {
     let rule = spec("r", Algorithm::FixedWindow, 10, Duration::from_secs(60));
     for n in 0..1000 {
         let key = Key::text(format!("k{n}"));
-        check(
-            &store,
-            &[Charge {
-                rule: &rule,
-                key: &key,
-                cost: 1,
-            }],
-        );
+        check_one(&store, &rule, &key, 1);
         assert!(store.len() <= 65, "{} keys", store.len());
     }
     let err = MemoryStore::builder().shards(3).build().unwrap_err();
