@@ -194,7 +194,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// Replaces the 429 problem response with your own. `Retry-After` and the budget headers are
-    /// still added to it.
+    /// still added to it. gRPC calls keep their `RESOURCE_EXHAUSTED` answer: a gRPC client could
+    /// not read another one.
     pub fn on_denied<F>(mut self, f: F) -> Self
     where
         F: Fn(&RateLimited) -> http::Response<Bytes> + Send + Sync + 'static,
