@@ -32,7 +32,9 @@ impl TokenBucket {
                 updated: now,
             };
         };
-        let added = now.saturating_sub(state.updated) / limits.interval;
+        let elapsed = now.saturating_sub(state.updated);
+        // Busy keys are seen many times per interval: skip the division then.
+        let added = if elapsed < limits.interval { 0 } else { elapsed / limits.interval };
         let tokens = state.tokens.saturating_add(added);
         if tokens >= limits.burst {
             TokenBucketState {
