@@ -34,7 +34,11 @@ impl TokenBucket {
         };
         let elapsed = now.saturating_sub(state.updated);
         // Busy keys are seen many times per interval: skip the division then.
-        let added = if elapsed < limits.interval { 0 } else { elapsed / limits.interval };
+        let added = if elapsed < limits.interval {
+            0
+        } else {
+            elapsed / limits.interval
+        };
         let tokens = state.tokens.saturating_add(added);
         if tokens >= limits.burst {
             TokenBucketState {
