@@ -43,7 +43,7 @@ use crate::response::{
     problem_response, write_headers,
 };
 use crate::service::Applied;
-use crate::store::{Store, StoreError};
+use crate::store::{Charge, Store, StoreError};
 
 type DeferredCheck = Pin<Box<dyn Future<Output = (Applied, Result<Decision, StoreError>)> + Send>>;
 
@@ -55,7 +55,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S, Request<ReqBody>, S::Future, St::Future>,
+        state: State<S, Request<ReqBody>, S::Future, Check<St::Future>>,
         applied: Applied,
         shared: Arc<Shared<St>>,
     }
@@ -72,13 +72,57 @@ pin_project! {
     }
 }
 
+pin_project! {
+    /// The store's answer, or an answer made without asking it.
+    #[project = CheckProj]
+    pub(crate) enum Check<C> {
+        Store { #[pin] future: C },
+        Decided { result: Option<Result<Decision, StoreError>> },
+    }
+}
+
+impl<C> Check<C> {
+    /// Asks the store, unless no rule applies or its circuit breaker is open.
+    pub(crate) fn ask<St: Store<Future = C>>(shared: &Shared<St>, charges: &[Charge<'_>]) -> Self {
+        if charges.is_empty() {
+            Check::Decided {
+                result: Some(Ok(Decision::default())),
+            }
+        } else if shared.breaker.admits() {
+            Check::Store {
+                future: shared.store.check(charges),
+            }
+        } else {
+            Check::Decided {
+                result: Some(Err(StoreError::CircuitOpen)),
+            }
+        }
+    }
+}
+
+impl<C> Future for Check<C>
+where
+    C: Future<Output = Result<Decision, StoreError>>,
+{
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            CheckProj::Store { future } => future.poll(cx),
+            CheckProj::Decided { result } => {
+                Poll::Ready(result.take().unwrap_or(Err(StoreError::CircuitOpen)))
+            }
+        }
+    }
+}
+
 impl<S, ReqBody, St> ResponseFuture<S, ReqBody, St>
 where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
     pub(crate) fn checking(
-        check: St::Future,
+        check: Check<St::Future>,
         applied: Applied,
         service: S,
         request: Request<ReqBody>,
@@ -152,19 +196,27 @@ where
             };
             let shared = &**this.shared;
             let decision = match result {
-                Ok(decision) if decision.allowed() => Some(decision),
                 Ok(decision) => {
-                    this.state.set(State::Done);
-                    let grpc = call
-                        .as_ref()
-                        .is_some_and(|(_, request)| is_grpc(request.headers()));
-                    return Poll::Ready(Ok(denied(shared, this.applied, &decision, grpc)));
+                    shared.breaker.success();
+                    if decision.allowed() {
+                        Some(decision)
+                    } else {
+                        this.state.set(State::Done);
+                        let grpc = call
+                            .as_ref()
+                            .is_some_and(|(_, request)| is_grpc(request.headers()));
+                        return Poll::Ready(Ok(denied(shared, this.applied, &decision, grpc)));
+                    }
                 }
                 Err(error) => {
+                    let opened =
+                        !matches!(error, StoreError::CircuitOpen) && shared.breaker.failure();
                     let now = SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| d.as_micros() as u64);
-                    if shared.warned_store_error.due(now, 60_000_000) {
+                    if opened {
+                        tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
+                    } else if shared.warned_store_error.due(now, 60_000_000) {
                         tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store failed; reported at most once a minute");
                     } else {
                         tracing::debug!(%error, "tollgate: the rate-limit store failed");

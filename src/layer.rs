@@ -21,7 +21,7 @@ use bytes::Bytes;
 use tower_layer::Layer;
 
 use crate::key::{KeyExtractor, PeerIp, SharedExtractor};
-use crate::policy::{CompiledRule, ConfigError, FailureMode, Quota, Rule};
+use crate::policy::{Breaker, CircuitBreaker, CompiledRule, ConfigError, FailureMode, Quota, Rule};
 use crate::response::{Headers, PolicyItems, ProblemBodies, RateLimited};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
@@ -51,6 +51,7 @@ pub(crate) struct Shared<St> {
     pub(crate) on_denied: Option<DeniedHandler>,
     pub(crate) on_store_error: FailureMode,
     pub(crate) warned_store_error: Every,
+    pub(crate) breaker: Breaker,
 }
 
 impl RateLimitLayer<MemoryStore> {
@@ -77,6 +78,7 @@ impl RateLimitLayer<MemoryStore> {
             headers: Headers::default(),
             on_denied: None,
             on_store_error: FailureMode::default(),
+            circuit_breaker: CircuitBreaker::default(),
         }
     }
 }
@@ -147,6 +149,7 @@ pub struct RateLimitLayerBuilder<St> {
     headers: Headers,
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
+    circuit_breaker: CircuitBreaker,
 }
 
 /// The store given to the builder, or how to make the default one (only if it is needed).
@@ -184,6 +187,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             headers: self.headers,
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
+            circuit_breaker: self.circuit_breaker,
         }
     }
 
@@ -210,8 +214,16 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// When to stop asking a failing store for a while (default: after 5 failures in a row,
+    /// for 1 s). See [`CircuitBreaker`].
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.circuit_breaker = breaker;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
+        self.circuit_breaker.validate()?;
         if self.rules.is_empty() {
             return Err(ConfigError::new(
                 "no rules; add one with .rule(Rule::new(name, quota))",
@@ -253,6 +265,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 on_denied: self.on_denied,
                 on_store_error: self.on_store_error,
                 warned_store_error: Every::default(),
+                breaker: Breaker::new(self.circuit_breaker),
             }),
         })
     }

@@ -29,7 +29,7 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
+use crate::future::{Check, ResponseFuture};
 use crate::key::{Extracted, Key, KeyFuture};
 use crate::layer::Shared;
 use crate::response::ResponseBody;
@@ -114,11 +114,14 @@ where
             match rule.key.extract(&parts) {
                 Extracted::Ready(Some(key)) => {
                     let request = Request::from_parts(parts, body);
-                    let check = shared.store.check(&[Charge {
-                        rule: &rule.spec,
-                        key: &key,
-                        cost,
-                    }]);
+                    let check = Check::ask(
+                        shared,
+                        &[Charge {
+                            rule: &rule.spec,
+                            key: &key,
+                            cost,
+                        }],
+                    );
                     let applied = Applied::from_buf_and_len([0; 4], 1);
                     return ResponseFuture::checking(
                         check,
@@ -170,7 +173,7 @@ where
 type FoundKeys = SmallVec<[(u16, Key, u64); 2]>;
 
 /// Asks the store about every rule that found a key, in rule order.
-fn check_keys<St: Store>(shared: &Shared<St>, keys: &FoundKeys) -> (St::Future, Applied) {
+fn check_keys<St: Store>(shared: &Shared<St>, keys: &FoundKeys) -> (Check<St::Future>, Applied) {
     let charges: SmallVec<[Charge<'_>; 2]> = keys
         .iter()
         .map(|(i, key, cost)| Charge {
@@ -180,7 +183,7 @@ fn check_keys<St: Store>(shared: &Shared<St>, keys: &FoundKeys) -> (St::Future, 
         })
         .collect();
     let applied = keys.iter().map(|(i, _, _)| *i).collect();
-    (shared.store.check(&charges), applied)
+    (Check::ask(shared, &charges), applied)
 }
 
 fn warn_missing_key<St>(shared: &Shared<St>, rule: usize) {

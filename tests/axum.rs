@@ -568,6 +568,55 @@ async fn a_failing_store_fails_open_or_closed_as_configured() {
     }
 }
 
+/// A failing store that counts how often it is asked.
+#[derive(Clone, Default)]
+struct CountingBrokenStore(Arc<AtomicUsize>);
+
+impl tollgate::store::Store for CountingBrokenStore {
+    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::store::StoreError>>;
+    fn check(&self, _charges: &[tollgate::store::Charge<'_>]) -> Self::Future {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Err(tollgate::store::StoreError::Timeout))
+    }
+}
+
+#[tokio::test]
+async fn the_circuit_breaker_stops_asking_a_failing_store() {
+    use tollgate::policy::CircuitBreaker;
+    for (breaker, expected_calls) in [
+        (
+            CircuitBreaker::after_failures(3).cooldown(Duration::from_secs(30)),
+            3,
+        ),
+        (CircuitBreaker::disabled(), 20),
+    ] {
+        let store = CountingBrokenStore::default();
+        let asked = store.0.clone();
+        let (calls, router) = counting_handler();
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("r", Quota::per_hour(1)))
+            .store(store)
+            .circuit_breaker(breaker)
+            .build()
+            .unwrap();
+        let mut app = router.layer(layer);
+        for _ in 0..20 {
+            // Failing open: every request is served, none is limited.
+            assert_eq!(
+                send(&mut app, request("/", [6, 6, 6, 7])).await.status(),
+                StatusCode::OK
+            );
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 20);
+        assert_eq!(asked.load(Ordering::SeqCst), expected_calls, "{breaker:?}");
+    }
+    let zero = RateLimitLayer::builder()
+        .rule(Rule::new("r", Quota::per_hour(1)))
+        .circuit_breaker(CircuitBreaker::after_failures(3).cooldown(Duration::ZERO))
+        .build();
+    assert!(zero.unwrap_err().to_string().contains("cooldown"));
+}
+
 #[test]
 fn configuration_mistakes_are_errors_that_say_what_to_change() {
     let err = |layer: Result<RateLimitLayer, tollgate::ConfigError>| layer.unwrap_err().to_string();

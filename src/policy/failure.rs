@@ -1,4 +1,5 @@
-/// What the layer does when the store fails (errs or times out).
+/// What the layer does when the store fails (errs or times out), or when its
+/// [`CircuitBreaker`](super::CircuitBreaker) is open.
 ///
 /// ```
 /// use tollgate::policy::FailureMode;

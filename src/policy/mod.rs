@@ -11,6 +11,7 @@
 //! assert_eq!(rules[0].quota().limit(), 10);
 //! ```
 
+mod breaker;
 mod cost;
 mod error;
 mod failure;
@@ -18,10 +19,12 @@ mod quota;
 mod rule;
 
 pub use crate::algorithm::Algorithm;
+pub use breaker::CircuitBreaker;
 pub use cost::Cost;
 pub use error::ConfigError;
 pub use failure::FailureMode;
 pub use quota::Quota;
 pub use rule::{MAX_LOG_ENTRIES, Rule, RuleSpec};
 
+pub(crate) use breaker::Breaker;
 pub(crate) use rule::CompiledRule;

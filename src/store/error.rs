@@ -10,6 +10,8 @@ pub enum StoreError {
     Unavailable(Box<dyn std::error::Error + Send + Sync>),
     /// The store answered something the client did not expect.
     Protocol(String),
+    /// The store was not asked: it failed repeatedly and the circuit breaker is open.
+    CircuitOpen,
 }
 
 impl fmt::Display for StoreError {
@@ -18,6 +20,9 @@ impl fmt::Display for StoreError {
             StoreError::Timeout => f.write_str("rate-limit store timed out"),
             StoreError::Unavailable(e) => write!(f, "rate-limit store unavailable: {e}"),
             StoreError::Protocol(e) => write!(f, "rate-limit store answered unexpectedly: {e}"),
+            StoreError::CircuitOpen => {
+                f.write_str("rate-limit store not asked: its circuit breaker is open")
+            }
         }
     }
 }
