@@ -35,6 +35,8 @@ use http::{Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use smallvec::SmallVec;
+
 use crate::decision::Decision;
 use crate::layer::Shared;
 use crate::policy::FailureMode;
@@ -42,10 +44,22 @@ use crate::response::{
     PROBLEM_JSON, RateLimited, ResponseBody, grpc_denied, grpc_unavailable, is_grpc,
     problem_response, write_headers,
 };
-use crate::service::Applied;
+use crate::service::{Applied, FoundKeys};
 use crate::store::{Charge, Store, StoreError};
 
-type DeferredCheck = Pin<Box<dyn Future<Output = (Applied, Result<Decision, StoreError>)> + Send>>;
+/// The check of a request whose keys needed asynchronous work: the rules that applied, their
+/// keys when a local fallback may need them, and the store's answer.
+type DeferredCheck = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Applied,
+                    Option<Box<FoundKeys>>,
+                    Result<Decision, StoreError>,
+                ),
+            > + Send,
+    >,
+>;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -57,6 +71,8 @@ pin_project! {
         #[pin]
         state: State<S, Request<ReqBody>, S::Future, Check<St::Future>>,
         applied: Applied,
+        // The keys, kept only when a rule may fall back to the local limiter.
+        keys: Option<Box<FoundKeys>>,
         shared: Arc<Shared<St>>,
     }
 }
@@ -134,8 +150,15 @@ where
                 call: Some((service, request)),
             },
             applied,
+            keys: None,
             shared,
         }
+    }
+
+    /// Keeps the request's keys, for rules that fall back to the local limiter.
+    pub(crate) fn keeping_keys(mut self, keys: FoundKeys) -> Self {
+        self.keys = Some(Box::new(keys));
+        self
     }
 
     pub(crate) fn deferred(
@@ -150,6 +173,7 @@ where
                 call: Some((service, request)),
             },
             applied: Applied::new(),
+            keys: None,
             shared,
         }
     }
@@ -171,8 +195,9 @@ where
                     (result, call.take())
                 }
                 StateProj::Deferred { check, call } => {
-                    let (applied, result) = ready!(check.as_mut().poll(cx));
+                    let (applied, keys, result) = ready!(check.as_mut().poll(cx));
                     *this.applied = applied;
+                    *this.keys = keys;
                     (result, call.take())
                 }
                 StateProj::Calling { future, decision } => {
@@ -215,20 +240,33 @@ where
                         .duration_since(UNIX_EPOCH)
                         .map_or(0, |d| d.as_micros() as u64);
                     if opened {
-                        tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
+                        tracing::error!(%error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
                     } else if shared.warned_store_error.due(now, 60_000_000) {
-                        tracing::error!(%error, mode = ?shared.on_store_error, "tollgate: the rate-limit store failed; reported at most once a minute");
+                        tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");
                     } else {
                         tracing::debug!(%error, "tollgate: the rate-limit store failed");
                     }
-                    if shared.on_store_error == FailureMode::Closed {
-                        this.state.set(State::Done);
-                        let grpc = call
-                            .as_ref()
-                            .is_some_and(|(_, request)| is_grpc(request.headers()));
-                        return Poll::Ready(Ok(unavailable(grpc)));
+                    let grpc = || {
+                        call.as_ref()
+                            .is_some_and(|(_, request)| is_grpc(request.headers()))
+                    };
+                    match decide_without_store(shared, this.applied, this.keys.as_deref()) {
+                        WithoutStore::Refuse => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(unavailable(grpc())));
+                        }
+                        WithoutStore::Decided(decision) if !decision.allowed() => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(denied(
+                                shared,
+                                this.applied,
+                                &decision,
+                                grpc(),
+                            )));
+                        }
+                        WithoutStore::Decided(decision) => Some(decision),
+                        WithoutStore::Unlimited => None,
                     }
-                    None
                 }
             };
             let Some((mut service, request)) = call else {
@@ -239,6 +277,54 @@ where
                 decision,
             });
         }
+    }
+}
+
+/// How a request is decided when the store failed.
+enum WithoutStore {
+    /// A rule fails closed.
+    Refuse,
+    /// The local limiter decided the rules that fall back to it.
+    Decided(Decision),
+    /// Every rule fails open.
+    Unlimited,
+}
+
+/// Decides by each applied rule's [`FailureMode`]; on a local decision, `applied` becomes the
+/// rules it covers.
+fn decide_without_store<St>(
+    shared: &Shared<St>,
+    applied: &mut Applied,
+    keys: Option<&FoundKeys>,
+) -> WithoutStore {
+    let mode = |i: &u16| shared.rules[usize::from(*i)].on_store_error;
+    if applied.iter().any(|i| mode(i) == FailureMode::Closed) {
+        return WithoutStore::Refuse;
+    }
+    let (Some(fallback), Some(keys)) = (&shared.fallback, keys) else {
+        return WithoutStore::Unlimited;
+    };
+    let local: SmallVec<[Charge<'_>; 2]> = keys
+        .iter()
+        .filter(|(i, _, _)| mode(i) == FailureMode::Local)
+        .map(|(i, key, cost)| Charge {
+            rule: &shared.rules[usize::from(*i)].spec,
+            key,
+            cost: *cost,
+        })
+        .collect();
+    if local.is_empty() {
+        return WithoutStore::Unlimited;
+    }
+    *applied = keys
+        .iter()
+        .filter(|(i, _, _)| mode(i) == FailureMode::Local)
+        .map(|(i, _, _)| *i)
+        .collect();
+    // The memory store decides at once and never fails.
+    match fallback.check(&local).into_inner() {
+        Ok(decision) => WithoutStore::Decided(decision),
+        Err(_) => WithoutStore::Unlimited,
     }
 }
 

@@ -49,7 +49,8 @@ pub(crate) struct Shared<St> {
     pub(crate) store: St,
     pub(crate) headers: Headers,
     pub(crate) on_denied: Option<DeniedHandler>,
-    pub(crate) on_store_error: FailureMode,
+    /// The local limiter of rules that fall back to one when the store fails.
+    pub(crate) fallback: Option<MemoryStore>,
     pub(crate) warned_store_error: Every,
     pub(crate) breaker: Breaker,
 }
@@ -208,7 +209,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// What to do when the store fails (default: [`FailureMode::Open`]).
+    /// What to do when the store fails (default: [`FailureMode::Open`]); a rule may choose its
+    /// own with [`Rule::on_store_error`].
     pub fn on_store_error(mut self, mode: FailureMode) -> Self {
         self.on_store_error = mode;
         self
@@ -247,9 +249,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         let rules = self
             .rules
             .into_iter()
-            .map(|rule| rule.compile(&self.key))
+            .map(|rule| rule.compile(&self.key, self.on_store_error))
             .collect::<Result<Box<[_]>, _>>()?;
         let policies = PolicyItems::new(&rules);
+        let fallback = rules
+            .iter()
+            .any(|rule| rule.on_store_error == FailureMode::Local)
+            .then(MemoryStore::new);
         let problems = ProblemBodies::new(&rules);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
@@ -263,7 +269,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 },
                 headers: self.headers,
                 on_denied: self.on_denied,
-                on_store_error: self.on_store_error,
+                fallback,
                 warned_store_error: Every::default(),
                 breaker: Breaker::new(self.circuit_breaker),
             }),

@@ -123,13 +123,14 @@ where
                         }],
                     );
                     let applied = Applied::from_buf_and_len([0; 4], 1);
-                    return ResponseFuture::checking(
-                        check,
-                        applied,
-                        ready,
-                        request,
-                        shared.clone(),
-                    );
+                    let future =
+                        ResponseFuture::checking(check, applied, ready, request, shared.clone());
+                    if shared.fallback.is_some() {
+                        let mut keys = FoundKeys::new();
+                        keys.push((0, key, cost));
+                        return future.keeping_keys(keys);
+                    }
+                    return future;
                 }
                 Extracted::Ready(None) => warn_missing_key(shared, 0),
                 Extracted::Pending(future) => pending.push((0, future, cost)),
@@ -150,7 +151,11 @@ where
 
         if pending.is_empty() {
             let (check, applied) = check_keys(shared, &keys);
-            return ResponseFuture::checking(check, applied, ready, request, shared.clone());
+            let future = ResponseFuture::checking(check, applied, ready, request, shared.clone());
+            if shared.fallback.is_some() {
+                return future.keeping_keys(keys);
+            }
+            return future;
         }
 
         let shared = shared.clone();
@@ -163,14 +168,16 @@ where
             }
             keys.sort_unstable_by_key(|(i, _, _)| *i);
             let (check, applied) = check_keys(&shared, &keys);
-            (applied, check.await)
+            let result = check.await;
+            let keys = shared.fallback.as_ref().map(|_| Box::new(keys));
+            (applied, keys, result)
         });
         ResponseFuture::deferred(deferred, ready, request, self.shared.clone())
     }
 }
 
 /// Keys found for a request: the rule's index, the key, the cost.
-type FoundKeys = SmallVec<[(u16, Key, u64); 2]>;
+pub(crate) type FoundKeys = SmallVec<[(u16, Key, u64); 2]>;
 
 /// Asks the store about every rule that found a key, in rule order.
 fn check_keys<St: Store>(shared: &Shared<St>, keys: &FoundKeys) -> (Check<St::Future>, Applied) {

@@ -617,6 +617,75 @@ async fn the_circuit_breaker_stops_asking_a_failing_store() {
     assert!(zero.unwrap_err().to_string().contains("cooldown"));
 }
 
+#[tokio::test]
+async fn each_rule_decides_what_a_store_failure_means() {
+    // One rule failing closed refuses the request, whatever the others say.
+    let (calls, router) = counting_handler();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("login", Quota::per_minute(5)).on_store_error(FailureMode::Closed))
+        .rule(Rule::new("api", Quota::per_second(50)))
+        .store(BrokenStore)
+        .build()
+        .unwrap();
+    let mut app = router.layer(layer);
+    let res = send(&mut app, request("/", [6, 6, 6, 8])).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+
+    // Local rules are checked in the layer's own limiter, with the usual answers; open rules are
+    // skipped. This holds while the circuit breaker is open too (after the 5th failure).
+    let (calls, router) = counting_handler();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("local", Quota::per_hour(8)).on_store_error(FailureMode::Local))
+        .rule(Rule::new("open", Quota::per_hour(1)))
+        .store(BrokenStore)
+        .build()
+        .unwrap();
+    let mut app = router.layer(layer);
+    for remaining in (0..8).rev() {
+        let res = send(&mut app, request("/", [6, 6, 6, 9])).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let items = parse_items(header(&res, "ratelimit").unwrap());
+        assert_eq!(items.len(), 1, "only the local rule reports a budget");
+        assert_eq!(items[0].0, "local");
+        assert_eq!(param(&items[0], "r"), remaining);
+    }
+    let res = send(&mut app, request("/", [6, 6, 6, 9])).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(header(&res, "retry-after").is_some());
+    assert_eq!(calls.load(Ordering::SeqCst), 8);
+    // Another client has its own local budget.
+    assert_eq!(
+        send(&mut app, request("/", [6, 6, 6, 10])).await.status(),
+        StatusCode::OK
+    );
+
+    // Keys found asynchronously fall back the same way.
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tenant", Quota::per_hour(1))
+                .key(TenantLookup)
+                .on_store_error(FailureMode::Local),
+        )
+        .store(BrokenStore)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let req = || {
+        let mut req = request("/", [8, 8, 8, 9]);
+        req.headers_mut()
+            .insert("authorization", "xyz".parse().unwrap());
+        req
+    };
+    assert_eq!(send(&mut app, req()).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&mut app, req()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
 #[test]
 fn configuration_mistakes_are_errors_that_say_what_to_change() {
     let err = |layer: Result<RateLimitLayer, tollgate::ConfigError>| layer.unwrap_err().to_string();

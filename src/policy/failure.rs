@@ -1,10 +1,25 @@
 /// What the layer does when the store fails (errs or times out), or when its
-/// [`CircuitBreaker`](super::CircuitBreaker) is open.
+/// [`CircuitBreaker`](super::CircuitBreaker) is open: set for the layer
+/// ([`on_store_error`](crate::RateLimitLayerBuilder::on_store_error)) and, where one rule needs
+/// another, for the rule ([`Rule::on_store_error`](super::Rule::on_store_error)).
 ///
 /// ```
 /// use tollgate::policy::FailureMode;
+/// use tollgate::{Quota, RateLimitLayer, Rule};
+///
 /// assert_eq!(FailureMode::default(), FailureMode::Open);
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("login", Quota::per_minute(5)).on_store_error(FailureMode::Closed))
+///     .rule(Rule::new("api", Quota::per_second(50)).on_store_error(FailureMode::Local))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tollgate::ConfigError>(())
 /// ```
+///
+/// When the store fails for a request, its rules decide together: if any applied rule is
+/// `Closed`, the request is refused (503, or gRPC `UNAVAILABLE`); otherwise the `Local` rules are
+/// checked in the local limiter (all or nothing, with budget headers for them), and the `Open`
+/// rules are skipped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FailureMode {
     /// Let the request through without limiting it (the default): an outage of the store does
@@ -14,4 +29,11 @@ pub enum FailureMode {
     /// Refuse the request with `503 Service Unavailable` and `Retry-After: 1`: for routes where
     /// an unlimited request costs more than a refused one (logins, expensive exports).
     Closed,
+    /// Check the rule in a local, in-process limiter instead (a [`MemoryStore`] of the layer,
+    /// with the rule's own quota), with the usual answers: limits still hold, per replica, while
+    /// the shared store is away. Behind K replicas a client may get up to K times the quota
+    /// during the outage; give the rule a smaller quota in a layer of its own if that matters.
+    ///
+    /// [`MemoryStore`]: crate::store::MemoryStore
+    Local,
 }

@@ -2,7 +2,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
-use super::{Algorithm, ConfigError, Cost, Quota};
+use super::{Algorithm, ConfigError, Cost, FailureMode, Quota};
 use crate::algorithm::{Limits, MICROS_PER_SECOND};
 use crate::key::{KeyExtractor, SharedExtractor};
 
@@ -32,6 +32,7 @@ pub struct Rule {
     pub(crate) algorithm: Algorithm,
     pub(crate) key: Option<SharedExtractor>,
     pub(crate) cost: Cost,
+    pub(crate) on_store_error: Option<FailureMode>,
 }
 
 impl Rule {
@@ -43,6 +44,7 @@ impl Rule {
             algorithm: Algorithm::default(),
             key: None,
             cost: Cost::default(),
+            on_store_error: None,
         }
     }
 
@@ -64,6 +66,13 @@ impl Rule {
         self
     }
 
+    /// What to do for this rule when the store fails (default: the layer's
+    /// [`on_store_error`](crate::RateLimitLayerBuilder::on_store_error)).
+    pub fn on_store_error(mut self, mode: FailureMode) -> Self {
+        self.on_store_error = Some(mode);
+        self
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -78,6 +87,7 @@ impl Rule {
     pub(crate) fn compile(
         self,
         default_key: &SharedExtractor,
+        default_failure: FailureMode,
     ) -> Result<CompiledRule, ConfigError> {
         let name = self.name;
         validate_name(&name)?;
@@ -128,6 +138,7 @@ impl Rule {
             spec: Arc::new(spec),
             key: self.key.unwrap_or_else(|| default_key.clone()),
             cost: self.cost,
+            on_store_error: self.on_store_error.unwrap_or(default_failure),
         })
     }
 }
@@ -229,4 +240,5 @@ pub(crate) struct CompiledRule {
     pub(crate) spec: Arc<RuleSpec>,
     pub(crate) key: SharedExtractor,
     pub(crate) cost: Cost,
+    pub(crate) on_store_error: FailureMode,
 }

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod fault_proxy;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -187,14 +187,27 @@ impl Inner {
         ))
     }
 
+    /// Runs `cmd` within the check's time budget. A connection that fails, or that does not
+    /// answer in time, is marked broken so that the pool replaces it: a connection whose peer
+    /// vanished without a reset (a cut link, a dead proxy) would otherwise time out forever.
     async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
-        let (mut conn, broken) = self.connection().await?;
-        eval(&mut conn, &self.script, cmd).await.map_err(|e| {
-            if breaks_connection(&e) || e.is_timeout() {
-                broken.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
+        let (mut conn, broken) = tokio::time::timeout_at(deadline, self.connection())
+            .await
+            .unwrap_or(Err(StoreError::Timeout))?;
+        match tokio::time::timeout_at(deadline, eval(&mut conn, &self.script, cmd)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => {
+                if breaks_connection(&e) || e.is_timeout() {
+                    broken.store(true, Ordering::Relaxed);
+                }
+                Err(store_error(e))
             }
-            store_error(e)
-        })
+            Err(_elapsed) => {
+                broken.store(true, Ordering::Relaxed);
+                Err(StoreError::Timeout)
+            }
+        }
     }
 }
 
@@ -224,7 +237,7 @@ impl Store for RedisStore {
                 return Ok(Decision::default());
             }
             let cmd = script::command(&inner.script, Mode::Charge, now, prepared.iter());
-            let value = within(inner.settings.response_timeout, inner.run(&cmd)).await?;
+            let value = inner.run(&cmd).await?;
             let reply = script::decode(value, prepared.iter())?;
             Ok(script::decision(reply.outcomes))
         })
