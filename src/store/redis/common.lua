@@ -37,3 +37,22 @@ local function get_string(key)
   end
   return v
 end
+
+-- The `n` integers of a value written as "a:b[:c]"; nil when the key is missing or holds anything
+-- else (another algorithm's state counts as no state).
+local function get_integers(key, n)
+  local v = get_string(key)
+  if v == nil then
+    return nil
+  end
+  -- Lua 5.1's string.rep has no separator argument.
+  local pattern = '^(%d+)' .. string.rep(':(%d+)', n - 1) .. '$'
+  local parts = { string.match(v, pattern) }
+  if parts[1] == nil then
+    return nil
+  end
+  for i = 1, n do
+    parts[i] = tonumber(parts[i])
+  end
+  return parts
+end

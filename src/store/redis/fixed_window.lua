@@ -8,15 +8,11 @@ function FixedWindow.capacity(l)
 end
 
 function FixedWindow.load(key, l, now)
-  local v = get_string(key)
+  local v = get_integers(key, 2)
   if v == nil then
     return nil
   end
-  local start, count = string.match(v, '^(%d+):(%d+)$')
-  if start == nil then
-    return nil
-  end
-  return { start = tonumber(start), count = tonumber(count) }
+  return { start = v[1], count = v[2] }
 end
 
 function FixedWindow.count(l, s, now)

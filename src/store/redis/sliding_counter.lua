@@ -8,15 +8,11 @@ function SlidingCounter.capacity(l)
 end
 
 function SlidingCounter.load(key, l, now)
-  local v = get_string(key)
+  local v = get_integers(key, 3)
   if v == nil then
     return nil
   end
-  local start, previous, current = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if start == nil then
-    return nil
-  end
-  return { start = tonumber(start), previous = tonumber(previous), current = tonumber(current) }
+  return { start = v[1], previous = v[2], current = v[3] }
 end
 
 function SlidingCounter.counters(l, s, now)
