@@ -89,34 +89,7 @@ impl RedisClusterStore {
 }
 
 impl RedisClusterStoreBuilder {
-    /// The first part of every key (default `tollgate`): give each application or region that
-    /// shares a cluster its own. 1 to 64 characters, no braces, spaces or control characters.
-    pub fn prefix(mut self, prefix: impl AsRef<str>) -> Self {
-        self.settings.prefix = prefix.as_ref().into();
-        self
-    }
-
-    /// The time allowed to open a connection to a node (default 1 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.connect_timeout = timeout;
-        self
-    }
-
-    /// The budget of one check, redirections and retries included (default 100 ms). Past it the
-    /// check fails with [`StoreError::Timeout`].
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.response_timeout = timeout;
-        self
-    }
-
-    /// Takes the time from `clock` instead of the servers' `TIME`. **For tests and simulations
-    /// only**: replicas with different clocks disagree, and keys still expire on the servers'
-    /// clocks (with an hour of slack, so that they outlive simulated time).
-    #[doc(hidden)]
-    pub fn clock_for_testing<C: Clock>(mut self, clock: C) -> Self {
-        self.settings.clock = Some(Arc::new(clock));
-        self
-    }
+    settings_setters!();
 
     /// Connects, reads the slot map and loads the script on every primary. Fails when the
     /// configuration is wrong or the cluster cannot be reached.

@@ -100,6 +100,41 @@
 //! following `MOVED` / `ASK` and refreshing the slot map (pooling several measured no faster; see
 //! `BENCHMARKS.md`).
 
+/// The settings both store builders share: prefix, timeouts and the test clock.
+macro_rules! settings_setters {
+    () => {
+        /// The first part of every key (default `tollgate`): give each application or region
+        /// that shares the Redis its own. 1 to 64 characters, no braces, spaces or control
+        /// characters.
+        pub fn prefix(mut self, prefix: impl AsRef<str>) -> Self {
+            self.settings.prefix = prefix.as_ref().into();
+            self
+        }
+
+        /// The time allowed to open a connection (default 1 s).
+        pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+            self.settings.connect_timeout = timeout;
+            self
+        }
+
+        /// The budget of one check, from the call to the decision, redirections and retries
+        /// included (default 100 ms). Past it the check fails with [`StoreError::Timeout`].
+        pub fn response_timeout(mut self, timeout: Duration) -> Self {
+            self.settings.response_timeout = timeout;
+            self
+        }
+
+        /// Takes the time from `clock` instead of the server's `TIME`. **For tests and
+        /// simulations only**: replicas with different clocks disagree, and keys still expire on
+        /// the server's clock (with an hour of slack, so that they outlive simulated time).
+        #[doc(hidden)]
+        pub fn clock_for_testing<C: Clock>(mut self, clock: C) -> Self {
+            self.settings.clock = Some(Arc::new(clock));
+            self
+        }
+    };
+}
+
 mod cluster;
 mod error;
 mod keys;

@@ -83,39 +83,12 @@ impl RedisStore {
 }
 
 impl RedisStoreBuilder {
-    /// The first part of every key (default `tollgate`): give each application or region that
-    /// shares a Redis its own. 1 to 64 characters, no braces, spaces or control characters.
-    pub fn prefix(mut self, prefix: impl AsRef<str>) -> Self {
-        self.settings.prefix = prefix.as_ref().into();
-        self
-    }
+    settings_setters!();
 
     /// The number of connections (default 2). Each connection pipelines any number of concurrent
     /// checks; more connections spread the work over more client threads.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
-        self
-    }
-
-    /// The time allowed to open a connection (default 1 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.connect_timeout = timeout;
-        self
-    }
-
-    /// The budget of one check, from the call to the decision (default 100 ms). Past it the check
-    /// fails with [`StoreError::Timeout`].
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.response_timeout = timeout;
-        self
-    }
-
-    /// Takes the time from `clock` instead of the server's `TIME`. **For tests and simulations
-    /// only**: replicas with different clocks disagree, and keys still expire on the server's
-    /// clock (with an hour of slack, so that they outlive simulated time).
-    #[doc(hidden)]
-    pub fn clock_for_testing<C: Clock>(mut self, clock: C) -> Self {
-        self.settings.clock = Some(Arc::new(clock));
         self
     }
 
