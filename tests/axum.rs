@@ -42,6 +42,18 @@ async fn send(app: &mut Router, req: Request<Body>) -> Response<Body> {
         .unwrap()
 }
 
+/// `GET /` answering "ok", behind `layer`.
+fn hello<St: tollgate::store::Store>(layer: RateLimitLayer<St>) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+/// The status of a GET of `path` from `ip`.
+async fn status(app: &mut Router, path: &str, ip: [u8; 4]) -> StatusCode {
+    send(app, request(path, ip)).await.status()
+}
+
 fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
@@ -101,14 +113,11 @@ async fn limits_hold_per_client_ip_and_the_handler_never_runs_when_denied() {
     let mut app = router.layer(layer);
 
     for _ in 0..3 {
-        assert_eq!(
-            send(&mut app, request("/", [10, 0, 0, 1])).await.status(),
-            StatusCode::OK
-        );
+        assert_eq!(status(&mut app, "/", [10, 0, 0, 1]).await, StatusCode::OK);
     }
     for _ in 0..5 {
         assert_eq!(
-            send(&mut app, request("/", [10, 0, 0, 1])).await.status(),
+            status(&mut app, "/", [10, 0, 0, 1]).await,
             StatusCode::TOO_MANY_REQUESTS
         );
     }
@@ -118,10 +127,7 @@ async fn limits_hold_per_client_ip_and_the_handler_never_runs_when_denied() {
         "denied requests never reach the handler"
     );
     // Another client has its own budget.
-    assert_eq!(
-        send(&mut app, request("/", [10, 0, 0, 2])).await.status(),
-        StatusCode::OK
-    );
+    assert_eq!(status(&mut app, "/", [10, 0, 0, 2]).await, StatusCode::OK);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 
@@ -143,29 +149,21 @@ async fn routes_have_separate_limits_with_route_layer() {
         .route("/search", get(|| async { "search" }).route_layer(relaxed));
 
     assert_eq!(
-        send(&mut app, request("/login", [1, 1, 1, 1]))
-            .await
-            .status(),
+        status(&mut app, "/login", [1, 1, 1, 1]).await,
         StatusCode::OK
     );
     assert_eq!(
-        send(&mut app, request("/login", [1, 1, 1, 1]))
-            .await
-            .status(),
+        status(&mut app, "/login", [1, 1, 1, 1]).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     for _ in 0..5 {
         assert_eq!(
-            send(&mut app, request("/search", [1, 1, 1, 1]))
-                .await
-                .status(),
+            status(&mut app, "/search", [1, 1, 1, 1]).await,
             StatusCode::OK
         );
     }
     assert_eq!(
-        send(&mut app, request("/search", [1, 1, 1, 1]))
-            .await
-            .status(),
+        status(&mut app, "/search", [1, 1, 1, 1]).await,
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -179,16 +177,11 @@ async fn stacked_rules_are_all_or_nothing() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
 
     // 2 admitted, then 50 denied by "burst": the denials must not charge "daily".
     for _ in 0..2 {
-        assert_eq!(
-            send(&mut app, request("/", [7, 7, 7, 7])).await.status(),
-            StatusCode::OK
-        );
+        assert_eq!(status(&mut app, "/", [7, 7, 7, 7]).await, StatusCode::OK);
     }
     for _ in 0..50 {
         let res = send(&mut app, request("/", [7, 7, 7, 7])).await;
@@ -224,9 +217,7 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
         .headers(Headers::ietf().with_legacy(ResetFormat::DeltaSeconds))
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
 
     for expected_remaining in (0..10).rev() {
         let res = send(&mut app, request("/", [9, 9, 9, 9])).await;
@@ -272,14 +263,11 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
     // Just before Retry-After: still denied. At Retry-After: admitted.
     clock.advance(Duration::from_secs(retry) - Duration::from_micros(1));
     assert_eq!(
-        send(&mut app, request("/", [9, 9, 9, 9])).await.status(),
+        status(&mut app, "/", [9, 9, 9, 9]).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     clock.advance(Duration::from_micros(1));
-    assert_eq!(
-        send(&mut app, request("/", [9, 9, 9, 9])).await.status(),
-        StatusCode::OK
-    );
+    assert_eq!(status(&mut app, "/", [9, 9, 9, 9]).await, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -290,13 +278,8 @@ async fn retry_after_rounds_up_and_is_never_zero() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    assert_eq!(
-        send(&mut app, request("/", [1, 2, 3, 4])).await.status(),
-        StatusCode::OK
-    );
+    let mut app = hello(layer);
+    assert_eq!(status(&mut app, "/", [1, 2, 3, 4]).await, StatusCode::OK);
     clock.advance(Duration::from_millis(99));
     // 1 ms left to wait: Retry-After says 1, never 0.
     let res = send(&mut app, request("/", [1, 2, 3, 4])).await;
@@ -391,9 +374,7 @@ async fn cost_can_come_from_the_request() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
     let with_units = |n: &str| {
         let mut req = request("/", [3, 3, 3, 3]);
         req.headers_mut().insert("x-units", n.parse().unwrap());
@@ -432,9 +413,7 @@ async fn a_custom_denied_response_still_gets_the_headers() {
         })
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
     send(&mut app, request("/", [4, 4, 4, 4])).await;
     let res = send(&mut app, request("/", [4, 4, 4, 4])).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -461,9 +440,7 @@ async fn a_request_without_a_key_is_not_limited_by_that_rule() {
         .store(store)
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
     for _ in 0..3 {
         let res = send(&mut app, request("/", [1, 1, 1, 1])).await;
         assert_eq!(res.status(), StatusCode::OK);
@@ -602,10 +579,7 @@ async fn the_circuit_breaker_stops_asking_a_failing_store() {
         let mut app = router.layer(layer);
         for _ in 0..20 {
             // Failing open: every request is served, none is limited.
-            assert_eq!(
-                send(&mut app, request("/", [6, 6, 6, 7])).await.status(),
-                StatusCode::OK
-            );
+            assert_eq!(status(&mut app, "/", [6, 6, 6, 7]).await, StatusCode::OK);
         }
         assert_eq!(calls.load(Ordering::SeqCst), 20);
         assert_eq!(asked.load(Ordering::SeqCst), expected_calls, "{breaker:?}");
@@ -655,10 +629,7 @@ async fn each_rule_decides_what_a_store_failure_means() {
     assert!(header(&res, "retry-after").is_some());
     assert_eq!(calls.load(Ordering::SeqCst), 8);
     // Another client has its own local budget.
-    assert_eq!(
-        send(&mut app, request("/", [6, 6, 6, 10])).await.status(),
-        StatusCode::OK
-    );
+    assert_eq!(status(&mut app, "/", [6, 6, 6, 10]).await, StatusCode::OK);
 
     // Keys found asynchronously fall back the same way.
     let layer = RateLimitLayer::builder()
@@ -670,9 +641,7 @@ async fn each_rule_decides_what_a_store_failure_means() {
         .store(BrokenStore)
         .build()
         .unwrap();
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
+    let mut app = hello(layer);
     let req = || {
         let mut req = request("/", [8, 8, 8, 9]);
         req.headers_mut()
