@@ -44,6 +44,17 @@ async fn status(app: &mut Router, request: http::Request<Body>) -> StatusCode {
         .status()
 }
 
+/// Sends each request in turn and checks its status.
+async fn expect(app: &mut Router, steps: &[(&str, &str, [u8; 4], &[(&str, &str)], StatusCode)]) {
+    for (i, &(method, path, ip, headers, want)) in steps.iter().enumerate() {
+        let got = status(app, request(method, path, ip, headers)).await;
+        assert_eq!(
+            got, want,
+            "step {i}: {method} {path} from {ip:?} with {headers:?}"
+        );
+    }
+}
+
 fn one_per_minute(key: impl KeyExtractor) -> RateLimitLayer {
     RateLimitLayer::builder()
         .rule(Rule::new("one", Quota::per_minute(1)).key(key))
@@ -65,42 +76,33 @@ fn users_app(layer: RateLimitLayer) -> Router {
 async fn route_keys_use_the_pattern_not_the_path() {
     let mut app = users_app(one_per_minute(ClientIp::new().and(Route::new())));
     let ip = [192, 0, 2, 1];
-    assert_eq!(
-        status(&mut app, request("GET", "/users/1", ip, &[])).await,
-        StatusCode::OK
-    );
-    // Another id is the same route: no new budget.
-    assert_eq!(
-        status(&mut app, request("GET", "/users/2", ip, &[])).await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    // Another route, or another client, has its own.
-    assert_eq!(
-        status(&mut app, request("GET", "/other", ip, &[])).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(&mut app, request("GET", "/users/3", [192, 0, 2, 2], &[])).await,
-        StatusCode::OK
-    );
+    expect(
+        &mut app,
+        &[
+            ("GET", "/users/1", ip, &[], StatusCode::OK),
+            // Another id is the same route: no new budget.
+            ("GET", "/users/2", ip, &[], StatusCode::TOO_MANY_REQUESTS),
+            // Another route, or another client, has its own.
+            ("GET", "/other", ip, &[], StatusCode::OK),
+            ("GET", "/users/3", [192, 0, 2, 2], &[], StatusCode::OK),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn route_keys_with_the_method() {
     let mut app = users_app(one_per_minute(Route::new().with_method()));
     let ip = [192, 0, 2, 1];
-    assert_eq!(
-        status(&mut app, request("GET", "/users/1", ip, &[])).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(&mut app, request("DELETE", "/users/1", ip, &[])).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(&mut app, request("GET", "/users/9", ip, &[])).await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    expect(
+        &mut app,
+        &[
+            ("GET", "/users/1", ip, &[], StatusCode::OK),
+            ("DELETE", "/users/1", ip, &[], StatusCode::OK),
+            ("GET", "/users/9", ip, &[], StatusCode::TOO_MANY_REQUESTS),
+        ],
+    )
+    .await;
 }
 
 #[derive(Clone)]
@@ -127,24 +129,30 @@ async fn user_from_an_extension_else_ip() {
         one_per_minute(FromExtension::new(|u: &User| Some(Key::text(u.0))).or(ClientIp::new()));
     let mut app = users_app(layer).layer(middleware::from_fn(authenticate));
     let alice = [("x-test-user", "alice")];
-    assert_eq!(
-        status(&mut app, request("GET", "/other", [192, 0, 2, 1], &alice)).await,
-        StatusCode::OK
-    );
-    // Alice from another IP: her budget is spent.
-    assert_eq!(
-        status(&mut app, request("GET", "/other", [192, 0, 2, 2], &alice)).await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    // Anonymous requests count by IP; the IP's budget is untouched by Alice.
-    assert_eq!(
-        status(&mut app, request("GET", "/other", [192, 0, 2, 1], &[])).await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(&mut app, request("GET", "/other", [192, 0, 2, 1], &[])).await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
+    expect(
+        &mut app,
+        &[
+            ("GET", "/other", [192, 0, 2, 1], &alice, StatusCode::OK),
+            // Alice from another IP: her budget is spent.
+            (
+                "GET",
+                "/other",
+                [192, 0, 2, 2],
+                &alice,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            // Anonymous requests count by IP; the IP's budget is untouched by Alice.
+            ("GET", "/other", [192, 0, 2, 1], &[], StatusCode::OK),
+            (
+                "GET",
+                "/other",
+                [192, 0, 2, 1],
+                &[],
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -157,46 +165,36 @@ async fn a_header_cannot_name_a_user_or_an_ip_key() {
     )));
     let mut app = users_app(layer).layer(middleware::from_fn(authenticate));
     let ip = [192, 0, 2, 1];
-    // An anonymous client sends the user's name and the victim IP as API keys.
-    assert_eq!(
-        status(
-            &mut app,
-            request(
+    expect(
+        &mut app,
+        &[
+            // An anonymous client sends the user's name and the victim IP as API keys.
+            (
                 "GET",
                 "/other",
                 [198, 51, 100, 1],
-                &[("x-api-key", "alice")]
-            )
-        )
-        .await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            &mut app,
-            request(
+                &[("x-api-key", "alice")],
+                StatusCode::OK,
+            ),
+            (
                 "GET",
                 "/other",
                 [198, 51, 100, 1],
-                &[("x-api-key", "192.0.2.1")]
-            )
-        )
-        .await,
-        StatusCode::OK
-    );
-    // Neither was charged to Alice or to 192.0.2.1.
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/other", ip, &[("x-test-user", "alice")])
-        )
-        .await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(&mut app, request("GET", "/other", ip, &[])).await,
-        StatusCode::OK
-    );
+                &[("x-api-key", "192.0.2.1")],
+                StatusCode::OK,
+            ),
+            // Neither was charged to Alice or to 192.0.2.1.
+            (
+                "GET",
+                "/other",
+                ip,
+                &[("x-test-user", "alice")],
+                StatusCode::OK,
+            ),
+            ("GET", "/other", ip, &[], StatusCode::OK),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -217,38 +215,28 @@ async fn asynchronous_lookup_shares_a_tenant_budget() {
     });
     let mut app = users_app(one_per_minute(combine((by_tenant, Route::new()))));
     let ip = [192, 0, 2, 1];
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/other", ip, &[("x-api-key", "k1")])
-        )
-        .await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/other", ip, &[("x-api-key", "k2")])
-        )
-        .await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/other", ip, &[("x-api-key", "k3")])
-        )
-        .await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/users/1", ip, &[("x-api-key", "k1")])
-        )
-        .await,
-        StatusCode::OK
-    );
+    expect(
+        &mut app,
+        &[
+            ("GET", "/other", ip, &[("x-api-key", "k1")], StatusCode::OK),
+            (
+                "GET",
+                "/other",
+                ip,
+                &[("x-api-key", "k2")],
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            ("GET", "/other", ip, &[("x-api-key", "k3")], StatusCode::OK),
+            (
+                "GET",
+                "/users/1",
+                ip,
+                &[("x-api-key", "k1")],
+                StatusCode::OK,
+            ),
+        ],
+    )
+    .await;
     // An unknown key has no tenant: the rule does not apply.
     for _ in 0..3 {
         assert_eq!(
@@ -268,31 +256,27 @@ async fn hashed_api_keys() {
         FromHeader::new("x-api-key").hashed().or(ClientIp::new()),
     ));
     let ip = [192, 0, 2, 1];
-    assert_eq!(
-        status(
-            &mut app,
-            request("GET", "/other", ip, &[("x-api-key", "secret")])
-        )
-        .await,
-        StatusCode::OK
-    );
-    assert_eq!(
-        status(
-            &mut app,
-            request(
+    expect(
+        &mut app,
+        &[
+            (
+                "GET",
+                "/other",
+                ip,
+                &[("x-api-key", "secret")],
+                StatusCode::OK,
+            ),
+            (
                 "GET",
                 "/other",
                 [192, 0, 2, 7],
-                &[("x-api-key", " secret ")]
-            )
-        )
-        .await,
-        StatusCode::TOO_MANY_REQUESTS
-    );
-    assert_eq!(
-        status(&mut app, request("GET", "/other", ip, &[])).await,
-        StatusCode::OK
-    );
+                &[("x-api-key", " secret ")],
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            ("GET", "/other", ip, &[], StatusCode::OK),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test]
