@@ -44,8 +44,17 @@ async fn status(app: &mut Router, request: http::Request<Body>) -> StatusCode {
         .status()
 }
 
+/// One request and the status it must get: method, path, client IP, headers, status.
+type Step<'a> = (
+    &'a str,
+    &'a str,
+    [u8; 4],
+    &'a [(&'a str, &'a str)],
+    StatusCode,
+);
+
 /// Sends each request in turn and checks its status.
-async fn expect(app: &mut Router, steps: &[(&str, &str, [u8; 4], &[(&str, &str)], StatusCode)]) {
+async fn expect(app: &mut Router, steps: &[Step<'_>]) {
     for (i, &(method, path, ip, headers, want)) in steps.iter().enumerate() {
         let got = status(app, request(method, path, ip, headers)).await;
         assert_eq!(
