@@ -46,11 +46,13 @@ impl Decision {
     }
 
     /// Whether every rule admits the request (true when no rule applied).
+    #[inline]
     pub fn allowed(&self) -> bool {
         self.outcomes.iter().all(|o| o.allowed)
     }
 
     /// The outcome of each rule, in order.
+    #[inline]
     pub fn outcomes(&self) -> &[Outcome] {
         &self.outcomes
     }

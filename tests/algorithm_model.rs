@@ -208,6 +208,24 @@ proptest! {
     }
 
     #[test]
+    fn admit_decides_and_charges_as_check_then_commit(case in case()) {
+        for alg in Algorithm::ALL {
+            let (mut two_steps, mut one_step): (Option<State>, Option<State>) = (None, None);
+            let mut now = EPOCH;
+            for step in &case.steps {
+                now += step.gap;
+                let expected = alg.check(&case.limits, two_steps.as_ref(), now, step.cost);
+                if expected.allowed {
+                    alg.commit(&case.limits, &mut two_steps, now, step.cost);
+                }
+                let outcome = alg.admit(&case.limits, &mut one_step, now, step.cost);
+                prop_assert_eq!(outcome, expected, "{} at {}", alg, now);
+                prop_assert_eq!(&one_step, &two_steps, "{} at {}", alg, now);
+            }
+        }
+    }
+
+    #[test]
     fn token_bucket_and_gcra_decide_alike(case in case()) {
         let a = run_model(Algorithm::TokenBucket, &case, EPOCH);
         let b = run_model(Algorithm::Gcra, &case, EPOCH);

@@ -325,6 +325,44 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// [`check`](Algorithm::check), then [`commit`](Algorithm::commit) when the request is
+    /// admitted: the one-step form for a store that holds the state in place. Decides exactly as
+    /// the two steps do.
+    #[inline]
+    pub fn admit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) -> Outcome {
+        // The two hot algorithms in one piece, so that the compiler computes their refill once.
+        match (self, &*state) {
+            (Algorithm::TokenBucket, None | Some(State::TokenBucket(_)))
+                if cost <= limits.burst =>
+            {
+                let old = state.as_ref().and_then(State::token_bucket).copied();
+                let outcome = TokenBucket::check(limits, old.as_ref(), now, cost);
+                if outcome.allowed {
+                    *state = TokenBucket::commit(limits, old.as_ref(), now, cost)
+                        .map(State::TokenBucket);
+                }
+                outcome
+            }
+            (Algorithm::Gcra, None | Some(State::Gcra(_))) if cost <= limits.burst => {
+                let old = state.as_ref().and_then(State::gcra).copied();
+                let outcome = Gcra::check(limits, old.as_ref(), now, cost);
+                if outcome.allowed {
+                    *state = Gcra::commit(limits, old.as_ref(), now, cost).map(State::Gcra);
+                }
+                outcome
+            }
+            _ => {
+                let outcome = self.check(limits, state.as_ref(), now, cost);
+                if outcome.allowed {
+                    self.commit(limits, state, now, cost);
+                }
+                outcome
+            }
+        }
+    }
+}
+
 impl State {
     fn token_bucket(&self) -> Option<&TokenBucketState> {
         match self {

@@ -87,7 +87,8 @@ struct Entry {
     key: Key,
     /// When the state is equivalent to no state at all.
     expires_at: u64,
-    state: State,
+    /// `None` only for a moment, while a charge empties an expired key's state.
+    state: Option<State>,
 }
 
 /// Configures a [`MemoryStore`].
@@ -168,23 +169,45 @@ impl MemoryStore {
         if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
             self.make_room(&mut shard, now, 1);
         }
-        let slot = self.slot(&mut shard, hash, charge);
-        let outcome = {
-            let state = match &slot {
-                hash_table::Entry::Occupied(occupied) => {
-                    let entry = occupied.get();
-                    (entry.expires_at > now).then_some(&entry.state)
+        let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+        let rule = charge.rule.id();
+        // `find_entry` rather than `entry`: a known key (the common case) costs one plain probe.
+        let found = shard
+            .table
+            .find_entry(hash, |e| e.rule == rule && e.key == *charge.key);
+        let outcome = match found {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                if entry.expires_at <= now {
+                    entry.state = None;
                 }
-                hash_table::Entry::Vacant(_) => None,
-            };
-            charge
-                .rule
-                .algorithm()
-                .check(charge.rule.limits(), state, now, charge.cost)
+                let outcome = algorithm.admit(limits, &mut entry.state, now, charge.cost);
+                if outcome.allowed {
+                    if entry.state.is_some() {
+                        entry.expires_at = now + outcome.reset;
+                    } else {
+                        occupied.remove();
+                    }
+                }
+                outcome
+            }
+            Err(absent) => {
+                let mut state = None;
+                let outcome = algorithm.admit(limits, &mut state, now, charge.cost);
+                if outcome.allowed && state.is_some() {
+                    let entry = Entry {
+                        rule,
+                        key: charge.key.clone(),
+                        expires_at: now + outcome.reset,
+                        state,
+                    };
+                    absent
+                        .into_table()
+                        .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
+                }
+                outcome
+            }
         };
-        if outcome.allowed {
-            self.commit(slot, charge, now, outcome.reset);
-        }
         Decision::single(outcome)
     }
 
@@ -266,23 +289,20 @@ impl MemoryStore {
         match slot {
             hash_table::Entry::Occupied(mut occupied) => {
                 let entry = occupied.get_mut();
-                let mut state = (entry.expires_at > now)
-                    .then(|| std::mem::replace(&mut entry.state, PLACEHOLDER));
-                algorithm.commit(limits, &mut state, now, charge.cost);
-                match state {
-                    Some(state) => {
-                        entry.state = state;
-                        entry.expires_at = now + reset;
-                    }
-                    None => {
-                        occupied.remove();
-                    }
+                if entry.expires_at <= now {
+                    entry.state = None;
+                }
+                algorithm.commit(limits, &mut entry.state, now, charge.cost);
+                if entry.state.is_some() {
+                    entry.expires_at = now + reset;
+                } else {
+                    occupied.remove();
                 }
             }
             hash_table::Entry::Vacant(vacant) => {
                 let mut state = None;
                 algorithm.commit(limits, &mut state, now, charge.cost);
-                if let Some(state) = state {
+                if state.is_some() {
                     vacant.insert(Entry {
                         rule: charge.rule.id(),
                         key: charge.key.clone(),
@@ -336,15 +356,12 @@ impl MemoryStore {
     }
 }
 
-/// A value to leave behind while a state is moved out for a commit.
-const PLACEHOLDER: State = State::Gcra(crate::algorithm::GcraState { tat: 0 });
-
 impl Shard {
     fn find(&self, hash: u64, charge: &Charge<'_>, now: u64) -> Option<&State> {
         self.table
             .find(hash, |e| e.rule == charge.rule.id() && e.key == *charge.key)
             .filter(|e| e.expires_at > now)
-            .map(|e| &e.state)
+            .and_then(|e| e.state.as_ref())
     }
 
     fn maybe_sweep(&mut self, now: u64) {
