@@ -3,6 +3,9 @@
 //! The future first waits for the decision (key extractors that need a lookup, then the store),
 //! and only then either calls the inner service, adding the budget headers to its response, or
 //! answers for it (429, a gRPC status, or 503 when the store failed and the layer fails closed).
+//! When the store answers at once (the memory store, see [`Store::check_now`]) and no key needs
+//! a lookup, `call` decides, and the future carries only the inner service's future or the
+//! answer.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -17,7 +20,7 @@
 //! let mut service = layer.layer(service_fn(|_: Request<String>| async {
 //!     Ok::<_, Infallible>(Response::new(String::from("ok")))
 //! }));
-//! let future: ResponseFuture<_, _, _> = service.call(Request::new(String::new())); // nothing ran yet
+//! let future: ResponseFuture<_, _, _> = service.call(Request::new(String::new())); // decided here
 //! let response = future.await.unwrap();
 //! assert!(response.headers().contains_key("ratelimit"));
 //! # }
@@ -84,6 +87,8 @@ pin_project! {
         Checking { #[pin] check: C, call: Option<(S, R)> },
         Deferred { check: DeferredCheck, call: Option<(S, R)> },
         Calling { #[pin] future: F, decision: Option<Decision> },
+        // Decided in `call`: tollgate's own answer, ready.
+        Answered { response: Option<Response<Bytes>> },
         Done,
     }
 }
@@ -105,13 +110,30 @@ impl<C> Check<C> {
                 result: Some(Ok(Decision::default())),
             }
         } else if shared.breaker.admits() {
-            Check::Store {
-                future: shared.store.check(charges),
+            match shared.store.check_now(charges) {
+                Some(result) => Check::Decided {
+                    result: Some(result),
+                },
+                None => Check::Store {
+                    future: shared.store.check(charges),
+                },
             }
         } else {
             Check::Decided {
                 result: Some(Err(StoreError::CircuitOpen)),
             }
+        }
+    }
+}
+
+impl<C> Check<C> {
+    /// The answer, when it was known without waiting.
+    pub(crate) fn into_decided(self) -> Result<Result<Decision, StoreError>, Self> {
+        match self {
+            Check::Decided {
+                result: Some(result),
+            } => Ok(result),
+            pending => Err(pending),
         }
     }
 }
@@ -149,6 +171,32 @@ where
                 check,
                 call: Some((service, request)),
             },
+            applied,
+            keys: None,
+            shared,
+        }
+    }
+
+    /// A request whose check was answered at once: the inner service is called now, or
+    /// tollgate's answer is ready.
+    pub(crate) fn decided(
+        next: Next,
+        applied: Applied,
+        mut service: S,
+        request: Request<ReqBody>,
+        shared: Arc<Shared<St>>,
+    ) -> Self {
+        let state = match next {
+            Next::Call(decision) => State::Calling {
+                future: service.call(request),
+                decision,
+            },
+            Next::Answer(response) => State::Answered {
+                response: Some(response),
+            },
+        };
+        ResponseFuture {
+            state,
             applied,
             keys: None,
             shared,
@@ -217,56 +265,31 @@ where
                     }
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
+                StateProj::Answered { response } => {
+                    let response = response.take();
+                    this.state.set(State::Done);
+                    let Some(response) = response else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
-            let shared = &**this.shared;
-            let decision = match result {
-                Ok(decision) => {
-                    shared.breaker.success();
-                    if decision.allowed() {
-                        Some(decision)
-                    } else {
-                        this.state.set(State::Done);
-                        let grpc = call
-                            .as_ref()
-                            .is_some_and(|(_, request)| is_grpc(request.headers()));
-                        return Poll::Ready(Ok(denied(shared, this.applied, &decision, grpc)));
-                    }
-                }
-                Err(error) => {
-                    let opened =
-                        !matches!(error, StoreError::CircuitOpen) && shared.breaker.failure();
-                    let now = SystemTime::now()
-                        .duration_since(UNIX_EPOCH)
-                        .map_or(0, |d| d.as_micros() as u64);
-                    if opened {
-                        tracing::error!(%error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
-                    } else if shared.warned_store_error.due(now, 60_000_000) {
-                        tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");
-                    } else {
-                        tracing::debug!(%error, "tollgate: the rate-limit store failed");
-                    }
-                    let grpc = || {
-                        call.as_ref()
-                            .is_some_and(|(_, request)| is_grpc(request.headers()))
-                    };
-                    match decide_without_store(shared, this.applied, this.keys.as_deref()) {
-                        WithoutStore::Refuse => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(unavailable(grpc())));
-                        }
-                        WithoutStore::Decided(decision) if !decision.allowed() => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(denied(
-                                shared,
-                                this.applied,
-                                &decision,
-                                grpc(),
-                            )));
-                        }
-                        WithoutStore::Decided(decision) => Some(decision),
-                        WithoutStore::Unlimited => None,
-                    }
+            let grpc = || {
+                call.as_ref()
+                    .is_some_and(|(_, request)| is_grpc(request.headers()))
+            };
+            let decision = match after_check(
+                this.shared,
+                this.applied,
+                this.keys.as_deref(),
+                result,
+                grpc,
+            ) {
+                Next::Call(decision) => decision,
+                Next::Answer(response) => {
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
             };
             let Some((mut service, request)) = call else {
@@ -276,6 +299,58 @@ where
                 future: service.call(request),
                 decision,
             });
+        }
+    }
+}
+
+/// What follows a request's check.
+pub(crate) enum Next {
+    /// Call the inner service, then add the budget headers of this decision (none when no
+    /// rule limited the request).
+    Call(Option<Decision>),
+    /// Answer for the inner service: a denial, or a refusal when the store failed.
+    Answer(Response<Bytes>),
+}
+
+/// Turns the store's answer into what follows: the circuit breaker learns of it, a denial
+/// becomes the answer, and a store failure is decided by each applied rule's
+/// [`FailureMode`]. `grpc` tells whether the request is a gRPC call (asked only to answer).
+pub(crate) fn after_check<St>(
+    shared: &Shared<St>,
+    applied: &mut Applied,
+    keys: Option<&FoundKeys>,
+    result: Result<Decision, StoreError>,
+    grpc: impl Fn() -> bool,
+) -> Next {
+    match result {
+        Ok(decision) => {
+            shared.breaker.success();
+            if decision.allowed() {
+                Next::Call(Some(decision))
+            } else {
+                Next::Answer(denied(shared, applied, &decision, grpc()))
+            }
+        }
+        Err(error) => {
+            let opened = !matches!(error, StoreError::CircuitOpen) && shared.breaker.failure();
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            if opened {
+                tracing::error!(%error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
+            } else if shared.warned_store_error.due(now, 60_000_000) {
+                tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");
+            } else {
+                tracing::debug!(%error, "tollgate: the rate-limit store failed");
+            }
+            match decide_without_store(shared, applied, keys) {
+                WithoutStore::Refuse => Next::Answer(unavailable(grpc())),
+                WithoutStore::Decided(decision) if !decision.allowed() => {
+                    Next::Answer(denied(shared, applied, &decision, grpc()))
+                }
+                WithoutStore::Decided(decision) => Next::Call(Some(decision)),
+                WithoutStore::Unlimited => Next::Call(None),
+            }
         }
     }
 }
@@ -328,12 +403,12 @@ fn decide_without_store<St>(
     }
 }
 
-fn denied<St, B>(
+fn denied<St>(
     shared: &Shared<St>,
     applied: &[u16],
     decision: &Decision,
     grpc: bool,
-) -> Response<ResponseBody<B>> {
+) -> Response<Bytes> {
     let mut response = match &shared.on_denied {
         _ if grpc => grpc_denied(decision.retry_after_micros()),
         Some(handler) => handler(&RateLimited::new(&shared.rules, applied, decision)),
@@ -347,17 +422,17 @@ fn denied<St, B>(
         applied,
         decision,
     );
-    response.map(ResponseBody::full)
+    response
 }
 
-fn unavailable<B>(grpc: bool) -> Response<ResponseBody<B>> {
+fn unavailable(grpc: bool) -> Response<Bytes> {
     if grpc {
-        return grpc_unavailable().map(ResponseBody::full);
+        return grpc_unavailable();
     }
     let body = Bytes::from_static(
         b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate limiter cannot decide right now; retry shortly.\"}",
     );
-    let mut response = Response::new(ResponseBody::full(body));
+    let mut response = Response::new(body);
     *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, PROBLEM_JSON.clone());

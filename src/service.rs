@@ -29,10 +29,10 @@ use http::{Request, Response};
 use smallvec::SmallVec;
 use tower_service::Service;
 
-use crate::future::{Check, ResponseFuture};
+use crate::future::{Check, ResponseFuture, after_check};
 use crate::key::{Extracted, Key, KeyFuture};
 use crate::layer::Shared;
-use crate::response::ResponseBody;
+use crate::response::{ResponseBody, is_grpc};
 use crate::store::{Charge, MemoryStore, Store};
 
 /// Indices of the rules that applied to one request, in rule order.
@@ -123,14 +123,12 @@ where
                         }],
                     );
                     let applied = Applied::from_buf_and_len([0; 4], 1);
-                    let future =
-                        ResponseFuture::checking(check, applied, ready, request, shared.clone());
-                    if shared.fallback.is_some() {
+                    let keys = shared.fallback.as_ref().map(|_| {
                         let mut keys = FoundKeys::new();
                         keys.push((0, key, cost));
-                        return future.keeping_keys(keys);
-                    }
-                    return future;
+                        keys
+                    });
+                    return respond(check, applied, keys, ready, request, shared);
                 }
                 Extracted::Ready(None) => warn_missing_key(shared, 0),
                 Extracted::Pending(future) => pending.push((0, future, cost)),
@@ -151,11 +149,8 @@ where
 
         if pending.is_empty() {
             let (check, applied) = check_keys(shared, &keys);
-            let future = ResponseFuture::checking(check, applied, ready, request, shared.clone());
-            if shared.fallback.is_some() {
-                return future.keeping_keys(keys);
-            }
-            return future;
+            let keys = shared.fallback.is_some().then_some(keys);
+            return respond(check, applied, keys, ready, request, shared);
         }
 
         let shared = shared.clone();
@@ -173,6 +168,37 @@ where
             (applied, keys, result)
         });
         ResponseFuture::deferred(deferred, ready, request, self.shared.clone())
+    }
+}
+
+/// The response future of a request whose keys are known: when the store answered at once,
+/// the inner service is called (or answered for) right away; otherwise the future waits for the
+/// store. `keys` are kept for rules that may fall back to the local limiter.
+fn respond<S, ReqBody, St>(
+    check: Check<St::Future>,
+    mut applied: Applied,
+    keys: Option<FoundKeys>,
+    service: S,
+    request: Request<ReqBody>,
+    shared: &Arc<Shared<St>>,
+) -> ResponseFuture<S, ReqBody, St>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    match check.into_decided() {
+        Ok(result) => {
+            let grpc = || is_grpc(request.headers());
+            let next = after_check(shared, &mut applied, keys.as_ref(), result, grpc);
+            ResponseFuture::decided(next, applied, service, request, shared.clone())
+        }
+        Err(check) => {
+            let future = ResponseFuture::checking(check, applied, service, request, shared.clone());
+            match keys {
+                Some(keys) => future.keeping_keys(keys),
+                None => future,
+            }
+        }
     }
 }
 

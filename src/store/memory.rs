@@ -151,7 +151,7 @@ impl MemoryStore {
         ((hash >> 32) & self.inner.shard_mask) as usize
     }
 
-    fn check_now(&self, charges: &[Charge<'_>]) -> Decision {
+    fn decide(&self, charges: &[Charge<'_>]) -> Decision {
         // Keep every sum of the model below 2^53 whatever a custom clock says.
         let now = self.inner.clock.now_micros().min(MAX_MICROS);
         match charges {
@@ -406,7 +406,11 @@ impl Store for MemoryStore {
     type Future = Ready<Result<Decision, StoreError>>;
 
     fn check(&self, charges: &[Charge<'_>]) -> Self::Future {
-        ready(Ok(self.check_now(charges)))
+        ready(Ok(self.decide(charges)))
+    }
+
+    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
+        Some(Ok(self.decide(charges)))
     }
 }
 
