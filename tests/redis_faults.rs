@@ -1,5 +1,7 @@
 //! The layer in front of a Redis that turns slow or goes away, through a TCP proxy that adds
 //! latency or cuts the connection: time budgets, the circuit breaker and each rule's failure mode.
+//! A Redis Cluster cannot sit behind one proxy (its redirections name the nodes themselves), so
+//! its nodes are paused instead.
 
 mod support;
 
@@ -12,9 +14,9 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use support::fault_proxy::FaultProxy;
-use support::{standalone, unique_prefix};
+use support::{RedisCluster, standalone, unique_prefix};
 use tollgate::policy::CircuitBreaker;
-use tollgate::store::RedisStore;
+use tollgate::store::{RedisClusterStore, RedisStore, Store};
 use tollgate::{FailureMode, Quota, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
 
@@ -39,6 +41,10 @@ async fn app_behind(proxy: &FaultProxy, rules: Vec<Rule>, breaker: CircuitBreake
         .build()
         .await
         .unwrap();
+    app_with(store, rules, breaker)
+}
+
+fn app_with<St: Store>(store: St, rules: Vec<Rule>, breaker: CircuitBreaker) -> Router {
     let layer = RateLimitLayer::builder()
         .rules(rules)
         .store(store)
@@ -151,4 +157,108 @@ async fn a_cut_connection_fails_each_rule_its_own_way_and_redis_is_used_again_af
         }
     }
     assert!(strict_recovered);
+}
+
+/// Asks until `app` answers `wanted` for `ip`, for at most 5 s.
+async fn eventually(app: &mut Router, ip: [u8; 4], wanted: StatusCode) -> bool {
+    for _ in 0..50 {
+        if status(app, ip).await == wanted {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() {
+    // A cluster of its own: pausing the shared one would slow the other tests.
+    let cluster = RedisCluster::start();
+    let store_with = |prefix: String| async {
+        RedisClusterStore::builder(cluster.urls())
+            .prefix(prefix)
+            .response_timeout(Duration::from_millis(50))
+            .build()
+            .await
+            .unwrap()
+    };
+    let store = || store_with(unique_prefix("cluster-faults"));
+    let local_prefix = unique_prefix("cluster-faults");
+    let no_breaker = CircuitBreaker::disabled;
+    let mut strict = app_with(
+        store().await,
+        vec![
+            Rule::new("login", Quota::per_hour(100)).on_store_error(FailureMode::Closed),
+            Rule::new("api", Quota::per_hour(100)),
+        ],
+        no_breaker(),
+    );
+    let mut lenient = app_with(
+        store().await,
+        vec![Rule::new("api", Quota::per_hour(1))],
+        no_breaker(),
+    );
+    let mut local = app_with(
+        store_with(local_prefix.clone()).await,
+        vec![Rule::new("local", Quota::per_hour(2)).on_store_error(FailureMode::Local)],
+        no_breaker(),
+    );
+    let ip = [10, 3, 0, 1];
+    assert_eq!(status(&mut strict, ip).await, StatusCode::OK);
+    assert_eq!(status(&mut lenient, ip).await, StatusCode::OK);
+    assert_eq!(
+        status(&mut lenient, ip).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the cluster counts"
+    );
+
+    // Every node holds back writes (and so scripts) for far longer than the 50 ms budget.
+    cluster.on_every_node(redis::cmd("CLIENT").arg("PAUSE").arg(30_000).arg("WRITE"));
+    assert_eq!(
+        status(&mut strict, ip).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "a rule failing closed refuses"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            status(&mut lenient, ip).await,
+            StatusCode::OK,
+            "open rules let everything through"
+        );
+    }
+    assert_eq!(status(&mut local, ip).await, StatusCode::OK);
+    assert_eq!(status(&mut local, ip).await, StatusCode::OK);
+    assert_eq!(
+        status(&mut local, ip).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the local limit holds"
+    );
+
+    // The nodes resume: the cluster decides again, with the budget it kept.
+    cluster.on_every_node(redis::cmd("CLIENT").arg("UNPAUSE"));
+    assert!(
+        eventually(&mut lenient, ip, StatusCode::TOO_MANY_REQUESTS).await,
+        "the cluster still holds the spent budget"
+    );
+    assert!(eventually(&mut strict, ip, StatusCode::OK).await);
+    // Checks that ran out of time are not lost: the nodes ran them when they resumed. The two
+    // requests the local limiter admitted were served, and the cluster counted them too (the
+    // third was denied there as well), so its budget for this rule is spent. The local layer
+    // never reached the cluster before the pause, so the key proves it.
+    let key = format!("{local_prefix}:{{10.3.0.1}}:local");
+    let mut conn = cluster.conn_for(&key);
+    let mut exists = false;
+    for _ in 0..50 {
+        exists = redis::cmd("EXISTS").arg(&key).query(&mut conn).unwrap();
+        if exists {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(exists, "{key} was written when the nodes resumed");
+    assert_eq!(
+        status(&mut local, ip).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the cluster counted the requests served during the pause"
+    );
 }
