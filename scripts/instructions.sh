@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Instructions per memory-store decision, tollgate against governor's keyed limiter, counted by
-# callgrind (repeatable on a busy machine, unlike time). See examples/decision_cost.rs.
+# Instructions per memory-store decision (tollgate against governor's keyed limiter) and per
+# in-process axum request (bare, tollgate, tower_governor), counted by callgrind: repeatable on a
+# busy machine, unlike time. See examples/instructions.rs.
 #
-#   ./scripts/instructions.sh            # 1,000,000 decisions per case
-#   N=200000 ./scripts/instructions.sh
+#   ./scripts/instructions.sh                  # 1,000,000 decisions and 20,000 requests per case
+#   N=200000 REQUESTS=5000 ./scripts/instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,32 +13,51 @@ if ! command -v valgrind >/dev/null; then
     exit 1
 fi
 n=${N:-1000000}
-cargo build --quiet --release --example decision_cost
-bin=${CARGO_TARGET_DIR:-target}/release/examples/decision_cost
+requests=${REQUESTS:-20000}
+cargo build --quiet --release --example instructions
+bin=${CARGO_TARGET_DIR:-target}/release/examples/instructions
 if [ ! -x "$bin" ]; then
     echo "error: $bin was not built" >&2
     exit 1
 fi
 
-refs() { # limiter case n -> instructions of the whole run
+refs() { # arguments of the example -> instructions of the whole run
     local out
-    if ! out=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" "$3" 2>&1); then
-        echo "error: decision_cost $1 $2 $3 failed under valgrind:" >&2
+    if ! out=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$@" 2>&1); then
+        echo "error: instructions $* failed under valgrind:" >&2
         echo "$out" >&2
         exit 1
     fi
     awk '/Collected/ { print $NF }' <<<"$out"
 }
 
-printf '%-18s %-22s %12s %8s\n' case limiter instr/decision vs-governor
+per() { # count, then the example's arguments without the count -> instructions per unit
+    local count=$1
+    shift
+    local setup total
+    setup=$(refs "$@" 0)
+    total=$(refs "$@" "$count")
+    awk -v t="$total" -v s="$setup" -v n="$count" 'BEGIN { printf "%.1f", (t - s) / n }'
+}
+
+printf '%-18s %-22s %14s %12s\n' case limiter instr/decision vs-governor
 for case in hot_key_allowed hot_key_denied 100k_keys_allowed; do
     governor=""
     for limiter in governor tollgate_token_bucket tollgate_gcra; do
-        setup=$(refs "$limiter" "$case" 0)
-        total=$(refs "$limiter" "$case" "$n")
-        per=$(awk -v t="$total" -v s="$setup" -v n="$n" 'BEGIN { printf "%.1f", (t - s) / n }')
-        [ -z "$governor" ] && governor=$per
-        ratio=$(awk -v p="$per" -v g="$governor" 'BEGIN { printf "%.2fx", p / g }')
-        printf '%-18s %-22s %12s %8s\n' "$case" "$limiter" "$per" "$ratio"
+        cost=$(per "$n" store "$limiter" "$case")
+        [ -z "$governor" ] && governor=$cost
+        ratio=$(awk -v p="$cost" -v g="$governor" 'BEGIN { printf "%.2fx", p / g }')
+        printf '%-18s %-22s %14s %12s\n' "$case" "$limiter" "$cost" "$ratio"
     done
+done
+
+echo
+printf '%-22s %16s %12s %10s\n' router instr/request added vs-bare
+bare=""
+for router in bare tollgate_allow tollgate_reject tower_governor_allow tower_governor_reject; do
+    cost=$(per "$requests" layer "$router")
+    [ -z "$bare" ] && bare=$cost
+    added=$(awk -v p="$cost" -v b="$bare" 'BEGIN { printf "%+.0f", p - b }')
+    ratio=$(awk -v p="$cost" -v b="$bare" 'BEGIN { printf "%.2fx", p / b }')
+    printf '%-22s %16s %12s %10s\n' "$router" "$cost" "$added" "$ratio"
 done

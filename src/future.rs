@@ -3,9 +3,9 @@
 //! The future first waits for the decision (key extractors that need a lookup, then the store),
 //! and only then either calls the inner service, adding the budget headers to its response, or
 //! answers for it (429, a gRPC status, or 503 when the store failed and the layer fails closed).
-//! When the store answers at once (the memory store, see [`Store::check_now`]) and no key needs
-//! a lookup, `call` decides, and the future carries only the inner service's future or the
-//! answer.
+//! When the decision needs no waiting (the memory store, see [`Store::check_now`]; no rule
+//! applies; the circuit breaker is open) and no key needs a lookup, `call` decides, and the
+//! future carries only the inner service's future or the answer.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -324,7 +324,10 @@ pub(crate) fn after_check<St>(
 ) -> Next {
     match result {
         Ok(decision) => {
-            shared.breaker.success();
+            // A request no rule applied to never asked the store: it tells the breaker nothing.
+            if !decision.outcomes().is_empty() {
+                shared.breaker.success();
+            }
             if decision.allowed() {
                 Next::Call(Some(decision))
             } else {

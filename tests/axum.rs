@@ -583,6 +583,17 @@ async fn the_circuit_breaker_stops_asking_a_failing_store() {
         }
         assert_eq!(calls.load(Ordering::SeqCst), 20);
         assert_eq!(asked.load(Ordering::SeqCst), expected_calls, "{breaker:?}");
+        // A request no rule applies to (no peer address, so no key) asks the store nothing and
+        // tells the breaker nothing: an open breaker stays open.
+        let keyless = Request::get("/").body(Body::empty()).unwrap();
+        assert_eq!(send(&mut app, keyless).await.status(), StatusCode::OK);
+        assert_eq!(status(&mut app, "/", [6, 6, 6, 7]).await, StatusCode::OK);
+        let open = expected_calls == 3;
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            expected_calls + usize::from(!open),
+            "{breaker:?}"
+        );
     }
     let zero = RateLimitLayer::builder()
         .rule(Rule::new("r", Quota::per_hour(1)))

@@ -253,3 +253,33 @@ fn bad_configuration_is_an_error_not_a_panic() {
     let err = MemoryStore::builder().shards(3).build().unwrap_err();
     assert!(err.to_string().contains("power of two"), "{err}");
 }
+
+/// A store smaller than one request's new keys (one key, two stacked rules) goes over its bound
+/// for that request rather than failing it, and evicts on the next.
+#[tokio::test]
+async fn a_store_smaller_than_one_request_still_decides() {
+    let store = MemoryStore::builder().max_keys(1).build().unwrap();
+    let limits = Limits::new(5, 1_000_000, 5).unwrap();
+    let second = RuleSpec::new("second", Algorithm::TokenBucket, limits);
+    let first = RuleSpec::new("first", Algorithm::TokenBucket, limits);
+    let key = Key::text("client");
+    let charges = [
+        Charge {
+            rule: &first,
+            key: &key,
+            cost: 1,
+        },
+        Charge {
+            rule: &second,
+            key: &key,
+            cost: 1,
+        },
+    ];
+    let decision = store.check(&charges).await.unwrap();
+    assert!(decision.allowed());
+    assert_eq!(store.len(), 2, "over the bound for this one request");
+    let decision = store.check(&charges).await.unwrap();
+    assert!(decision.allowed());
+    assert!(store.len() <= 2);
+    assert!(store.evictions() >= 1, "the next request made room");
+}

@@ -203,6 +203,11 @@ async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() 
         vec![Rule::new("local", Quota::per_hour(2)).on_store_error(FailureMode::Local)],
         no_breaker(),
     );
+    let mut counted = app_with(
+        store().await,
+        vec![Rule::new("once", Quota::per_hour(10))],
+        no_breaker(),
+    );
     let ip = [10, 3, 0, 1];
     assert_eq!(status(&mut strict, ip).await, StatusCode::OK);
     assert_eq!(status(&mut lenient, ip).await, StatusCode::OK);
@@ -226,6 +231,7 @@ async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() 
             "open rules let everything through"
         );
     }
+    assert_eq!(status(&mut counted, ip).await, StatusCode::OK);
     assert_eq!(status(&mut local, ip).await, StatusCode::OK);
     assert_eq!(status(&mut local, ip).await, StatusCode::OK);
     assert_eq!(
@@ -261,4 +267,31 @@ async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() 
         StatusCode::TOO_MANY_REQUESTS,
         "the cluster counted the requests served during the pause"
     );
+    // A check that ran out of time is run once, never re-sent: 10 - 1 (timed out, run on resume)
+    // - 1 (this one) = 8 left.
+    let field = ratelimit(&mut counted, ip).await;
+    assert!(
+        field.starts_with("\"once\";r=8;"),
+        "the timed-out check was charged exactly once: {field}"
+    );
+}
+
+/// The `RateLimit` field of the answer to one request.
+async fn ratelimit(app: &mut Router, ip: [u8; 4]) -> String {
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((ip, 40_000))));
+    let response = app
+        .as_service()
+        .ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap();
+    let field = response
+        .headers()
+        .get("ratelimit")
+        .expect("a RateLimit field");
+    field.to_str().unwrap().to_owned()
 }

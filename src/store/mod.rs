@@ -70,7 +70,8 @@ pub trait Store: Send + Sync + 'static {
     /// `None` (the default) when the answer needs [`check`](Store::check)'s future.
     ///
     /// With an answer here, the layer calls the inner service (or answers for it) straight
-    /// from `Service::call`, without a state machine around the store.
+    /// from `Service::call`, without a state machine around the store (unless a key extractor
+    /// needs an asynchronous lookup first).
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         let _ = charges;
         None

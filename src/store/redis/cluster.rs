@@ -101,9 +101,11 @@ impl RedisClusterStoreBuilder {
             )
             .into());
         }
+        // No response timeout inside the cluster client: it would retry a command that timed
+        // out, and a script that was only slow would then be charged twice. The store's own
+        // budget (`within` below) ends the wait instead, without re-sending anything.
         let client = ClusterClient::builder(self.nodes.iter().map(String::as_str))
             .connection_timeout(self.settings.connect_timeout)
-            .response_timeout(self.settings.response_timeout)
             .build()
             .map_err(|e| {
                 ConfigError::new(format!(
