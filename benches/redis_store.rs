@@ -50,6 +50,9 @@ struct Figures {
     rate: f64,
     p50: f64,
     p99: f64,
+    /// Checks that ended in an error (a timeout when the store cannot keep up), not counted in
+    /// the rate or the latencies.
+    failed: usize,
 }
 
 /// Resets the server's command statistics.
@@ -94,6 +97,7 @@ fn figures(mut latencies: Vec<u32>, seconds: f64) -> Figures {
         rate: latencies.len() as f64 / seconds,
         p50: pct(0.50),
         p99: pct(0.99),
+        failed: 0,
     }
 }
 
@@ -149,7 +153,7 @@ async fn closed_loop<S: Store + Clone>(store: S, concurrency: u64, seconds: u64)
 async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figures {
     let rule = rule();
     let keys: Arc<Vec<Key>> = Arc::new((0..CLIENTS).map(|i| Key::text(i.to_string())).collect());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<u32>>();
     let tick = Duration::from_millis(1);
     let per_tick = rate / 1000.0;
     let mut interval = tokio::time::interval(tick);
@@ -164,29 +168,38 @@ async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figur
             owed -= 1.0;
             n += 1;
             let (store, rule, keys, tx) = (store.clone(), rule.clone(), keys.clone(), tx.clone());
+            // From the moment the check is due: waiting to be scheduled counts too.
+            let start = Instant::now();
             tokio::spawn(async move {
                 let key = &keys[(n.wrapping_mul(0x9E37_79B9) % CLIENTS) as usize];
-                let start = Instant::now();
-                let decision = store
+                let result = store
                     .check(&[Charge {
                         rule: &rule,
                         key,
                         cost: 1,
                     }])
-                    .await
-                    .expect("check");
-                std::hint::black_box(decision);
-                let _ = tx.send(start.elapsed().as_micros() as u32);
+                    .await;
+                let latency = result.ok().map(|decision| {
+                    std::hint::black_box(decision);
+                    start.elapsed().as_micros() as u32
+                });
+                let _ = tx.send(latency);
             });
         }
     }
     drop(tx);
-    let mut all = Vec::new();
+    let (mut all, mut failed) = (Vec::new(), 0);
     while let Some(latency) = rx.recv().await {
-        all.push(latency);
+        match latency {
+            Some(latency) => all.push(latency),
+            None => failed += 1,
+        }
     }
     let elapsed = started.elapsed().as_secs_f64();
-    figures(all, elapsed)
+    Figures {
+        failed,
+        ..figures(all, elapsed)
+    }
 }
 
 /// `redis-benchmark` sending the store's `EVALSHA` for random clients.
@@ -243,6 +256,7 @@ fn redis_benchmark(
         rate: fields[0],
         p50: fields[3] * 1000.0,
         p99: fields[5] * 1000.0,
+        failed: 0,
     }
 }
 
@@ -259,10 +273,11 @@ fn row(name: &str, f: Figures) {
 /// A row of the standalone table, with the server's time per script call.
 fn server_row(name: &str, f: Figures, server: &support::RedisServer) {
     println!(
-        "| {name} | {:.0} | {:.0} | {:.0} | {:.1} | {} |",
+        "| {name} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {} |",
         f.rate,
         f.p50,
         f.p99,
+        f.failed,
         script_micros(server),
         load_average()
     );
@@ -291,8 +306,10 @@ fn main() {
         .trim()
     );
     println!();
-    println!("| what | decisions/s | p50 µs | p99 µs | server µs per EVALSHA | load average |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| what | decisions/s | p50 µs | p99 µs | failed | server µs per EVALSHA | load average |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
 
     if let Ok(rates) = std::env::var("BENCH_OPEN_RATES") {
         // Only the open loop, at the given rates (a latency curve).
