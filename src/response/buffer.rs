@@ -3,16 +3,16 @@
 use bytes::Bytes;
 use http::HeaderValue;
 
-const INLINE: usize = 384;
-
-/// Bytes written on the stack, spilling to the heap only past 384 bytes.
-pub(crate) struct Buffer {
+/// Bytes written on the stack, spilling to the heap only past `INLINE` bytes (384 unless
+/// chosen: a problem document fits; a budget field needs far less, and a smaller buffer is
+/// quicker to set up).
+pub(crate) struct Buffer<const INLINE: usize = 384> {
     inline: [u8; INLINE],
     len: usize,
     spilled: Option<Vec<u8>>,
 }
 
-impl Default for Buffer {
+impl<const INLINE: usize> Default for Buffer<INLINE> {
     fn default() -> Self {
         Buffer {
             inline: [0; INLINE],
@@ -22,7 +22,7 @@ impl Default for Buffer {
     }
 }
 
-impl Buffer {
+impl<const INLINE: usize> Buffer<INLINE> {
     #[inline]
     pub(crate) fn push(&mut self, bytes: &[u8]) -> &mut Self {
         match &mut self.spilled {
@@ -84,7 +84,7 @@ mod tests {
 
     #[test]
     fn writes_numbers_and_spills_past_the_inline_space() {
-        let mut b = Buffer::default();
+        let mut b = <Buffer>::default();
         b.push(b"r=")
             .push_u64(0)
             .push(b";t=")

@@ -84,10 +84,13 @@ static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// The `RateLimit-Policy` items of a layer's rules, rendered once.
+/// The `RateLimit-Policy` items of a layer's rules, and the start of each rule's `RateLimit`
+/// item, rendered once.
 pub(crate) struct PolicyItems {
     items: Box<[String]>,
     all: HeaderValue,
+    /// `"name";r=` per rule.
+    budget_prefixes: Box<[Box<[u8]>]>,
 }
 
 impl PolicyItems {
@@ -100,14 +103,22 @@ impl PolicyItems {
             })
             .collect();
         let all = HeaderValue::from_str(&items.join(", ")).unwrap_or(HeaderValue::from_static(""));
-        PolicyItems { items, all }
+        let budget_prefixes = rules
+            .iter()
+            .map(|rule| format!("\"{}\";r=", rule.spec.name()).into_bytes().into())
+            .collect();
+        PolicyItems {
+            items,
+            all,
+            budget_prefixes,
+        }
     }
 
     fn value(&self, applied: &[u16], total: usize) -> HeaderValue {
         if applied.len() == total {
             return self.all.clone();
         }
-        let mut out = Buffer::default();
+        let mut out = <Buffer>::default();
         for &i in applied {
             if !out.is_empty() {
                 out.push(b", ");
@@ -153,15 +164,13 @@ pub(crate) fn write_headers(
     }
     if style.ietf {
         headers.append(&RATELIMIT_POLICY, policies.value(applied, rules.len()));
-        let mut value = Buffer::default();
+        let mut value = Buffer::<128>::default();
         for (&i, outcome) in applied.iter().zip(outcomes) {
             if !value.is_empty() {
                 value.push(b", ");
             }
             value
-                .push(b"\"")
-                .push(rules[usize::from(i)].spec.name().as_bytes())
-                .push(b"\";r=")
+                .push(&policies.budget_prefixes[usize::from(i)])
                 .push_u64(outcome.remaining)
                 .push(b";t=")
                 .push_u64(seconds_up(outcome.reset));

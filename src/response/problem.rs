@@ -91,7 +91,7 @@ impl ProblemBodies {
 
 /// Writes a problem document for these violated policies.
 fn problem_body<'a>(violated: impl Iterator<Item = &'a str> + Clone, can_retry: bool) -> Bytes {
-    let mut body = Buffer::default();
+    let mut body = <Buffer>::default();
     body.push(TYPE_AND_TITLE);
     if can_retry {
         body.push(b"Rate limit exceeded; retry after the number of seconds in Retry-After.");
