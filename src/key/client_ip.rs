@@ -440,7 +440,10 @@ impl ClientIp {
 
 /// Reports once, through `flag`, that forwarding headers arrive while no proxy is trusted.
 pub(crate) fn hint_no_trust(headers: &HeaderMap, flag: &Once) {
-    if (headers.contains_key(X_FORWARDED_FOR) || headers.contains_key(FORWARDED)) && flag.first() {
+    if !flag.done()
+        && (headers.contains_key(X_FORWARDED_FOR) || headers.contains_key(FORWARDED))
+        && flag.first()
+    {
         tracing::warn!(
             "tollgate: a request carries X-Forwarded-For or Forwarded but no proxy is trusted, \
              so the header is ignored and the client IP is the socket peer. Behind a reverse \
