@@ -38,9 +38,36 @@ fn allocations_in(runs: usize, mut f: impl FnMut()) -> usize {
     region.change().allocations
 }
 
+const NAME: &str = "ip_extraction_does_not_allocate";
+
+/// Answers the parts of libtest's command line that runners use (`--list`, a name filter,
+/// `--exact`, `--ignored`), so that `cargo test <filter>` and `cargo nextest` treat this binary
+/// like any other.
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    if flag("--list") {
+        if !flag("--ignored") {
+            println!("{NAME}: test");
+        }
+        return;
+    }
+    let filters: Vec<&str> = args
+        .iter()
+        .filter(|a| !a.starts_with('-'))
+        .map(String::as_str)
+        .collect();
+    let exact = flag("--exact");
+    let selected = filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| if exact { *f == NAME } else { NAME.contains(f) });
+    if flag("--ignored") || !selected {
+        println!("{NAME}: not selected");
+        return;
+    }
     ip_extraction_does_not_allocate();
-    println!("ip_extraction_does_not_allocate: ok");
+    println!("{NAME}: ok");
 }
 
 fn ip_extraction_does_not_allocate() {
