@@ -164,23 +164,25 @@ impl Inner {
     /// answer in time, is marked broken so that the pool replaces it: a connection whose peer
     /// vanished without a reset (a cut link, a dead proxy) would otherwise time out forever.
     async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
-        let (mut conn, broken) = tokio::time::timeout_at(deadline, self.connection())
-            .await
-            .unwrap_or(Err(StoreError::Timeout))?;
-        match tokio::time::timeout_at(deadline, eval(&mut conn, &self.script, cmd)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
+        // One timer for the whole check; `in_use` tells which connection a timeout caught.
+        let mut in_use = None;
+        let attempt = async {
+            let (mut conn, broken) = self.connection().await?;
+            in_use = Some(broken.clone());
+            eval(&mut conn, &self.script, cmd).await.map_err(|e| {
                 if breaks_connection(&e) || e.is_timeout() {
                     broken.store(true, Ordering::Relaxed);
                 }
-                Err(store_error(e))
-            }
-            Err(_elapsed) => {
+                store_error(e)
+            })
+        };
+        let result = tokio::time::timeout(self.settings.response_timeout, attempt).await;
+        result.unwrap_or_else(|_elapsed| {
+            if let Some(broken) = in_use {
                 broken.store(true, Ordering::Relaxed);
-                Err(StoreError::Timeout)
             }
-        }
+            Err(StoreError::Timeout)
+        })
     }
 }
 
