@@ -20,7 +20,8 @@ use tollgate::store::{RedisClusterStore, RedisStore, Store};
 use tollgate::{FailureMode, Quota, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
 
-async fn status(app: &mut Router, ip: [u8; 4]) -> StatusCode {
+/// The answer to a request from `ip`.
+async fn send(app: &mut Router, ip: [u8; 4]) -> http::Response<Body> {
     let mut req = Request::get("/").body(Body::empty()).unwrap();
     req.extensions_mut()
         .insert(ConnectInfo(SocketAddr::from((ip, 40_000))));
@@ -31,7 +32,10 @@ async fn status(app: &mut Router, ip: [u8; 4]) -> StatusCode {
         .call(req)
         .await
         .unwrap()
-        .status()
+}
+
+async fn status(app: &mut Router, ip: [u8; 4]) -> StatusCode {
+    send(app, ip).await.status()
 }
 
 async fn app_behind(proxy: &FaultProxy, rules: Vec<Rule>, breaker: CircuitBreaker) -> Router {
@@ -278,17 +282,7 @@ async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() 
 
 /// The `RateLimit` field of the answer to one request.
 async fn ratelimit(app: &mut Router, ip: [u8; 4]) -> String {
-    let mut req = Request::get("/").body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo(SocketAddr::from((ip, 40_000))));
-    let response = app
-        .as_service()
-        .ready()
-        .await
-        .unwrap()
-        .call(req)
-        .await
-        .unwrap();
+    let response = send(app, ip).await;
     let field = response
         .headers()
         .get("ratelimit")
