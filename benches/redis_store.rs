@@ -110,12 +110,36 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// Closed loop: `concurrency` tasks, each checking one random client after another.
 async fn closed_loop<S: Store + Clone>(store: S, concurrency: u64, seconds: u64) -> Figures {
-    let rule = rule();
+    let rule = Arc::new(rule());
     let keys: Arc<Vec<Key>> = Arc::new((0..CLIENTS).map(|i| Key::text(i.to_string())).collect());
+    timed_loop(concurrency, seconds, move |client| {
+        let (store, rule, keys) = (store.clone(), rule.clone(), keys.clone());
+        async move {
+            let decision = store
+                .check(&[Charge {
+                    rule: &rule,
+                    key: &keys[client as usize],
+                    cost: 1,
+                }])
+                .await
+                .expect("check");
+            std::hint::black_box(decision);
+        }
+    })
+    .await
+}
+
+/// `concurrency` tasks, each calling `call` for one random client (below `CLIENTS`) after
+/// another for `seconds`: the rate and latencies of the calls.
+async fn timed_loop<F, Fut>(concurrency: u64, seconds: u64, call: F) -> Figures
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for t in 0..concurrency {
-        let (store, rule, keys, stop) = (store.clone(), rule.clone(), keys.clone(), stop.clone());
+        let (stop, call) = (stop.clone(), call.clone());
         tasks.push(tokio::spawn(async move {
             let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
             let mut latencies = Vec::with_capacity(1 << 16);
@@ -123,18 +147,9 @@ async fn closed_loop<S: Store + Clone>(store: S, concurrency: u64, seconds: u64)
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                let key = &keys[(seed % CLIENTS) as usize];
                 let start = Instant::now();
-                let decision = store
-                    .check(&[Charge {
-                        rule: &rule,
-                        key,
-                        cost: 1,
-                    }])
-                    .await
-                    .expect("check");
+                call(seed % CLIENTS).await;
                 latencies.push(start.elapsed().as_micros() as u32);
-                std::hint::black_box(decision);
             }
             latencies
         }));
@@ -424,8 +439,9 @@ async fn pooled_cluster(
         .build(client)
         .await
         .expect("pool");
-    raw_loop(concurrency, seconds, sha, move |cmd| {
-        let pool = pool.clone();
+    let sha = sha.to_owned();
+    timed_loop(concurrency, seconds, move |client| {
+        let (pool, cmd) = (pool.clone(), evalsha(&sha, client));
         async move {
             let mut conn = pool.get().await.expect("pooled connection");
             cmd.query_async::<redis::Value>(&mut *conn)
@@ -444,8 +460,9 @@ async fn shared_cluster(
 ) -> Figures {
     let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
     let conn = client.get_async_connection().await.expect("connection");
-    raw_loop(concurrency, seconds, sha, move |cmd| {
-        let mut conn = conn.clone();
+    let sha = sha.to_owned();
+    timed_loop(concurrency, seconds, move |client| {
+        let (mut conn, cmd) = (conn.clone(), evalsha(&sha, client));
         async move {
             cmd.query_async::<redis::Value>(&mut conn)
                 .await
@@ -453,40 +470,6 @@ async fn shared_cluster(
         }
     })
     .await
-}
-
-async fn raw_loop<F, Fut>(concurrency: u64, seconds: u64, sha: &str, call: F) -> Figures
-where
-    F: Fn(redis::Cmd) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send,
-{
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for t in 0..concurrency {
-        let (stop, call, sha) = (stop.clone(), call.clone(), sha.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ (t + 1);
-            let mut latencies = Vec::with_capacity(1 << 16);
-            while !stop.load(Ordering::Relaxed) {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                let cmd = evalsha(&sha, seed % CLIENTS);
-                let start = Instant::now();
-                call(cmd).await;
-                latencies.push(start.elapsed().as_micros() as u32);
-            }
-            latencies
-        }));
-    }
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for task in tasks {
-        all.extend(task.await.expect("task"));
-    }
-    figures(all, started.elapsed().as_secs_f64())
 }
 
 /// `MEMORY USAGE` of `tollgate:{203.0.113.7}:burst` under each algorithm, 100 per hour.
