@@ -14,9 +14,10 @@ use std::num::NonZeroU32;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{Quota as GQuota, RateLimiter};
-use tollgate::algorithm::{Algorithm, Limits};
+use tollgate::Algorithm;
+use tollgate::algorithm::Limits;
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, MemoryStore, Store};
 
 const KEYS: usize = 100_000;
@@ -71,7 +72,7 @@ fn bench(c: &mut Criterion) {
         };
         for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
             let store = MemoryStore::new();
-            let rule = RuleSpec::new("bench", algorithm, limits);
+            let rule = RuleSpec::new("bench", algorithm, limits).unwrap();
             group.bench_function(format!("tollgate_{algorithm}"), |b| {
                 b.iter(|| black_box(tollgate_check(&store, &rule, black_box(&hot_key))))
             });
@@ -90,7 +91,7 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("100k_ipv4_keys_allowed");
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
         let store = MemoryStore::new();
-        let rule = RuleSpec::new("bench", algorithm, open_limits());
+        let rule = RuleSpec::new("bench", algorithm, open_limits()).unwrap();
         for key in &keys {
             tollgate_check(&store, &rule, key);
         }

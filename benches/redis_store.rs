@@ -24,10 +24,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tollgate::algorithm::{Algorithm, Limits};
+use tollgate::Algorithm;
+use tollgate::algorithm::Limits;
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
-use tollgate::store::redis::script_source;
+use tollgate::store::RuleSpec;
+
 use tollgate::store::{Charge, RedisClusterStore, RedisStore, Store};
 
 const CLIENTS: u64 = 10_000;
@@ -42,7 +43,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// One in a million requests is denied at most: the bucket refills far faster than we ask.
 fn rule() -> Arc<RuleSpec> {
     let limits = Limits::new(1_000_000_000, 3_600_000_000, 1_000_000_000).unwrap();
-    Arc::new(RuleSpec::new("bench", Algorithm::TokenBucket, limits))
+    Arc::new(RuleSpec::new("bench", Algorithm::TokenBucket, limits).unwrap())
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -348,7 +349,7 @@ fn main() {
             RedisStore::builder(server.url())
                 .pool_size(pool)
                 .response_timeout(Duration::from_secs(5))
-                .build()
+                .connect()
                 .await
                 .expect("store")
         });
@@ -360,7 +361,9 @@ fn main() {
             best_store = Some(store);
         }
     }
-    let sha = redis::Script::new(script_source()).get_hash().to_owned();
+    let sha = redis::Script::new(RedisStore::script_source())
+        .get_hash()
+        .to_owned();
     let requests = (best.rate * seconds as f64) as u64;
     reset_stats(&server);
     let plain = redis_benchmark(server.port, &sha, concurrency, requests, 1);
@@ -397,7 +400,7 @@ fn main() {
     let store = rt.block_on(async {
         RedisClusterStore::builder(cluster.urls())
             .response_timeout(Duration::from_secs(5))
-            .build()
+            .connect()
             .await
             .expect("cluster store")
     });
@@ -487,7 +490,8 @@ fn memory_usage(rt: &tokio::runtime::Runtime, server: &support::RedisServer) {
             "burst",
             algorithm,
             Limits::new(100, 3_600_000_000, 100).unwrap(),
-        );
+        )
+        .unwrap();
         let key = store.key_name("burst", &client);
         let mut sizes = Vec::new();
         for requests in [10, 90] {

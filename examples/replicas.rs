@@ -100,7 +100,7 @@ async fn fleet() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..REPLICAS {
         let store = RedisStore::builder(url.as_str())
             .prefix(&prefix)
-            .build()
+            .connect()
             .await
             .map_err(|e| format!("cannot use Redis at {url} (set REDIS_URL): {e}"))?;
         replicas.push(replica(store).await?);

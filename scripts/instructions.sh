@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Instructions per memory-store decision (tollgate against governor's keyed limiter) and per
 # in-process axum request (bare, tollgate, tower_governor), counted by callgrind: repeatable on a
-# busy machine, unlike time. See examples/instructions.rs.
+# busy machine, unlike time. See benches/instructions.rs.
 #
 #   ./scripts/instructions.sh                  # 1,000,000 decisions and 20,000 requests per case
 #   N=200000 REQUESTS=5000 ./scripts/instructions.sh
@@ -14,10 +14,11 @@ if ! command -v valgrind >/dev/null; then
 fi
 n=${N:-1000000}
 requests=${REQUESTS:-20000}
-cargo build --quiet --release --example instructions
-bin=${CARGO_TARGET_DIR:-target}/release/examples/instructions
-if [ ! -x "$bin" ]; then
-    echo "error: $bin was not built" >&2
+# The bench binary's path carries a hash: ask cargo for it.
+bin=$(cargo bench --quiet --bench instructions --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
+    echo "error: cargo bench --bench instructions --no-run did not build the driver" >&2
     exit 1
 fi
 

@@ -1,17 +1,4 @@
-//! What a store decided for one request.
-//!
-//! ```
-//! use tollgate::algorithm::Outcome;
-//! use tollgate::decision::Decision;
-//!
-//! let decision = Decision::from_outcomes([
-//!     Outcome { allowed: true, limit: 10, remaining: 9, reset: 100_000, retry_after: 0 },
-//!     Outcome { allowed: false, limit: 1000, remaining: 0, reset: 3_600_000_000, retry_after: 1_500_000 },
-//! ]);
-//! assert!(!decision.allowed());
-//! assert_eq!(decision.retry_after_micros(), Some(1_500_000));
-//! assert_eq!(decision.retry_after_seconds(), Some(2)); // rounded up, never 0
-//! ```
+//! [`Decision`]: what a store decided for one request.
 
 use smallvec::SmallVec;
 
@@ -19,6 +6,19 @@ use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 
 /// The verdict on one request: one [`Outcome`] per rule checked, in the order the rules were
 /// given to the store. The request is admitted only when every rule admits it.
+///
+/// ```
+/// use tollgate::Decision;
+/// use tollgate::algorithm::Outcome;
+///
+/// let decision = Decision::from_outcomes([
+///     Outcome { allowed: true, limit: 10, remaining: 9, reset: 100_000, retry_after: 0, window: 100_000 },
+///     Outcome { allowed: false, limit: 1000, remaining: 0, reset: 3_600_000_000, retry_after: 1_500_000, window: 1_500_000 },
+/// ]);
+/// assert!(!decision.allowed());
+/// assert_eq!(decision.retry_after_micros(), Some(1_500_000));
+/// assert_eq!(decision.retry_after_seconds(), Some(2)); // rounded up, never 0
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Decision {
     outcomes: SmallVec<[Outcome; 2]>,

@@ -1,17 +1,16 @@
-//! [`ResponseFuture`]: decide, then call the inner service or answer for it.
+//! [`ResponseFuture`]: wait for the decision, then call the inner service or answer for it.
 //!
-//! The future first waits for the decision (key extractors that need a lookup, then the store),
-//! and only then either calls the inner service, adding the budget headers to its response, or
-//! answers for it (429, a gRPC status, or 503 when the store failed and the layer fails closed).
-//! When the decision needs no waiting (the memory store, see [`Store::check_now`]; no rule
-//! applies; the circuit breaker is open) and no key needs a lookup, `call` decides, and the
-//! future carries only the inner service's future or the answer.
+//! When the decision needs no waiting (the memory store, see
+//! [`Store::check_now`](crate::store::Store::check_now); no rule applies), `call` decides and the
+//! future carries only the inner service's future or the answer. Otherwise it first waits for
+//! the decision (key extractors that need a lookup, then the store).
 //!
 //! ```
 //! use std::convert::Infallible;
 //! use http::{Request, Response};
-//! use tollgate::{Quota, RateLimitLayer, ResponseFuture, Rule};
+//! use tollgate::future::ResponseFuture;
 //! use tollgate::key::Global;
+//! use tollgate::{Quota, RateLimitLayer, Rule};
 //! use tower::{Layer, Service, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -30,39 +29,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use smallvec::SmallVec;
-
-use crate::decision::Decision;
-use crate::layer::Shared;
-use crate::policy::FailureMode;
-use crate::response::{
-    PROBLEM_JSON, RateLimited, ResponseBody, grpc_denied, grpc_unavailable, is_grpc,
-    problem_response, write_headers,
-};
-use crate::service::{Applied, FoundKeys};
-use crate::store::{Charge, Store, StoreError};
-
-/// The check of a request whose keys needed asynchronous work: the rules that applied, their
-/// keys when a local fallback may need them, and the store's answer.
-type DeferredCheck = Pin<
-    Box<
-        dyn Future<
-                Output = (
-                    Applied,
-                    Option<Box<FoundKeys>>,
-                    Result<Decision, StoreError>,
-                ),
-            > + Send,
-    >,
->;
+use crate::Decision;
+use crate::decide::{Applied, Check, DeferredCheck, FoundKeys, Next, Shared, Start};
+use crate::response::{ResponseBody, is_grpc};
+use crate::store::Store;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -93,135 +69,66 @@ pin_project! {
     }
 }
 
-pin_project! {
-    /// The store's answer, or an answer made without asking it.
-    #[project = CheckProj]
-    pub(crate) enum Check<C> {
-        Store { #[pin] future: C },
-        Decided { result: Option<Result<Decision, StoreError>> },
-    }
-}
-
-impl<C> Check<C> {
-    /// Asks the store, unless no rule applies or its circuit breaker is open.
-    pub(crate) fn ask<St: Store<Future = C>>(shared: &Shared<St>, charges: &[Charge<'_>]) -> Self {
-        if charges.is_empty() {
-            Check::Decided {
-                result: Some(Ok(Decision::default())),
-            }
-        } else if shared.breaker.admits() {
-            match shared.store.check_now(charges) {
-                Some(result) => Check::Decided {
-                    result: Some(result),
-                },
-                None => Check::Store {
-                    future: shared.store.check(charges),
-                },
-            }
-        } else {
-            Check::Decided {
-                result: Some(Err(StoreError::CircuitOpen)),
-            }
-        }
-    }
-}
-
-impl<C> Check<C> {
-    /// The answer, when it was known without waiting.
-    pub(crate) fn into_decided(self) -> Result<Result<Decision, StoreError>, Self> {
-        match self {
-            Check::Decided {
-                result: Some(result),
-            } => Ok(result),
-            pending => Err(pending),
-        }
-    }
-}
-
-impl<C> Future for Check<C>
-where
-    C: Future<Output = Result<Decision, StoreError>>,
-{
-    type Output = Result<Decision, StoreError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            CheckProj::Store { future } => future.poll(cx),
-            CheckProj::Decided { result } => {
-                Poll::Ready(result.take().unwrap_or(Err(StoreError::CircuitOpen)))
-            }
-        }
-    }
-}
-
 impl<S, ReqBody, St> ResponseFuture<S, ReqBody, St>
 where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    pub(crate) fn checking(
-        check: Check<St::Future>,
-        applied: Applied,
-        service: S,
-        request: Request<ReqBody>,
-        shared: Arc<Shared<St>>,
-    ) -> Self {
-        ResponseFuture {
-            state: State::Checking {
-                check,
-                call: Some((service, request)),
-            },
-            applied,
-            keys: None,
-            shared,
-        }
-    }
-
-    /// A request whose check was answered at once: the inner service is called now, or
-    /// tollgate's answer is ready.
-    pub(crate) fn decided(
-        next: Next,
-        applied: Applied,
+    /// The future of a request after [`Shared::start`]: the inner service is called now when it
+    /// was decided, else the future waits for the decision first.
+    pub(crate) fn new(
+        start: Start<St::Future>,
         mut service: S,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
     ) -> Self {
-        let state = match next {
-            Next::Call(decision) => State::Calling {
-                future: service.call(request),
-                decision,
-            },
-            Next::Answer(response) => State::Answered {
-                response: Some(response),
-            },
+        let (state, applied, keys) = match start {
+            Start::Decided {
+                next: Next::Call(decision),
+                applied,
+            } => (
+                State::Calling {
+                    future: service.call(request),
+                    decision,
+                },
+                applied,
+                None,
+            ),
+            Start::Decided {
+                next: Next::Answer(response),
+                applied,
+            } => (
+                State::Answered {
+                    response: Some(response),
+                },
+                applied,
+                None,
+            ),
+            Start::Checking {
+                check,
+                applied,
+                keys,
+            } => (
+                State::Checking {
+                    check,
+                    call: Some((service, request)),
+                },
+                applied,
+                keys,
+            ),
+            Start::Deferred(check) => (
+                State::Deferred {
+                    check,
+                    call: Some((service, request)),
+                },
+                Applied::new(),
+                None,
+            ),
         };
         ResponseFuture {
             state,
             applied,
-            keys: None,
-            shared,
-        }
-    }
-
-    /// Keeps the request's keys, for rules that fall back to the local limiter.
-    pub(crate) fn keeping_keys(mut self, keys: FoundKeys) -> Self {
-        self.keys = Some(Box::new(keys));
-        self
-    }
-
-    pub(crate) fn deferred(
-        check: DeferredCheck,
-        service: S,
-        request: Request<ReqBody>,
-        shared: Arc<Shared<St>>,
-    ) -> Self {
-        ResponseFuture {
-            state: State::Deferred {
-                check,
-                call: Some((service, request)),
-            },
-            applied: Applied::new(),
-            keys: None,
+            keys,
             shared,
         }
     }
@@ -254,11 +161,9 @@ where
                     this.state.set(State::Done);
                     if let Some(decision) = decision {
                         let shared = &**this.shared;
-                        write_headers(
+                        shared.answers.write_budget(
                             response.headers_mut(),
-                            shared.headers,
                             &shared.rules,
-                            &shared.policies,
                             this.applied,
                             &decision,
                         );
@@ -275,170 +180,23 @@ where
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
-            let grpc = || {
-                call.as_ref()
-                    .is_some_and(|(_, request)| is_grpc(request.headers()))
+            let Some((mut service, request)) = call else {
+                panic!("ResponseFuture polled after completion");
             };
-            let decision = match after_check(
-                this.shared,
-                this.applied,
-                this.keys.as_deref(),
-                result,
-                grpc,
-            ) {
-                Next::Call(decision) => decision,
+            let grpc = || is_grpc(request.headers());
+            let next = this
+                .shared
+                .after_check(this.applied, this.keys.as_deref(), result, grpc);
+            match next {
+                Next::Call(decision) => this.state.set(State::Calling {
+                    future: service.call(request),
+                    decision,
+                }),
                 Next::Answer(response) => {
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
-            };
-            let Some((mut service, request)) = call else {
-                panic!("ResponseFuture polled after completion");
-            };
-            this.state.set(State::Calling {
-                future: service.call(request),
-                decision,
-            });
-        }
-    }
-}
-
-/// What follows a request's check.
-pub(crate) enum Next {
-    /// Call the inner service, then add the budget headers of this decision (none when no
-    /// rule limited the request).
-    Call(Option<Decision>),
-    /// Answer for the inner service: a denial, or a refusal when the store failed.
-    Answer(Response<Bytes>),
-}
-
-/// Turns the store's answer into what follows: the circuit breaker learns of it, a denial
-/// becomes the answer, and a store failure is decided by each applied rule's
-/// [`FailureMode`]. `grpc` tells whether the request is a gRPC call (asked only to answer).
-pub(crate) fn after_check<St>(
-    shared: &Shared<St>,
-    applied: &mut Applied,
-    keys: Option<&FoundKeys>,
-    result: Result<Decision, StoreError>,
-    grpc: impl Fn() -> bool,
-) -> Next {
-    match result {
-        Ok(decision) => {
-            // A request no rule applied to never asked the store: it tells the breaker nothing.
-            if !decision.outcomes().is_empty() {
-                shared.breaker.success();
-            }
-            if decision.allowed() {
-                Next::Call(Some(decision))
-            } else {
-                Next::Answer(denied(shared, applied, &decision, grpc()))
-            }
-        }
-        Err(error) => {
-            let opened = !matches!(error, StoreError::CircuitOpen) && shared.breaker.failure();
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64);
-            if opened {
-                tracing::error!(%error, "tollgate: the rate-limit store keeps failing; its circuit breaker opened: requests are decided without it until a probe succeeds");
-            } else if shared.warned_store_error.due(now, 60_000_000) {
-                tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");
-            } else {
-                tracing::debug!(%error, "tollgate: the rate-limit store failed");
-            }
-            match decide_without_store(shared, applied, keys) {
-                WithoutStore::Refuse => Next::Answer(unavailable(grpc())),
-                WithoutStore::Decided(decision) if !decision.allowed() => {
-                    Next::Answer(denied(shared, applied, &decision, grpc()))
-                }
-                WithoutStore::Decided(decision) => Next::Call(Some(decision)),
-                WithoutStore::Unlimited => Next::Call(None),
             }
         }
     }
-}
-
-/// How a request is decided when the store failed.
-enum WithoutStore {
-    /// A rule fails closed.
-    Refuse,
-    /// The local limiter decided the rules that fall back to it.
-    Decided(Decision),
-    /// Every rule fails open.
-    Unlimited,
-}
-
-/// Decides by each applied rule's [`FailureMode`]; on a local decision, `applied` becomes the
-/// rules it covers.
-fn decide_without_store<St>(
-    shared: &Shared<St>,
-    applied: &mut Applied,
-    keys: Option<&FoundKeys>,
-) -> WithoutStore {
-    let mode = |i: &u16| shared.rules[usize::from(*i)].on_store_error;
-    if applied.iter().any(|i| mode(i) == FailureMode::Closed) {
-        return WithoutStore::Refuse;
-    }
-    let (Some(fallback), Some(keys)) = (&shared.fallback, keys) else {
-        return WithoutStore::Unlimited;
-    };
-    let local: SmallVec<[Charge<'_>; 2]> = keys
-        .iter()
-        .filter(|(i, _, _)| mode(i) == FailureMode::Local)
-        .map(|(i, key, cost)| Charge {
-            rule: &shared.rules[usize::from(*i)].spec,
-            key,
-            cost: *cost,
-        })
-        .collect();
-    if local.is_empty() {
-        return WithoutStore::Unlimited;
-    }
-    *applied = keys
-        .iter()
-        .filter(|(i, _, _)| mode(i) == FailureMode::Local)
-        .map(|(i, _, _)| *i)
-        .collect();
-    // The memory store decides at once and never fails.
-    match fallback.check(&local).into_inner() {
-        Ok(decision) => WithoutStore::Decided(decision),
-        Err(_) => WithoutStore::Unlimited,
-    }
-}
-
-fn denied<St>(
-    shared: &Shared<St>,
-    applied: &[u16],
-    decision: &Decision,
-    grpc: bool,
-) -> Response<Bytes> {
-    let mut response = match &shared.on_denied {
-        _ if grpc => grpc_denied(decision.retry_after_micros()),
-        Some(handler) => handler(&RateLimited::new(&shared.rules, applied, decision)),
-        None => problem_response(&shared.rules, &shared.problems, applied, decision),
-    };
-    write_headers(
-        response.headers_mut(),
-        shared.headers,
-        &shared.rules,
-        &shared.policies,
-        applied,
-        decision,
-    );
-    response
-}
-
-fn unavailable(grpc: bool) -> Response<Bytes> {
-    if grpc {
-        return grpc_unavailable();
-    }
-    let body = Bytes::from_static(
-        b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\"detail\":\"The rate limiter cannot decide right now; retry shortly.\"}",
-    );
-    let mut response = Response::new(body);
-    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, PROBLEM_JSON.clone());
-    headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-    response
 }

@@ -1,17 +1,4 @@
-//! [`RateLimitLayer`] and its builder.
-//!
-//! ```
-//! use axum::{Router, routing::get};
-//! use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
-//!
-//! let layer = RateLimitLayer::builder()
-//!     .rule(Rule::new("burst", Quota::per_second(10).burst(20)))
-//!     .rule(Rule::new("daily", Quota::per_day(1000)).algorithm(Algorithm::FixedWindow))
-//!     .build()?;
-//! // Cheap to clone: every route and every connection shares the rules and the store.
-//! let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer.clone());
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
+//! [`RateLimitLayer`] and its builder: configuration only.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -20,39 +7,40 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tower_layer::Layer;
 
+use crate::decide::Shared;
 use crate::key::{KeyExtractor, PeerIp, SharedExtractor};
-use crate::policy::{Breaker, CircuitBreaker, CompiledRule, ConfigError, FailureMode, Quota, Rule};
-use crate::response::{Headers, PolicyItems, ProblemBodies, RateLimited};
+use crate::response::{Answers, DeniedHandler, Headers, RateLimited};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
 use crate::warn::{Every, Once};
-
-/// A function that writes the response to a denied request.
-pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> http::Response<Bytes> + Send + Sync>;
+use crate::{ConfigError, FailureMode, Quota, Rule};
 
 /// The most rules one layer may hold.
+///
+/// Every rule of a layer is checked in one atomic step: all charged or none. Layers stacked on
+/// one another are checked one after the other, so a request that an inner layer denies keeps
+/// the charges of the outer ones: put rules that must be all-or-nothing in one layer.
 pub const MAX_RULES: usize = 32;
 
-/// Applies rate limits to a service. See the [crate documentation](crate) for an example.
+/// Applies rate limits to a service.
 ///
-/// Cheap to clone: clones share the rules and the store.
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
+///
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("burst", Quota::per_second(10).burst(20)))
+///     .rule(Rule::new("daily", Quota::per_day(1000)).algorithm(Algorithm::FixedWindow))
+///     .build()?;
+/// // Cheap to clone: every route and every connection shares the rules and the store.
+/// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer.clone());
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// It works with `Router::layer`, `Router::route_layer`, `tower::ServiceBuilder` and
+/// `tonic::transport::Server::builder().layer`, and keeps the inner service's error type.
 pub struct RateLimitLayer<St = MemoryStore> {
     shared: Arc<Shared<St>>,
-}
-
-/// Everything the layer's services share.
-pub(crate) struct Shared<St> {
-    pub(crate) rules: Box<[CompiledRule]>,
-    pub(crate) warned_missing_key: Box<[Once]>,
-    pub(crate) policies: PolicyItems,
-    pub(crate) problems: ProblemBodies,
-    pub(crate) store: St,
-    pub(crate) headers: Headers,
-    pub(crate) on_denied: Option<DeniedHandler>,
-    /// The local limiter of rules that fall back to one when the store fails.
-    pub(crate) fallback: Option<MemoryStore>,
-    pub(crate) warned_store_error: Every,
-    pub(crate) breaker: Breaker,
 }
 
 impl RateLimitLayer<MemoryStore> {
@@ -79,7 +67,6 @@ impl RateLimitLayer<MemoryStore> {
             headers: Headers::default(),
             on_denied: None,
             on_store_error: FailureMode::default(),
-            circuit_breaker: CircuitBreaker::default(),
         }
     }
 }
@@ -111,7 +98,7 @@ impl<St> fmt::Debug for RateLimitLayer<St> {
                     .map(|r| r.spec.name())
                     .collect::<Vec<_>>(),
             )
-            .field("headers", &self.shared.headers)
+            .field("headers", &self.shared.answers.headers())
             .finish_non_exhaustive()
     }
 }
@@ -150,7 +137,6 @@ pub struct RateLimitLayerBuilder<St> {
     headers: Headers,
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
-    circuit_breaker: CircuitBreaker,
 }
 
 /// The store given to the builder, or how to make the default one (only if it is needed).
@@ -180,6 +166,10 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// Where the state lives (default: a new [`MemoryStore`] for this layer).
+    ///
+    /// Layers that share a store share the budget of each rule name they have in common, and
+    /// must give it the same quota and algorithm: [`build`](Self::build) refuses a rule whose
+    /// name another living layer of the same store uses with other numbers.
     pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
         RateLimitLayerBuilder {
             rules: self.rules,
@@ -188,7 +178,6 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             headers: self.headers,
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
-            circuit_breaker: self.circuit_breaker,
         }
     }
 
@@ -216,16 +205,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// When to stop asking a failing store for a while (default: after 5 failures in a row,
-    /// for 1 s). See [`CircuitBreaker`].
-    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.circuit_breaker = breaker;
-        self
-    }
-
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        self.circuit_breaker.validate()?;
         if self.rules.is_empty() {
             return Err(ConfigError::new(
                 "no rules; add one with .rule(Rule::new(name, quota))",
@@ -233,7 +214,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         }
         if self.rules.len() > MAX_RULES {
             return Err(ConfigError::new(format!(
-                "{} rules in one layer; use at most {MAX_RULES} (stack layers for more)",
+                "{} rules in one layer; use at most {MAX_RULES} (stack layers for more, \
+                 knowing that stacked layers are not all-or-nothing)",
                 self.rules.len()
             )));
         }
@@ -251,27 +233,31 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             .into_iter()
             .map(|rule| rule.compile(&self.key, self.on_store_error))
             .collect::<Result<Box<[_]>, _>>()?;
-        let policies = PolicyItems::new(&rules);
+        let store = match self.store {
+            StoreChoice::Given(store) => store,
+            StoreChoice::Default(make) => make(),
+        };
+        let registration = match store.registry() {
+            Some(registry) => {
+                let token = Arc::new(());
+                registry.register(rules.iter().map(|rule| &*rule.spec), &token)?;
+                Some(token)
+            }
+            None => None,
+        };
         let fallback = rules
             .iter()
             .any(|rule| rule.on_store_error == FailureMode::Local)
             .then(MemoryStore::new);
-        let problems = ProblemBodies::new(&rules);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                warned_missing_key: rules.iter().map(|_| Once::new()).collect(),
+                missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
+                answers: Answers::new(&rules, self.headers, self.on_denied),
                 rules,
-                policies,
-                problems,
-                store: match self.store {
-                    StoreChoice::Given(store) => store,
-                    StoreChoice::Default(make) => make(),
-                },
-                headers: self.headers,
-                on_denied: self.on_denied,
+                store,
                 fallback,
                 warned_store_error: Every::default(),
-                breaker: Breaker::new(self.circuit_breaker),
+                _registration: registration,
             }),
         })
     }

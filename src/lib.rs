@@ -23,16 +23,18 @@
 //! ```text
 //! request ─► key extractor ─► rules ─► store.check (one atomic step) ─► decision
 //!                                                                          │
-//!            inner service ◄── admitted: budget headers added ◄────────────┤
+//!            inner service ◄── admitted: budget fields added ◄─────────────┤
 //!            429 + Retry-After + problem+json ◄── denied ──────────────────┘
 //! ```
 //!
 //! * [`key`]: who is asking (the peer IP by default, any [`KeyExtractor`](key::KeyExtractor)).
-//! * [`policy`]: how much they may do: [`Rule`]s of a [`Quota`] and an [`Algorithm`].
+//! * [`Rule`], [`Quota`], [`Algorithm`], [`Cost`]: how much they may do.
 //! * [`store`]: how much they already did: [`MemoryStore`](store::MemoryStore) (default), or
 //!   Redis shared by every replica so that "100 per minute" means 100 per minute fleet-wide.
 //! * [`algorithm`]: the reference model of the five algorithms, shared by every store.
-//! * [`response`]: `RateLimit` / `RateLimit-Policy`, `X-RateLimit-*`, `Retry-After`, the 429 body.
+//! * [`Headers`], [`RateLimited`]: what clients are told — `RateLimit` / `RateLimit-Policy`
+//!   (draft-ietf-httpapi-ratelimit-headers-11), `X-RateLimit-*`, `Retry-After`, and an RFC 9457
+//!   problem body.
 //!
 //! The layer keeps the inner service's error type, so it needs no `HandleErrorLayer`, and works
 //! with `Router::layer`, `Router::route_layer`, `tower::ServiceBuilder` and
@@ -42,29 +44,40 @@
 //!
 //! * `axum` (default): the peer IP from axum's `ConnectInfo<SocketAddr>`, route keys from
 //!   `MatchedPath`, and [`BodyKeyLayer`](key::BodyKeyLayer) (keys from a field of the body).
+//! * `tonic` (default): the peer IP from tonic's `TcpConnectInfo`, so that a tonic server limits
+//!   by client without any setup.
 //! * `redis` (default): the Redis and Redis Cluster stores.
-//! * `tonic`: the peer IP from tonic's `TcpConnectInfo`.
 //!
-//! gRPC needs no feature: a call over the limit gets `RESOURCE_EXHAUSTED`, never an HTTP 429.
+//! gRPC needs no feature to be answered right: a call over the limit gets `RESOURCE_EXHAUSTED`,
+//! never an HTTP 429.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
 pub mod clock;
-pub mod decision;
+mod decide;
+mod decision;
+mod error;
 pub mod future;
 pub mod key;
-pub mod layer;
-pub mod policy;
-pub mod response;
-pub mod service;
+mod layer;
+mod policy;
+mod response;
+mod service;
 pub mod store;
 mod warn;
 
-pub use algorithm::Algorithm;
+/// The `http` crate, whose types the layer takes and returns (as axum re-exports it).
+pub use http;
+
+pub use algorithm::kind::Algorithm;
 pub use decision::Decision;
-pub use future::ResponseFuture;
-pub use layer::{RateLimitLayer, RateLimitLayerBuilder};
-pub use policy::{ConfigError, Cost, FailureMode, Quota, Rule};
+pub use error::ConfigError;
+pub use layer::{MAX_RULES, RateLimitLayer, RateLimitLayerBuilder};
+pub use policy::{Cost, FailureMode, Quota, Rule};
+pub use response::{Headers, RateLimited, ResetFormat, ResponseBody};
 pub use service::RateLimit;
+#[cfg(feature = "redis")]
+pub use store::breaker::CircuitBreaker;

@@ -2,7 +2,8 @@
 //! random timelines, plus the promises each one makes (bounds, exact retry-after, reset).
 
 use proptest::prelude::*;
-use tollgate::algorithm::{Algorithm, Limits, State};
+use tollgate::Algorithm;
+use tollgate::algorithm::{Limits, State};
 
 const EPOCH: u64 = 1_704_067_200_000_000; // 2024-01-01 in µs
 
@@ -131,6 +132,7 @@ fn oracle_admits(alg: Algorithm, l: &Limits, history: &[(u64, u64)], now: u64, c
             }
             level >= cost * l.interval
         }
+        other => unreachable!("{other} has no oracle yet"),
     }
 }
 

@@ -14,9 +14,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tollgate::clock::ManualClock;
 use tollgate::key::{Extracted, Global, Key, KeyExtractor};
-use tollgate::response::{Headers, ResetFormat};
 use tollgate::store::MemoryStore;
 use tollgate::{Algorithm, Cost, FailureMode, Quota, RateLimitLayer, Rule};
+use tollgate::{Headers, ResetFormat};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
 fn manual_store() -> (ManualClock, MemoryStore) {
@@ -188,7 +188,7 @@ async fn stacked_rules_are_all_or_nothing() {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         let body: serde_json::Value =
             serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
-        let violated: Vec<&str> = body["violated_policies"]
+        let violated: Vec<&str> = body["violated-policies"]
             .as_array()
             .unwrap()
             .iter()
@@ -230,8 +230,9 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
         assert_eq!(items.len(), 1);
         assert_eq!(items[0].0, "burst");
         assert_eq!(param(&items[0], "r"), expected_remaining);
-        // 10 per minute: one token every 6 s; t is the time until the bucket is full again.
-        assert_eq!(param(&items[0], "t"), 6 * (10 - expected_remaining));
+        // 10 per minute: one token every 6 s; t is the effective window, the time until the
+        // next token (the clock does not move here).
+        assert_eq!(param(&items[0], "t"), 6);
         assert_eq!(header(&res, "x-ratelimit-limit"), Some("10"));
         assert_eq!(
             header(&res, "x-ratelimit-remaining").unwrap(),
@@ -255,10 +256,13 @@ async fn headers_agree_with_the_decision_and_retry_after_is_honest() {
     let body: serde_json::Value =
         serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
     assert_eq!(body["status"], 429);
-    assert_eq!(body["title"], "Too Many Requests");
-    assert!(body["type"].as_str().unwrap().starts_with("https://"));
+    assert_eq!(body["title"], "Quota Exceeded");
+    assert_eq!(
+        body["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
     assert!(body["detail"].as_str().unwrap().contains("Retry-After"));
-    assert_eq!(body["violated_policies"], serde_json::json!(["burst"]));
+    assert_eq!(body["violated-policies"], serde_json::json!(["burst"]));
 
     // Just before Retry-After: still denied. At Retry-After: admitted.
     clock.advance(Duration::from_secs(retry) - Duration::from_micros(1));
@@ -426,8 +430,7 @@ async fn a_custom_denied_response_still_gets_the_headers() {
 }
 
 #[tokio::test]
-async fn a_request_without_a_key_is_not_limited_by_that_rule() {
-    let (_clock, store) = manual_store();
+async fn requests_without_a_key_share_one_budget_unless_the_rule_skips_them() {
     let by_user = |parts: &http::request::Parts| {
         parts
             .headers
@@ -435,8 +438,43 @@ async fn a_request_without_a_key_is_not_limited_by_that_rule() {
             .and_then(|v| v.to_str().ok())
             .map(Key::text)
     };
+    let with_user = |user: &'static str| {
+        let mut req = request("/", [1, 1, 1, 1]);
+        req.headers_mut().insert("x-user", user.parse().unwrap());
+        req
+    };
+    // By default: never unlimited. Requests without a user count together, under one key.
+    let (_clock, store) = manual_store();
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new("per-user", Quota::per_hour(1)).key(by_user))
+        .rule(Rule::new("per-user", Quota::per_hour(2)).key(by_user))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut app = hello(layer);
+    for _ in 0..2 {
+        let res = send(&mut app, request("/", [1, 1, 1, 1])).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(header(&res, "ratelimit").is_some());
+    }
+    assert_eq!(
+        status(&mut app, "/", [2, 2, 2, 2]).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "every request without a user shares one budget, whatever its IP"
+    );
+    // Identified users have their own.
+    assert_eq!(
+        send(&mut app, with_user("ann")).await.status(),
+        StatusCode::OK
+    );
+
+    // A rule may let them through instead.
+    let (_clock, store) = manual_store();
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("per-user", Quota::per_hour(1))
+                .key(by_user)
+                .skip_unidentified(),
+        )
         .store(store)
         .build()
         .unwrap();
@@ -449,13 +487,12 @@ async fn a_request_without_a_key_is_not_limited_by_that_rule() {
             "no rule applied, no budget to report"
         );
     }
-    let mut req = request("/", [1, 1, 1, 1]);
-    req.headers_mut().insert("x-user", "ann".parse().unwrap());
-    assert_eq!(send(&mut app, req).await.status(), StatusCode::OK);
-    let mut req = request("/", [1, 1, 1, 1]);
-    req.headers_mut().insert("x-user", "ann".parse().unwrap());
     assert_eq!(
-        send(&mut app, req).await.status(),
+        send(&mut app, with_user("ann")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut app, with_user("ann")).await.status(),
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -543,63 +580,6 @@ async fn a_failing_store_fails_open_or_closed_as_configured() {
             assert_eq!(header(&res, "retry-after"), Some("1"));
         }
     }
-}
-
-/// A failing store that counts how often it is asked.
-#[derive(Clone, Default)]
-struct CountingBrokenStore(Arc<AtomicUsize>);
-
-impl tollgate::store::Store for CountingBrokenStore {
-    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::store::StoreError>>;
-    fn check(&self, _charges: &[tollgate::store::Charge<'_>]) -> Self::Future {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        std::future::ready(Err(tollgate::store::StoreError::Timeout))
-    }
-}
-
-#[tokio::test]
-async fn the_circuit_breaker_stops_asking_a_failing_store() {
-    use tollgate::policy::CircuitBreaker;
-    for (breaker, expected_calls) in [
-        (
-            CircuitBreaker::after_failures(3).cooldown(Duration::from_secs(30)),
-            3,
-        ),
-        (CircuitBreaker::disabled(), 20),
-    ] {
-        let store = CountingBrokenStore::default();
-        let asked = store.0.clone();
-        let (calls, router) = counting_handler();
-        let layer = RateLimitLayer::builder()
-            .rule(Rule::new("r", Quota::per_hour(1)))
-            .store(store)
-            .circuit_breaker(breaker)
-            .build()
-            .unwrap();
-        let mut app = router.layer(layer);
-        for _ in 0..20 {
-            // Failing open: every request is served, none is limited.
-            assert_eq!(status(&mut app, "/", [6, 6, 6, 7]).await, StatusCode::OK);
-        }
-        assert_eq!(calls.load(Ordering::SeqCst), 20);
-        assert_eq!(asked.load(Ordering::SeqCst), expected_calls, "{breaker:?}");
-        // A request no rule applies to (no peer address, so no key) asks the store nothing and
-        // tells the breaker nothing: an open breaker stays open.
-        let keyless = Request::get("/").body(Body::empty()).unwrap();
-        assert_eq!(send(&mut app, keyless).await.status(), StatusCode::OK);
-        assert_eq!(status(&mut app, "/", [6, 6, 6, 7]).await, StatusCode::OK);
-        let open = expected_calls == 3;
-        assert_eq!(
-            asked.load(Ordering::SeqCst),
-            expected_calls + usize::from(!open),
-            "{breaker:?}"
-        );
-    }
-    let zero = RateLimitLayer::builder()
-        .rule(Rule::new("r", Quota::per_hour(1)))
-        .circuit_breaker(CircuitBreaker::after_failures(3).cooldown(Duration::ZERO))
-        .build();
-    assert!(zero.unwrap_err().to_string().contains("cooldown"));
 }
 
 #[tokio::test]
@@ -717,4 +697,74 @@ async fn a_real_server_limits_by_the_socket_peer() {
     }
     assert_eq!(statuses, [200, 200, 429, 429]);
     server.abort();
+}
+
+#[test]
+fn a_sliding_log_too_large_to_keep_is_refused_at_build_time() {
+    // 50,000,000 a day would mean a log of up to 50,000,000 entries per client.
+    let huge = RateLimitLayer::builder()
+        .rule(Rule::new("daily", Quota::per_day(50_000_000)).algorithm(Algorithm::SlidingWindowLog))
+        .build();
+    let message = huge.unwrap_err().to_string();
+    assert!(message.contains("SlidingWindowCounter"), "{message}");
+    assert!(message.contains("10000"), "{message}");
+    let at_the_cap = RateLimitLayer::builder()
+        .rule(Rule::new("daily", Quota::per_day(10_000)).algorithm(Algorithm::SlidingWindowLog))
+        .build();
+    assert!(at_the_cap.is_ok());
+}
+
+#[tokio::test]
+async fn a_429_reports_the_uncharged_budget_of_rules_that_did_not_deny() {
+    let (_clock, store) = manual_store();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("burst", Quota::per_minute(10)))
+        .rule(Rule::new("daily", Quota::per_day(1)).algorithm(Algorithm::FixedWindow))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut app = hello(layer);
+    let res = send(&mut app, request("/", [5, 5, 5, 5])).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let items = parse_items(header(&res, "ratelimit").unwrap());
+    assert_eq!(param(&items[0], "r"), 9);
+    // Denied by "daily" alone: nothing is charged, so "burst" still has 9.
+    for _ in 0..3 {
+        let res = send(&mut app, request("/", [5, 5, 5, 5])).await;
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        let items = parse_items(header(&res, "ratelimit").unwrap());
+        assert_eq!(items[0].0, "burst");
+        assert_eq!(param(&items[0], "r"), 9, "burst was not charged");
+        assert_eq!(param(&items[1], "r"), 0);
+    }
+}
+
+#[test]
+fn layers_sharing_a_store_cannot_give_one_rule_name_two_quotas() {
+    let store = MemoryStore::new();
+    let fast = RateLimitLayer::builder()
+        .rule(Rule::new("default", Quota::per_minute(100)))
+        .store(store.clone())
+        .build()
+        .unwrap();
+    // The same name with the same quota is one budget, shared on purpose.
+    let same = RateLimitLayer::builder()
+        .rule(Rule::new("default", Quota::per_minute(100)))
+        .store(store.clone())
+        .build();
+    assert!(same.is_ok());
+    let slow = RateLimitLayer::builder()
+        .rule(Rule::new("default", Quota::per_minute(2)))
+        .store(store.clone())
+        .build();
+    let message = slow.unwrap_err().to_string();
+    assert!(message.contains("\"default\""), "{message}");
+    assert!(message.contains("another name"), "{message}");
+    // Once the first layers are gone, the name is free again.
+    drop((fast, same));
+    let again = RateLimitLayer::builder()
+        .rule(Rule::new("default", Quota::per_minute(2)))
+        .store(store)
+        .build();
+    assert!(again.is_ok());
 }

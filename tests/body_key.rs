@@ -433,8 +433,81 @@ async fn a_body_error_reaches_the_handler_after_the_bytes_before_it() {
 #[tokio::test]
 async fn from_body_without_the_layer_finds_nothing() {
     let (parts, ()) = http::Request::post("/login").body(()).unwrap().into_parts();
-    assert_eq!(
-        tollgate::key::KeyExtractor::extract(&FromBody, &parts).ready(),
-        Some(None)
-    );
+    assert!(matches!(
+        tollgate::key::KeyExtractor::extract(&FromBody, &parts),
+        tollgate::key::Extracted::Missing
+    ));
+}
+
+/// A body whose frames arrive when the test sends them: a slow client.
+struct Trickle(tokio::sync::mpsc::Receiver<Bytes>);
+
+impl HttpBody for Trickle {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|chunk| chunk.map(|c| Ok(Frame::data(c))))
+    }
+}
+
+#[tokio::test]
+async fn a_slow_body_does_not_hold_the_inner_services_readiness() {
+    // The inner service admits one request at a time (its readiness is a permit). A client that
+    // trickles its body must not hold that permit while the layer reads it.
+    let inner = tower::ServiceBuilder::new()
+        .concurrency_limit(1)
+        .service(tower::service_fn(|request: Request| async move {
+            let body = axum::body::to_bytes(request.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from(body)))
+        }));
+    let mut service = tower::Layer::layer(&BodyKeyLayer::new("email"), inner);
+    let json = |body: Body| {
+        http::Request::post("/login")
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap()
+    };
+    let (slow_sender, slow_body) = tokio::sync::mpsc::channel(1);
+    slow_sender
+        .send(Bytes::from_static(b"{\"email\":"))
+        .await
+        .unwrap();
+    let slow = ServiceExt::<http::Request<Body>>::ready(&mut service)
+        .await
+        .unwrap()
+        .call(json(Body::new(Trickle(slow_body))));
+    let slow = tokio::spawn(slow);
+    tokio::task::yield_now().await;
+
+    let fast = async {
+        ServiceExt::<http::Request<Body>>::ready(&mut service)
+            .await
+            .unwrap()
+            .call(json(Body::from(r#"{"email":"b@example.com"}"#)))
+            .await
+            .unwrap()
+    };
+    let fast = tokio::time::timeout(std::time::Duration::from_secs(5), fast)
+        .await
+        .expect("the second request waited for the first one's slow body");
+    assert_eq!(fast.status(), StatusCode::OK);
+
+    slow_sender
+        .send(Bytes::from_static(b"\"a@example.com\"}"))
+        .await
+        .unwrap();
+    drop(slow_sender);
+    let slow = slow.await.unwrap().unwrap();
+    let body = axum::body::to_bytes(slow.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(body, r#"{"email":"a@example.com"}"#);
 }

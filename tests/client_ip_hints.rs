@@ -53,7 +53,7 @@ fn extract_n(extractor: &impl KeyExtractor, peer: [u8; 4], headers: &[(&str, &st
         }
         let (mut parts, ()) = request.body(()).unwrap().into_parts();
         parts.extensions.insert(SocketAddr::from((peer, 1234)));
-        assert!(extractor.extract(&parts).ready().flatten().is_some());
+        assert!(extractor.extract(&parts).found().is_some());
     }
 }
 

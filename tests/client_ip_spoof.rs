@@ -5,7 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::HeaderValue;
 use proptest::prelude::*;
-use tollgate::key::{ClientIp, Key, KeyExtractor, ProxyHeader};
+use tollgate::key::{ClientIp, Extracted, Key, KeyExtractor, ProxyHeader};
 
 #[derive(Clone, Copy, Debug)]
 enum Mode {
@@ -125,7 +125,11 @@ fn extract(extractor: &ClientIp, header: &str, lines: &[Vec<u8>], peer: IpAddr) 
     }
     let (mut parts, ()) = request.body(()).unwrap().into_parts();
     parts.extensions.insert(SocketAddr::new(peer, 443));
-    extractor.extract(&parts).ready().unwrap()
+    match extractor.extract(&parts) {
+        Extracted::Found(key) => Some(key),
+        Extracted::Missing => None,
+        Extracted::Pending(_) => panic!("client IP is synchronous"),
+    }
 }
 
 proptest! {

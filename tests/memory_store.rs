@@ -4,15 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate::algorithm::{Algorithm, Limits, State};
+use tollgate::Algorithm;
+use tollgate::algorithm::{Limits, State};
 use tollgate::clock::ManualClock;
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, MemoryStore, Store};
 
 fn spec(name: &str, algorithm: Algorithm, limit: u64, period: Duration) -> RuleSpec {
     let period = period.as_micros() as u64;
-    RuleSpec::new(name, algorithm, Limits::new(limit, period, limit).unwrap())
+    RuleSpec::new(name, algorithm, Limits::new(limit, period, limit).unwrap()).unwrap()
 }
 
 fn check(store: &MemoryStore, charges: &[Charge<'_>]) -> tollgate::Decision {
@@ -255,13 +256,13 @@ fn bad_configuration_is_an_error_not_a_panic() {
 }
 
 /// A store smaller than one request's new keys (one key, two stacked rules) goes over its bound
-/// for that request rather than failing it, and evicts on the next.
+/// for that request rather than failing it; the next request that brings new keys evicts.
 #[tokio::test]
 async fn a_store_smaller_than_one_request_still_decides() {
     let store = MemoryStore::builder().max_keys(1).build().unwrap();
     let limits = Limits::new(5, 1_000_000, 5).unwrap();
-    let second = RuleSpec::new("second", Algorithm::TokenBucket, limits);
-    let first = RuleSpec::new("first", Algorithm::TokenBucket, limits);
+    let second = RuleSpec::new("second", Algorithm::TokenBucket, limits).unwrap();
+    let first = RuleSpec::new("first", Algorithm::TokenBucket, limits).unwrap();
     let key = Key::text("client");
     let charges = [
         Charge {
@@ -280,6 +281,75 @@ async fn a_store_smaller_than_one_request_still_decides() {
     assert_eq!(store.len(), 2, "over the bound for this one request");
     let decision = store.check(&charges).await.unwrap();
     assert!(decision.allowed());
+    assert_eq!(store.len(), 2, "known keys need no room");
+    assert_eq!(store.evictions(), 0);
+    let other = Key::text("other");
+    let decision = store
+        .check(&[
+            Charge {
+                rule: &first,
+                key: &other,
+                cost: 1,
+            },
+            Charge {
+                rule: &second,
+                key: &other,
+                cost: 1,
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(decision.allowed());
     assert!(store.len() <= 2);
-    assert!(store.evictions() >= 1, "the next request made room");
+    assert_eq!(store.evictions(), 2, "new keys made room");
+}
+
+#[test]
+fn a_stacked_check_does_not_scan_its_shards() {
+    // One shard, so that every key shares it. A stacked check must only make room when the
+    // shard would overflow: expired keys wait for the periodic sweep instead of being swept by
+    // every request (a whole-shard scan under its lock).
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build()
+        .unwrap();
+    let short = spec(
+        "short",
+        Algorithm::FixedWindow,
+        10,
+        Duration::from_millis(100),
+    );
+    let a = spec("a", Algorithm::TokenBucket, 10, Duration::from_secs(60));
+    let b = spec("b", Algorithm::TokenBucket, 10, Duration::from_secs(60));
+    // The first check sweeps (none was due yet) and schedules the next sweep a second later.
+    check_one(&store, &short, &Key::text("expires-soon"), 1);
+    assert_eq!(store.len(), 1);
+    clock.advance(Duration::from_millis(200)); // expired, not swept yet
+    let key = Key::text("client");
+    let charges = [
+        Charge {
+            rule: &a,
+            key: &key,
+            cost: 1,
+        },
+        Charge {
+            rule: &b,
+            key: &key,
+            cost: 1,
+        },
+    ];
+    for _ in 0..3 {
+        assert!(check(&store, &charges).allowed());
+    }
+    assert_eq!(
+        store.len(),
+        3,
+        "the stacked checks swept the shard although no sweep was due and it was not full"
+    );
+    // The periodic sweep still drops it.
+    clock.advance(Duration::from_secs(1));
+    check(&store, &charges);
+    assert_eq!(store.len(), 2);
 }

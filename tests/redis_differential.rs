@@ -10,11 +10,12 @@ mod support;
 
 use std::time::Duration;
 
-use tollgate::algorithm::{Algorithm, Limits, MAX_PERIOD_MICROS};
+use tollgate::Algorithm;
+use tollgate::Decision;
+use tollgate::algorithm::{Limits, MAX_PERIOD_MICROS};
 use tollgate::clock::ManualClock;
-use tollgate::decision::Decision;
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, MemoryStore, RedisClusterStore, RedisStore, Store};
 
 /// A small deterministic generator (xorshift64*), so that a failure names its seed.
@@ -152,6 +153,7 @@ where
                     algorithm,
                     random_limits(&mut rng, algorithm),
                 )
+                .unwrap()
             })
             .collect();
         let keys: Vec<Key> = (0..count)
@@ -197,8 +199,8 @@ async fn standalone(clock: ManualClock, prefix: String) -> RedisStore {
     RedisStore::builder(support::standalone().url())
         .prefix(prefix)
         .response_timeout(Duration::from_secs(10))
-        .clock_for_testing(clock)
-        .build()
+        .clock(clock)
+        .connect()
         .await
         .unwrap()
 }
@@ -207,8 +209,8 @@ async fn cluster(clock: ManualClock, prefix: String) -> RedisClusterStore {
     RedisClusterStore::builder(support::cluster().urls())
         .prefix(prefix)
         .response_timeout(Duration::from_secs(10))
-        .clock_for_testing(clock)
-        .build()
+        .clock(clock)
+        .connect()
         .await
         .unwrap()
 }
@@ -362,7 +364,7 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
         "no case where the order of operations matters"
     );
     let limits = Limits::new(limit, period, limit).unwrap();
-    let rule = RuleSpec::new("sc", Algorithm::SlidingWindowCounter, limits);
+    let rule = RuleSpec::new("sc", Algorithm::SlidingWindowCounter, limits).unwrap();
     for (i, &(previous, elapsed)) in cases.iter().enumerate() {
         let start = 1_700_000_000_000_000 / period * period;
         let clock = ManualClock::new(start);

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
-use tollgate::algorithm::{Algorithm, Limits, MAX_PERIOD_MICROS};
+use tollgate::Algorithm;
+use tollgate::algorithm::{Limits, MAX_PERIOD_MICROS};
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, RedisClusterStore, RedisStore, Store};
 
 const REQUESTS: usize = 500;
@@ -25,7 +26,7 @@ const STORES: usize = 4;
 /// since the epoch) is never crossed in practice.
 fn rule(algorithm: Algorithm) -> Arc<RuleSpec> {
     let limits = Limits::new(LIMIT, MAX_PERIOD_MICROS, LIMIT).unwrap();
-    Arc::new(RuleSpec::new("exact", algorithm, limits))
+    Arc::new(RuleSpec::new("exact", algorithm, limits).unwrap())
 }
 
 async fn admitted<S: Store + Clone>(stores: &[S], rule: &Arc<RuleSpec>, key: &Key) -> usize {
@@ -74,7 +75,7 @@ async fn standalone_stores(name: &str) -> Vec<RedisStore> {
                 .prefix(&prefix)
                 .pool_size(2)
                 .response_timeout(Duration::from_secs(10))
-                .build()
+                .connect()
                 .await
                 .unwrap(),
         );
@@ -90,7 +91,7 @@ async fn cluster_stores(name: &str) -> Vec<RedisClusterStore> {
             RedisClusterStore::builder(support::cluster().urls())
                 .prefix(&prefix)
                 .response_timeout(Duration::from_secs(10))
-                .build()
+                .connect()
                 .await
                 .unwrap(),
         );

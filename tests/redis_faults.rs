@@ -15,7 +15,7 @@ use axum::routing::get;
 use http::{Request, StatusCode};
 use support::fault_proxy::FaultProxy;
 use support::{RedisCluster, standalone, unique_prefix};
-use tollgate::policy::CircuitBreaker;
+use tollgate::CircuitBreaker;
 use tollgate::store::{RedisClusterStore, RedisStore, Store};
 use tollgate::{FailureMode, Quota, RateLimitLayer, Rule};
 use tower::{Service, ServiceExt};
@@ -42,17 +42,17 @@ async fn app_behind(proxy: &FaultProxy, rules: Vec<Rule>, breaker: CircuitBreake
     let store = RedisStore::builder(proxy.url())
         .prefix(unique_prefix("faults"))
         .response_timeout(Duration::from_millis(50))
-        .build()
+        .circuit_breaker(breaker)
+        .connect()
         .await
         .unwrap();
-    app_with(store, rules, breaker)
+    app_with(store, rules)
 }
 
-fn app_with<St: Store>(store: St, rules: Vec<Rule>, breaker: CircuitBreaker) -> Router {
+fn app_with<St: Store>(store: St, rules: Vec<Rule>) -> Router {
     let layer = RateLimitLayer::builder()
         .rules(rules)
         .store(store)
-        .circuit_breaker(breaker)
         .build()
         .unwrap();
     Router::new()
@@ -182,36 +182,26 @@ async fn a_paused_cluster_fails_each_rule_its_own_way_and_is_used_again_after() 
         RedisClusterStore::builder(cluster.urls())
             .prefix(prefix)
             .response_timeout(Duration::from_millis(50))
-            .build()
+            .circuit_breaker(CircuitBreaker::disabled())
+            .connect()
             .await
             .unwrap()
     };
     let store = || store_with(unique_prefix("cluster-faults"));
     let local_prefix = unique_prefix("cluster-faults");
-    let no_breaker = CircuitBreaker::disabled;
     let mut strict = app_with(
         store().await,
         vec![
             Rule::new("login", Quota::per_hour(100)).on_store_error(FailureMode::Closed),
             Rule::new("api", Quota::per_hour(100)),
         ],
-        no_breaker(),
     );
-    let mut lenient = app_with(
-        store().await,
-        vec![Rule::new("api", Quota::per_hour(1))],
-        no_breaker(),
-    );
+    let mut lenient = app_with(store().await, vec![Rule::new("api", Quota::per_hour(1))]);
     let mut local = app_with(
         store_with(local_prefix.clone()).await,
         vec![Rule::new("local", Quota::per_hour(2)).on_store_error(FailureMode::Local)],
-        no_breaker(),
     );
-    let mut counted = app_with(
-        store().await,
-        vec![Rule::new("once", Quota::per_hour(10))],
-        no_breaker(),
-    );
+    let mut counted = app_with(store().await, vec![Rule::new("once", Quota::per_hour(10))]);
     let ip = [10, 3, 0, 1];
     assert_eq!(status(&mut strict, ip).await, StatusCode::OK);
     assert_eq!(status(&mut lenient, ip).await, StatusCode::OK);
@@ -288,4 +278,250 @@ async fn ratelimit(app: &mut Router, ip: [u8; 4]) -> String {
         .get("ratelimit")
         .expect("a RateLimit field");
     field.to_str().unwrap().to_owned()
+}
+
+/// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
+/// port, so that clients (and their redirections) never bypass it.
+async fn cluster_behind_proxies() -> (RedisCluster, Vec<FaultProxy>) {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let mut proxies = Vec::new();
+    for node in &cluster.nodes {
+        proxies.push(FaultProxy::start(node.port).await);
+    }
+    let ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.announce_ports(&ports);
+        cluster
+    })
+    .await
+    .unwrap();
+    (cluster, proxies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_check_whose_reply_is_lost_is_charged_exactly_once() {
+    use tollgate::Algorithm;
+    use tollgate::algorithm::Limits;
+    use tollgate::key::Key;
+    use tollgate::store::{Charge, RuleSpec};
+
+    let (cluster, proxies) = cluster_behind_proxies().await;
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let store = RedisClusterStore::builder(urls)
+        .prefix(unique_prefix("once"))
+        .response_timeout(Duration::from_secs(3))
+        .connect()
+        .await
+        .unwrap();
+    let hour = Limits::new(100, 3_600_000_000, 100).unwrap();
+    let rule = RuleSpec::new("once", Algorithm::FixedWindow, hour).unwrap();
+    let key = Key::text("lost-reply");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    assert!(store.check(&charge).await.unwrap().allowed());
+
+    let name = store.key_name("once", &key);
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&name)
+        .query(&mut cluster.nodes[0].conn())
+        .unwrap();
+    let slots: redis::Value = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query(&mut cluster.nodes[0].conn())
+        .unwrap();
+    let owner = (0..3)
+        .find(|&i| support::owns(&slots, slot, proxies[i].port))
+        .expect("a node owns the slot");
+    let count = || -> u64 {
+        let value: String = redis::cmd("GET")
+            .arg(&name)
+            .query(&mut cluster.nodes[owner].conn())
+            .unwrap();
+        value.split(':').nth(1).unwrap().parse().unwrap()
+    };
+    assert_eq!(count(), 1);
+
+    // The next check reaches Redis, and the link is cut before its reply comes back. The link
+    // heals 300 ms later, well within the check's budget: a client that re-sent the script
+    // would charge it twice.
+    proxies[owner].cut_after_next_check();
+    let heal = async {
+        while !proxies[owner].has_cut() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxies[owner].set_cut(false);
+    };
+    let (result, ()) = tokio::join!(store.check(&charge), heal);
+    assert!(
+        result.is_err(),
+        "a check whose reply was lost cannot know its outcome: {result:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(), 2, "the lost check ran exactly once");
+    // And the store is usable again.
+    assert!(store.check(&charge).await.unwrap().allowed());
+    assert_eq!(count(), 3);
+}
+
+#[tokio::test]
+async fn a_short_stall_replaces_no_connection() {
+    use tollgate::Algorithm;
+    use tollgate::algorithm::Limits;
+    use tollgate::key::Key;
+    use tollgate::store::{Charge, RuleSpec};
+
+    // A Redis that stalls for a moment (a fork, an fsync) on a link that is fine: the checks
+    // caught in the stall time out, and nothing else happens. The pooled multiplexed
+    // connections are kept; replacing them would only add reconnects to the stall.
+    let proxy = FaultProxy::start(standalone().port).await;
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("stall"))
+        .pool_size(2)
+        .response_timeout(Duration::from_millis(50))
+        .connect()
+        .await
+        .unwrap();
+    let hour = Limits::new(1000, 3_600_000_000, 1000).unwrap();
+    let rule = RuleSpec::new("stall", Algorithm::TokenBucket, hour).unwrap();
+    let key = Key::text("stalled");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    for _ in 0..10 {
+        assert!(store.check(&charge).await.unwrap().allowed());
+    }
+    let connections = proxy.connections_accepted();
+    assert!(
+        connections <= 2,
+        "{connections} connections for a pool of 2"
+    );
+
+    proxy.set_delay(Duration::from_millis(120));
+    for _ in 0..2 {
+        assert!(matches!(
+            store.check(&charge).await,
+            Err(tollgate::store::StoreError::Timeout)
+        ));
+    }
+    proxy.set_delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(300)).await; // the stalled replies drain
+    for _ in 0..20 {
+        assert!(store.check(&charge).await.unwrap().allowed());
+    }
+    assert_eq!(
+        proxy.connections_accepted(),
+        connections,
+        "a stall of two checks reconnected"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_slots_keep_answering_while_a_primary_fails_over() {
+    use std::sync::Arc;
+    use std::time::Instant;
+    use tollgate::Algorithm;
+    use tollgate::algorithm::Limits;
+    use tollgate::key::Key;
+    use tollgate::store::{Charge, RuleSpec};
+
+    // 3 primaries, a replica each; a primary that stops answering for 1 s is replaced. The
+    // cluster serves the slots it covers while one is not covered: with Redis' default
+    // (cluster-require-full-coverage yes) every node answers CLUSTERDOWN until the failover
+    // completes, whatever the client does.
+    let cluster = tokio::task::spawn_blocking(|| {
+        RedisCluster::start_with(1, 1000, &["--cluster-require-full-coverage", "no"])
+    })
+    .await
+    .unwrap();
+    let store = RedisClusterStore::builder(cluster.urls())
+        .prefix(unique_prefix("failover"))
+        .connect()
+        .await
+        .unwrap();
+    let hour = Limits::new(1_000_000, 3_600_000_000, 1_000_000).unwrap();
+    let rule = Arc::new(RuleSpec::new("fo", Algorithm::TokenBucket, hour).unwrap());
+
+    // One key on each primary; the first primary is the victim.
+    let mut keys: Vec<(usize, Key)> = Vec::new();
+    for n in 0.. {
+        let key = Key::text(format!("client-{n}"));
+        let name = store.key_name("fo", &key);
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&name)
+            .query(&mut cluster.nodes[0].conn())
+            .unwrap();
+        let primary = cluster.primary_of(slot).unwrap();
+        if !keys.iter().any(|(p, _)| *p == primary) {
+            keys.push((primary, key));
+        }
+        if keys.len() == 3 {
+            break;
+        }
+    }
+    let (victim, victim_key) = keys[0].clone();
+    let healthy: Vec<Key> = keys[1..].iter().map(|(_, k)| k.clone()).collect();
+    let check = |key: Key| {
+        let (store, rule) = (store.clone(), rule.clone());
+        async move {
+            let started = Instant::now();
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }];
+            let result = store.check(&charge).await;
+            (result.is_ok(), started.elapsed())
+        }
+    };
+    for key in keys.iter().map(|(_, k)| k) {
+        assert!(
+            check(key.clone()).await.0,
+            "every slot answers before the kill"
+        );
+    }
+
+    cluster.nodes[victim].kill9();
+    let killed = Instant::now();
+    let mut healthy_ok = 0;
+    let mut healthy_total = 0;
+    let mut slowest = Duration::ZERO;
+    let mut victim_back = None;
+    while killed.elapsed() < Duration::from_secs(8) {
+        for key in &healthy {
+            let (ok, took) = check(key.clone()).await;
+            healthy_total += 1;
+            healthy_ok += usize::from(ok);
+            slowest = slowest.max(took);
+        }
+        let (ok, _) = check(victim_key.clone()).await;
+        if ok && victim_back.is_none() {
+            victim_back = Some(killed.elapsed());
+        }
+        if victim_back.is_some() && killed.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!(
+        "healthy checks answered: {healthy_ok}/{healthy_total}, slowest {slowest:?}; \
+         the failed-over slot answered again after {victim_back:?}"
+    );
+    assert!(
+        healthy_ok * 100 >= healthy_total * 99,
+        "healthy slots stalled while a primary failed over: {healthy_ok}/{healthy_total} answered"
+    );
+    assert!(
+        victim_back.is_some(),
+        "the failed-over slot never answered again"
+    );
 }

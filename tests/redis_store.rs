@@ -14,11 +14,12 @@ use axum::body::Body;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use tokio::task::JoinSet;
-use tollgate::algorithm::{Algorithm, Limits, MAX_PERIOD_MICROS};
-use tollgate::decision::Decision;
+use tollgate::Algorithm;
+use tollgate::Decision;
+use tollgate::algorithm::{Limits, MAX_PERIOD_MICROS};
 use tollgate::key::{Global, Key};
-use tollgate::policy::RuleSpec;
-use tollgate::store::redis::BuildError;
+use tollgate::store::ConnectError;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, MemoryStore, RedisClusterStore, RedisStore, Store, StoreError};
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tower::ServiceExt;
@@ -31,7 +32,7 @@ async fn standalone_store(prefix: &str) -> RedisStore {
     RedisStore::builder(support::standalone().url())
         .prefix(prefix)
         .response_timeout(TEST_TIMEOUT)
-        .build()
+        .connect()
         .await
         .unwrap()
 }
@@ -40,13 +41,13 @@ async fn cluster_store(prefix: &str) -> RedisClusterStore {
     RedisClusterStore::builder(support::cluster().urls())
         .prefix(prefix)
         .response_timeout(TEST_TIMEOUT)
-        .build()
+        .connect()
         .await
         .unwrap()
 }
 
 fn spec(name: &str, algorithm: Algorithm, limit: u64, period: u64) -> RuleSpec {
-    RuleSpec::new(name, algorithm, Limits::new(limit, period, limit).unwrap())
+    RuleSpec::new(name, algorithm, Limits::new(limit, period, limit).unwrap()).unwrap()
 }
 
 async fn check<S: Store>(store: &S, charges: &[(&RuleSpec, &Key)]) -> Decision {
@@ -78,10 +79,10 @@ async fn denied_request_charges_no_other_rule<S: Store>(store: &S) {
         assert!(!denied.allowed());
         assert!(!denied.outcomes()[0].allowed, "the burst denies");
         assert!(denied.outcomes()[1].allowed, "the daily quota would admit");
-        // What would be left after this request: 100 - 2 charged - 1.
+        // Nothing is charged for a denied request: it reports what is left, 100 - 2.
         assert_eq!(
             denied.outcomes()[1].remaining,
-            97,
+            98,
             "and was charged only twice"
         );
     }
@@ -176,7 +177,8 @@ async fn cluster_denied_request_across_slots_charges_no_other_rule() {
     for _ in 0..5 {
         let denied = check(&store, &[(&client, &user), (&global, &everyone)]).await;
         assert!(!denied.allowed());
-        assert_eq!(denied.outcomes()[1].remaining, 997);
+        // Uncharged: 1000 minus the 2 admitted.
+        assert_eq!(denied.outcomes()[1].remaining, 998);
     }
     // The global rule denying, with a fresh client each time: no client is charged.
     let full = spec("full", Algorithm::TokenBucket, 1, MAX_PERIOD_MICROS);
@@ -445,7 +447,7 @@ async fn standalone_slow_server_is_a_timeout() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .response_timeout(Duration::from_millis(50))
-        .build()
+        .connect()
         .await
         .unwrap();
     let rule = spec("slow", Algorithm::TokenBucket, 10, MAX_PERIOD_MICROS);
@@ -479,13 +481,13 @@ async fn standalone_unreachable_server_fails_the_build() {
         .port();
     let result = RedisStore::connect(format!("redis://127.0.0.1:{port}")).await;
     assert!(
-        matches!(result, Err(BuildError::Store(StoreError::Unavailable(_)))),
+        matches!(result, Err(ConnectError::Store(StoreError::Unavailable(_)))),
         "{result:?}"
     );
     let result = RedisClusterStore::builder([format!("redis://127.0.0.1:{port}")])
-        .build()
+        .connect()
         .await;
-    assert!(matches!(result, Err(BuildError::Store(_))), "{result:?}");
+    assert!(matches!(result, Err(ConnectError::Store(_))), "{result:?}");
 }
 
 /// The server goes away: checks fail (unavailable or timed out, never a wrong decision); it
@@ -497,7 +499,7 @@ async fn standalone_recovers_after_a_server_restart() {
     let store = RedisStore::builder(server.url())
         .pool_size(2)
         .response_timeout(Duration::from_millis(500))
-        .build()
+        .connect()
         .await
         .unwrap();
     let rule = spec("restart", Algorithm::TokenBucket, 100, MAX_PERIOD_MICROS);
@@ -541,23 +543,23 @@ async fn standalone_recovers_after_a_server_restart() {
 async fn configuration_mistakes_fail_at_build_time() {
     let url = support::standalone().url();
     for result in [
-        RedisStore::builder(&url).prefix("a{b}").build().await,
-        RedisStore::builder(&url).prefix("").build().await,
-        RedisStore::builder(&url).pool_size(0).build().await,
+        RedisStore::builder(&url).prefix("a{b}").connect().await,
+        RedisStore::builder(&url).prefix("").connect().await,
+        RedisStore::builder(&url).pool_size(0).connect().await,
         RedisStore::builder(&url)
             .response_timeout(Duration::ZERO)
-            .build()
+            .connect()
             .await,
-        RedisStore::builder("http://not-redis").build().await,
+        RedisStore::builder("http://not-redis").connect().await,
     ] {
         let error = result.unwrap_err();
-        assert!(matches!(error, BuildError::Config(_)), "{error:?}");
+        assert!(matches!(error, ConnectError::Config(_)), "{error:?}");
         assert!(error.to_string().contains("use"), "{error}");
     }
     let empty: [&str; 0] = [];
     assert!(matches!(
-        RedisClusterStore::builder(empty).build().await,
-        Err(BuildError::Config(_))
+        RedisClusterStore::builder(empty).connect().await,
+        Err(ConnectError::Config(_))
     ));
 }
 
@@ -572,7 +574,7 @@ async fn standalone_values_are_compact() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .response_timeout(TEST_TIMEOUT)
-        .build()
+        .connect()
         .await
         .unwrap();
     let mut conn = server.conn();

@@ -14,8 +14,8 @@ pub struct FixedWindowState {
 /// The fixed window algorithm: windows are aligned to multiples of the period on the store's
 /// clock, so every replica and the Redis store agree on where a window starts.
 ///
-/// `limit` = quota; `remaining` = quota left in this window; `reset` and `retry_after` = time
-/// until the next window starts.
+/// `limit` = quota; `remaining` = quota left in this window; `reset`, `retry_after` and `window` =
+/// time until the next window starts (`reset` is 0 when nothing is counted).
 #[derive(Clone, Copy, Debug)]
 pub struct FixedWindow;
 
@@ -47,6 +47,7 @@ impl FixedWindow {
             remaining: limits.limit.saturating_sub(used),
             reset: if used == 0 { 0 } else { until_next },
             retry_after: if allowed { 0 } else { until_next },
+            window: until_next,
         }
     }
 

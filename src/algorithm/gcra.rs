@@ -16,7 +16,7 @@ pub struct GcraState {
 ///
 /// Decisions equal the [`TokenBucket`](super::TokenBucket)'s; the meaning of the numbers too:
 /// `limit` = burst, `remaining` = whole tokens left, `reset` = `tat − now`, `retry_after` = time
-/// until `cost` tokens fit.
+/// until `cost` tokens fit, `window` = time until `remaining + 1` tokens fit.
 #[derive(Clone, Copy, Debug)]
 pub struct Gcra;
 
@@ -31,21 +31,29 @@ impl Gcra {
         let tat = Self::start(state, now);
         let capacity_end = now + limits.burst * limits.interval;
         let new_tat = tat + cost * limits.interval;
+        // The time until `remaining + 1` tokens fit after a theoretical arrival time `after`.
+        let window = |after: u64, remaining: u64| {
+            (after + (remaining + 1) * limits.interval).saturating_sub(capacity_end)
+        };
         if new_tat <= capacity_end {
+            let remaining = (capacity_end - new_tat) / limits.interval;
             Outcome {
                 allowed: true,
                 limit: limits.burst,
-                remaining: (capacity_end - new_tat) / limits.interval,
+                remaining,
                 reset: new_tat - now,
                 retry_after: 0,
+                window: window(new_tat, remaining),
             }
         } else {
+            let remaining = capacity_end.saturating_sub(tat) / limits.interval;
             Outcome {
                 allowed: false,
                 limit: limits.burst,
-                remaining: capacity_end.saturating_sub(tat) / limits.interval,
+                remaining,
                 reset: tat - now,
                 retry_after: new_tat - capacity_end,
+                window: window(tat, remaining),
             }
         }
     }

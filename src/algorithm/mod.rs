@@ -37,10 +37,18 @@
 //! * `reset`: microseconds until the key is back to its full budget, which is also how long the
 //!   store keeps the key;
 //! * `retry_after`: for a denied request, microseconds until the same request would be admitted
-//!   (exact: a retry at `now + retry_after` is admitted, one a microsecond earlier is not).
+//!   (exact: a retry at `now + retry_after` is admitted, one a microsecond earlier is not);
+//! * `window`: the effective window of draft-ietf-httpapi-ratelimit-headers-11: microseconds
+//!   until `remaining + 1` units would be admitted, so the client can use no more than
+//!   `remaining` within it. A denied request's `retry_after` is never shorter than its `window`,
+//!   so a `Retry-After` never points before the end of a denying policy's window.
+//!
+//! A denied request is charged nothing, so the outcome of every rule it was checked against,
+//! denying or not, describes the budget as it stands ([`Algorithm::uncharged`]).
 
 mod fixed_window;
 mod gcra;
+pub(crate) mod kind;
 mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
@@ -48,10 +56,12 @@ mod token_bucket;
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState};
 pub use sliding_counter::{SlidingWindowCounter, SlidingWindowCounterState};
-pub use sliding_log::{SlidingWindowLog, SlidingWindowLogState};
+pub use sliding_log::{MAX_LOG_ENTRIES, SlidingWindowLog, SlidingWindowLogState};
 pub use token_bucket::{TokenBucket, TokenBucketState};
 
 use std::fmt;
+
+use crate::Algorithm;
 
 /// Microseconds in one second.
 pub const MICROS_PER_SECOND: u64 = 1_000_000;
@@ -66,70 +76,6 @@ pub const MAX_PERIOD_MICROS: u64 = 366 * 24 * 3600 * MICROS_PER_SECOND;
 /// The longest time a bucket may take to refill from empty (`burst × interval`): ten periods of
 /// the longest length. It keeps every time sum of the model far below 2^53.
 pub const MAX_REFILL_MICROS: u64 = 10 * MAX_PERIOD_MICROS;
-
-/// The rate-limiting algorithm of a rule.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// A bucket of `burst` tokens refilled at `limit / period`; each request takes `cost` tokens.
-    /// Allows bursts up to the bucket size, then a steady rate. Two numbers per key.
-    #[default]
-    TokenBucket,
-    /// The generic cell rate algorithm: the token bucket expressed as one "theoretical arrival
-    /// time". Same decisions as [`TokenBucket`](Algorithm::TokenBucket), one number per key.
-    Gcra,
-    /// Counts requests per calendar window (aligned to the Unix epoch). Cheap, but lets a client
-    /// send up to twice the quota around a window boundary.
-    FixedWindow,
-    /// Keeps the time of every admitted request of the last `period`: exact, no boundary burst,
-    /// but one entry per admitted request (at most `limit` per key). For low-volume routes.
-    SlidingWindowLog,
-    /// Weighs the previous fixed window by how much of it still overlaps the sliding window and
-    /// adds the current one. Smooths the boundary burst with two counters per key; approximate.
-    SlidingWindowCounter,
-}
-
-impl Algorithm {
-    /// All algorithms, in declaration order.
-    pub const ALL: [Algorithm; 5] = [
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-    ];
-
-    /// A short stable name (`token_bucket`, `gcra`, `fixed_window`, `sliding_log`,
-    /// `sliding_counter`), for logs and messages.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowLog => "sliding_log",
-            Algorithm::SlidingWindowCounter => "sliding_counter",
-        }
-    }
-
-    /// The most one request may cost: the burst for token bucket and GCRA, the quota otherwise.
-    pub const fn capacity(self, limits: &Limits) -> u64 {
-        if self.has_burst() {
-            limits.burst
-        } else {
-            limits.limit
-        }
-    }
-
-    /// Whether the algorithm has a burst separate from its quota (token bucket and GCRA).
-    pub const fn has_burst(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
-    }
-}
-
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The validated numbers of one rule, in microseconds. Made only by [`Limits::new`], which checks
 /// them (the fields are readable, not writable from outside the crate).
@@ -228,6 +174,13 @@ pub struct Outcome {
     pub reset: u64,
     /// Microseconds until this request would be admitted; 0 when admitted.
     pub retry_after: u64,
+    /// The effective window (draft-ietf-httpapi-ratelimit-headers-11 §4.1.2, the `t` of the
+    /// `RateLimit` field): microseconds within which the client can use no more than
+    /// `remaining`, which is the time until `remaining + 1` units would be admitted. When
+    /// nothing is spent (`remaining == limit`), the time within which a full budget cannot be
+    /// exceeded: one interval for token bucket and GCRA, the rest of the window for the window
+    /// algorithms, a period for the sliding log. Never 0.
+    pub window: u64,
 }
 
 /// The state of one key under any algorithm, as the memory store keeps it.
@@ -359,6 +312,24 @@ impl Algorithm {
                 }
                 outcome
             }
+        }
+    }
+}
+
+impl Algorithm {
+    /// The outcome of a rule for a request that is **not** charged (another rule of the request
+    /// denied it, or a store only looks): `allowed` and `retry_after` say whether `cost` fits, and
+    /// the numbers describe the budget as it stands, before any charge.
+    #[inline]
+    pub fn uncharged(self, limits: &Limits, state: Option<&State>, now: u64, cost: u64) -> Outcome {
+        let outcome = self.check(limits, state, now, cost);
+        if !outcome.allowed || cost == 0 {
+            return outcome;
+        }
+        Outcome {
+            allowed: true,
+            retry_after: 0,
+            ..self.check(limits, state, now, 0)
         }
     }
 }

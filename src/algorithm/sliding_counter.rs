@@ -25,7 +25,8 @@ pub struct SlidingWindowCounterState {
 ///
 /// `limit` = quota; `remaining` = quota minus the estimate; `reset` = time until both windows
 /// have passed; `retry_after` = the earliest time the estimate has decayed enough (found by
-/// binary search, exact).
+/// binary search, exact); `window` = the earliest time `remaining + 1` fits (the rest of the
+/// current window when nothing is counted).
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingWindowCounter;
 
@@ -70,6 +71,43 @@ impl SlidingWindowCounter {
         Self::estimate(limits, &c, at) + cost <= limits.limit
     }
 
+    /// The time from `now` until a request of `cost` (at most the quota) fits `state`: the first
+    /// microsecond at which [`admits`](Self::admits) holds. The estimate never grows while
+    /// nothing is charged, so that time is found from where the weighted count crosses the
+    /// threshold, computed exactly in integers, then stepped to the microsecond with the
+    /// floating-point test itself (the model and the Lua script compute the same test the same
+    /// way, so they agree bit for bit).
+    fn time_until_fits(
+        limits: &Limits,
+        state: Option<&SlidingWindowCounterState>,
+        now: u64,
+        cost: u64,
+    ) -> u64 {
+        let c = Self::counters(limits, state, now);
+        let period = limits.period;
+        let end = c.start + period;
+        // `floor(weight × x / period) <= allowed` holds for every x up to the returned one,
+        // where x is the time left until the weight's window ends.
+        let largest_x = |weight: u64, allowed: u64| -> u64 {
+            if weight == 0 {
+                return u64::MAX;
+            }
+            let bound = (u128::from(allowed) + 1) * u128::from(period);
+            u64::try_from(bound.div_ceil(u128::from(weight)) - 1).unwrap_or(u64::MAX)
+        };
+        let guess = if c.current + cost <= limits.limit {
+            // Within this window: the previous window's weight has to decay.
+            let x = largest_x(c.previous, limits.limit - c.current - cost);
+            end.saturating_sub(x).max(now)
+        } else {
+            // Only once this window is the previous one.
+            let x = largest_x(c.current, limits.limit - cost).min(period);
+            end + period - x
+        };
+        let fits = |t: u64| Self::admits(limits, state, t, cost);
+        first_fit(now, c.start + 2 * period, guess, fits) - now
+    }
+
     /// Checks a request of `cost` at `now`.
     #[inline]
     pub fn check(
@@ -94,27 +132,30 @@ impl SlidingWindowCounter {
         } else if cost > limits.limit {
             u64::MAX
         } else {
-            // The estimate never grows while nothing is charged, so the first admitting time can
-            // be found by binary search; two windows on, nothing is left at all.
-            let (mut low, mut high) = (now, c.start + 2 * limits.period);
-            while low < high {
-                let mid = low + (high - low) / 2;
-                if Self::admits(limits, state, mid, cost) {
-                    high = mid;
-                } else {
-                    low = mid + 1;
-                }
-            }
-            low - now
+            Self::time_until_fits(limits, state, now, cost)
+        };
+        let remaining = limits
+            .limit
+            .saturating_sub(estimate + if allowed { cost } else { 0 });
+        let window = if remaining >= limits.limit {
+            // Nothing counted: a full budget cannot be exceeded before the window ends.
+            c.start + limits.period - now
+        } else {
+            // The state this outcome describes: charged when admitted.
+            let after = SlidingWindowCounterState {
+                start: c.start,
+                previous: u32::try_from(c.previous).unwrap_or(u32::MAX),
+                current: u32::try_from(current).unwrap_or(u32::MAX),
+            };
+            Self::time_until_fits(limits, Some(&after), now, remaining + 1).max(1)
         };
         Outcome {
             allowed,
             limit: limits.limit,
-            remaining: limits
-                .limit
-                .saturating_sub(estimate + if allowed { cost } else { 0 }),
+            remaining,
             reset,
             retry_after,
+            window,
         }
     }
 
@@ -135,4 +176,42 @@ impl SlidingWindowCounter {
             current: u32::try_from(current).unwrap_or(u32::MAX),
         })
     }
+}
+
+/// The first `t` in `from..=to` for which `fits(t)` holds, where `fits` is false then true and
+/// holds at `to`. `guess` is expected within a few microseconds of it: a few steps from there,
+/// else a binary search.
+fn first_fit(from: u64, to: u64, guess: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    const STEPS: u32 = 8;
+    let mut t = guess.clamp(from, to);
+    if fits(t) {
+        for _ in 0..STEPS {
+            if t == from || !fits(t - 1) {
+                return t;
+            }
+            t -= 1;
+        }
+        binary_search(from, t, fits)
+    } else {
+        for _ in 0..STEPS {
+            t += 1;
+            if fits(t) {
+                return t;
+            }
+        }
+        binary_search(t, to, fits)
+    }
+}
+
+/// The first `t` in `low..=high` for which `fits(t)` holds (it holds at `high`).
+fn binary_search(mut low: u64, mut high: u64, fits: impl Fn(u64) -> bool) -> u64 {
+    while low < high {
+        let mid = low + (high - low) / 2;
+        if fits(mid) {
+            high = mid;
+        } else {
+            low = mid + 1;
+        }
+    }
+    low
 }

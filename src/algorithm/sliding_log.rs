@@ -4,6 +4,13 @@ use std::collections::VecDeque;
 
 use super::{Limits, Outcome};
 
+/// The largest quota of a [`SlidingWindowLog`](crate::Algorithm::SlidingWindowLog) rule: the log
+/// keeps one entry per admitted cost unit (8 bytes in memory, a list element in Redis), and a
+/// request can cost at most the quota, so one key never holds more than this many entries and one
+/// request never writes more. A larger quota is a [`ConfigError`](crate::ConfigError): use the
+/// sliding window counter (two numbers per key, whatever the quota) or a shorter period.
+pub const MAX_LOG_ENTRIES: u64 = 10_000;
+
 /// The state of one sliding-log key: one timestamp per admitted cost unit, oldest first.
 ///
 /// Never longer than the quota: a unit is only added when it fits.
@@ -16,7 +23,8 @@ pub struct SlidingWindowLogState {
 /// The sliding window log algorithm: a unit charged at `t` counts while `now < t + period`.
 ///
 /// `limit` = quota; `remaining` = quota minus the units of the last period; `reset` = time until
-/// the newest unit leaves the window; `retry_after` = time until enough old units have left.
+/// the newest unit leaves the window; `retry_after` = time until enough old units have left;
+/// `window` = time until the oldest unit leaves (a period when the log is empty).
 #[derive(Clone, Copy, Debug)]
 pub struct SlidingWindowLog;
 
@@ -38,6 +46,9 @@ impl SlidingWindowLog {
         let entries = state.map_or(&empty, |s| &s.entries);
         let first = Self::first_live(limits, entries, now);
         let count = (entries.len() - first) as u64;
+        // The oldest unit leaves first; an empty log fills from now.
+        let oldest = entries.get(first).copied().unwrap_or(now);
+        let window = (oldest + limits.period).saturating_sub(now).max(1);
         if count + cost <= limits.limit {
             let newest = match (entries.back(), cost) {
                 (Some(&t), 0) => Some(t),
@@ -51,6 +62,7 @@ impl SlidingWindowLog {
                 remaining: limits.limit - count - cost,
                 reset: newest.map_or(0, |t| (t + limits.period).saturating_sub(now)),
                 retry_after: 0,
+                window,
             }
         } else {
             // The `must_leave`-th oldest live entry has to leave the window first.
@@ -72,6 +84,7 @@ impl SlidingWindowLog {
                 remaining: limits.limit.saturating_sub(count),
                 reset,
                 retry_after,
+                window,
             }
         }
     }

@@ -18,7 +18,8 @@ pub struct TokenBucketState {
 ///
 /// * `limit` = burst; `remaining` = whole tokens left;
 /// * `reset` = time until the bucket is full again;
-/// * `retry_after` = time until `cost` tokens are in the bucket.
+/// * `retry_after` = time until `cost` tokens are in the bucket;
+/// * `window` = time until the next token (one interval when the bucket is full).
 #[derive(Clone, Copy, Debug)]
 pub struct TokenBucket;
 
@@ -61,6 +62,14 @@ impl TokenBucket {
         (bucket.updated + (wanted - bucket.tokens) * limits.interval).saturating_sub(now)
     }
 
+    /// Time from `now` until the next token of `bucket` (as refilled at `now`): its `updated` is
+    /// never a whole interval behind `now`, and is `now` when the bucket is full.
+    fn next_token(limits: &Limits, bucket: &TokenBucketState, now: u64) -> u64 {
+        (bucket.updated + limits.interval)
+            .saturating_sub(now)
+            .max(1)
+    }
+
     /// Checks a request of `cost` at `now`.
     #[inline]
     pub fn check(
@@ -81,6 +90,7 @@ impl TokenBucket {
                 remaining: after.tokens,
                 reset: Self::time_until(limits, &after, now, limits.burst),
                 retry_after: 0,
+                window: Self::next_token(limits, &bucket, now),
             }
         } else {
             Outcome {
@@ -89,6 +99,7 @@ impl TokenBucket {
                 remaining: bucket.tokens,
                 reset: Self::time_until(limits, &bucket, now, limits.burst),
                 retry_after: Self::time_until(limits, &bucket, now, cost),
+                window: Self::next_token(limits, &bucket, now),
             }
         }
     }

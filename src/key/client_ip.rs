@@ -1,55 +1,4 @@
 //! [`ClientIp`]: the client's address, read through the proxies you trust and no others.
-//!
-//! ```
-//! use std::net::SocketAddr;
-//! use tollgate::key::{ClientIp, Key, KeyExtractor};
-//!
-//! // Behind a load balancer in 10.0.0.0/8 that appends to X-Forwarded-For.
-//! let client_ip = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8"])?;
-//!
-//! let (mut parts, ()) = http::Request::get("/")
-//!     .header("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.3") // 6.6.6.6: made up by the client
-//!     .body(())
-//!     .unwrap()
-//!     .into_parts();
-//! parts.extensions.insert(SocketAddr::from(([10, 0, 0, 2], 41000))); // the load balancer
-//! let key = client_ip.extract(&parts).ready().flatten();
-//! assert_eq!(key, Some(Key::ip("203.0.113.7".parse().unwrap())));
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
-//!
-//! # How the address is found
-//!
-//! 1. The socket peer, as [`PeerIp`] finds it: axum's `ConnectInfo<SocketAddr>`, a `SocketAddr`
-//!    extension, or tonic's `TcpConnectInfo` (so gRPC needs no interceptor).
-//! 2. If no proxy is trusted (the default), that is the client: forwarding headers are ignored.
-//! 3. With [`trusted_proxies`](ClientIp::trusted_proxies) (a CIDR list): only if the peer is a
-//!    trusted proxy, the entries of the chosen header are read from the right, skipping trusted
-//!    addresses; the first untrusted one is the client. At most [`MAX_HOPS`] entries are read.
-//! 4. With [`trusted_hops`](ClientIp::trusted_hops)`(n)`: the `n`th entry from the right.
-//! 5. With a single-value header ([`ProxyHeader::XRealIp`], [`ProxyHeader::CfConnectingIp`],
-//!    …), chosen explicitly: its value (last line), if the peer is trusted. With a hop count the
-//!    peer cannot be checked, so the header is believed from any peer: choose a single-value
-//!    header with `trusted_hops` only when every request reaches the service through a proxy that
-//!    overwrites that header (the hop count itself says the service is never reached directly).
-//!
-//! The leftmost entries are never used for their own sake: anything left of the entries your
-//! proxies wrote was written by the client.
-//!
-//! # When no address is found
-//!
-//! The key falls back to the socket peer when the entry at the client's position is `unknown`,
-//! obfuscated or malformed, when every entry is a trusted proxy, or when there are fewer entries
-//! than trusted hops. Without a peer address (the server did not record one) the key is missing
-//! and the rule does not apply, which the layer reports once. Nothing here panics.
-//!
-//! Misconfigurations are reported once each through `tracing` (never on every request):
-//! forwarding headers arriving while no proxy is trusted or from an untrusted peer, every hop
-//! being trusted, and unusable client entries. Client addresses are not logged.
-//!
-//! IPv4-mapped IPv6 addresses count as IPv4, for trust and for keys. IPv6 clients are grouped by
-//! their /64 by default ([`ipv6_prefix`](ClientIp::ipv6_prefix)): one host is given a whole /64
-//! and could otherwise rotate through it. IP keys do not allocate.
 
 use crate::warn::Once;
 use std::fmt;
@@ -61,8 +10,8 @@ use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
 use super::forwarded::{self, FORWARDED, Node, X_FORWARDED_FOR};
-use super::{Extracted, Key, KeyExtractor, PeerIp};
-use crate::policy::ConfigError;
+use super::{Extracted, Key, KeyExtractor, PeerIp, canonical_ip};
+use crate::ConfigError;
 
 /// The most forwarding entries read per request, from the right.
 ///
@@ -132,8 +81,13 @@ impl Networks {
                 self.v4.push((u32::from(v4.addr()) & mask, mask));
             }
             IpNet::V6(v6) => {
-                // An IPv4-mapped network (::ffff:a.b.c.d/96+) is an IPv4 network.
-                if let (Some(v4), true) = (v6.addr().to_ipv4_mapped(), bits >= 96) {
+                // An IPv4-mapped or NAT64 network (::ffff:a.b.c.d/96+, 64:ff9b::a.b.c.d/96+) is
+                // an IPv4 network, as its addresses are counted as IPv4.
+                let embedded = match canonical_ip(IpAddr::V6(v6.addr())) {
+                    IpAddr::V4(v4) => Some(v4),
+                    IpAddr::V6(_) => None,
+                };
+                if let (Some(v4), true) = (embedded, bits >= 96) {
                     let mask = u32::MAX.checked_shl(128 - bits).unwrap_or(0);
                     self.v4.push((u32::from(v4) & mask, mask));
                 } else {
@@ -171,8 +125,59 @@ struct Hints {
     unusable: Once,
 }
 
-/// The client's IP address: the socket peer, or what trusted proxies say it is. See the
-/// [module documentation](self) for the rules.
+/// The client's IP address, read through the proxies you trust and no others.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use tollgate::key::{ClientIp, Key, KeyExtractor};
+///
+/// // Behind a load balancer in 10.0.0.0/8 that appends to X-Forwarded-For.
+/// let client_ip = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8"])?;
+///
+/// let (mut parts, ()) = http::Request::get("/")
+///     .header("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.3") // 6.6.6.6: made up by the client
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// parts.extensions.insert(SocketAddr::from(([10, 0, 0, 2], 41000))); // the load balancer
+/// let key = client_ip.extract(&parts).found();
+/// assert_eq!(key, Some(Key::ip("203.0.113.7".parse().unwrap())));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// # How the address is found
+///
+/// 1. The socket peer, as [`PeerIp`] finds it: axum's `ConnectInfo<SocketAddr>`, a `SocketAddr`
+///    extension, or tonic's `TcpConnectInfo` (so gRPC needs no interceptor).
+/// 2. If no proxy is trusted (the default), that is the client: forwarding headers are ignored.
+/// 3. With [`trusted_proxies`](ClientIp::trusted_proxies) (a CIDR list): only if the peer is a
+///    trusted proxy, the entries of the chosen header are read from the right, skipping trusted
+///    addresses; the first untrusted one is the client. At most [`MAX_HOPS`] entries are read.
+/// 4. With [`trusted_hops`](ClientIp::trusted_hops)`(n)`: the `n`th entry from the right.
+/// 5. With a single-value header ([`ProxyHeader::XRealIp`], [`ProxyHeader::CfConnectingIp`],
+///    …), chosen explicitly: its value (last line), if the peer is trusted. With a hop count the
+///    peer cannot be checked, so the header is believed from any peer: choose a single-value
+///    header with `trusted_hops` only when every request reaches the service through a proxy that
+///    overwrites that header (the hop count itself says the service is never reached directly).
+///
+/// The leftmost entries are never used for their own sake: anything left of the entries your
+/// proxies wrote was written by the client.
+///
+/// # When no address is found
+///
+/// The key falls back to the socket peer when the entry at the client's position is `unknown`,
+/// obfuscated or malformed, when every entry is a trusted proxy, or when there are fewer entries
+/// than trusted hops. Without a peer address (the server did not record one) the key is missing
+/// and the rule does not apply, which the layer reports once. Nothing here panics.
+///
+/// Misconfigurations are reported once each through `tracing` (never on every request):
+/// forwarding headers arriving while no proxy is trusted or from an untrusted peer, every hop
+/// being trusted, and unusable client entries. Client addresses are not logged.
+///
+/// IPv4-mapped IPv6 addresses count as IPv4, for trust and for keys. IPv6 clients are grouped by
+/// their /64 by default ([`ipv6_prefix`](ClientIp::ipv6_prefix)): one host is given a whole /64
+/// and could otherwise rotate through it. IP keys do not allocate.
+///
 ///
 /// Cheap to clone; clones share their "reported once" state.
 #[derive(Clone)]
@@ -297,7 +302,7 @@ impl ClientIp {
     /// assert_eq!(client_ip.resolve(peer, &headers), "192.0.2.9".parse().ok());
     /// ```
     pub fn resolve(&self, peer: Option<IpAddr>, headers: &HeaderMap) -> Option<IpAddr> {
-        let peer = peer.map(|ip| ip.to_canonical());
+        let peer = peer.map(canonical_ip);
         match &self.trust {
             Trust::Nobody => {
                 if !self.hints.untrusted.done() {
@@ -492,10 +497,9 @@ impl fmt::Debug for ClientIp {
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, parts: &Parts) -> Extracted {
-        Extracted::Ready(
-            self.client_addr(parts)
-                .map(|ip| Key::ip_prefix(ip, self.v6_prefix)),
-        )
+        self.client_addr(parts)
+            .map(|ip| Key::ip_prefix(ip, self.v6_prefix))
+            .into()
     }
 }
 

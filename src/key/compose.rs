@@ -1,48 +1,4 @@
 //! Composition: [`combine`] extractors into one key, or take the [`first_of`] several.
-//!
-//! ```
-//! use tollgate::key::{ClientIp, FromHeader, FromExtension, Key, KeyExtractor, KeyExtractorExt, Route, combine, first_of};
-//!
-//! #[derive(Clone)]
-//! struct UserId(u64);
-//!
-//! // The user, else the API key, else the client IP.
-//! let who = first_of((
-//!     FromExtension::new(|user: &UserId| Some(Key::text(user.0.to_string()))),
-//!     FromHeader::new("x-api-key").hashed(),
-//!     ClientIp::new(),
-//! ));
-//! // Per tenant and route: both must be found.
-//! let tenant_route = combine((FromHeader::new("x-tenant"), Route::new()));
-//! // The same, as methods.
-//! let user_or_ip = FromExtension::new(|user: &UserId| Some(Key::text(user.0.to_string())))
-//!     .or(ClientIp::new());
-//! let ip_route = ClientIp::new().and(Route::new());
-//!
-//! let (mut parts, ()) = http::Request::new(()).into_parts();
-//! parts.extensions.insert(UserId(7));
-//! assert_eq!(who.extract(&parts).ready().flatten(), Some(Key::text("7")));
-//! assert_eq!(user_or_ip.extract(&parts).ready().flatten(), Some(Key::text("7")));
-//! # let _ = (tenant_route, ip_route);
-//! ```
-//!
-//! # Combine
-//!
-//! [`combine`] (or [`and`](KeyExtractorExt::and)) asks every extractor; if any finds no key,
-//! the combination has none. The parts are joined with `|` (`acme|/users/%7Bid%7D`); text keys
-//! cannot contain a raw `|`, and a part that is itself a combination is hashed, so different
-//! parts never give the same key. A long result is hashed like any text key.
-//!
-//! # First of
-//!
-//! [`first_of`] (or [`or`](KeyExtractorExt::or)) returns the first key found, in order. IP keys
-//! and the global key come out as they are. Text keys from the second extractor on are tagged
-//! with its position (`~1:…`), so that one source cannot name another's keys: a client that
-//! sends `X-Api-Key: alice` is not counted as the authenticated user `alice`, and a header
-//! value that looks like an address is not the IP key of that address (see [`Key::text`]).
-//!
-//! Extractors are asked in order and the first key wins; when one is asynchronous, those after
-//! it are asked at once too (their futures are awaited only if needed).
 
 use std::fmt::Write;
 
@@ -77,7 +33,53 @@ where
     FirstOf(extractors)
 }
 
-/// Combinators on every [`KeyExtractor`].
+/// Combinators on every [`KeyExtractor`]: [`and`](KeyExtractorExt::and) joins keys into one
+/// (as [`combine`] does), [`or`](KeyExtractorExt::or) takes the first key found (as [`first_of`]
+/// does).
+///
+/// ```
+/// use tollgate::key::{ClientIp, FromHeader, FromExtension, Key, KeyExtractor, KeyExtractorExt, Route, combine, first_of};
+///
+/// #[derive(Clone)]
+/// struct UserId(u64);
+///
+/// // The user, else the API key, else the client IP.
+/// let who = first_of((
+///     FromExtension::new(|user: &UserId| Some(Key::text(user.0.to_string()))),
+///     FromHeader::new("x-api-key").hashed(),
+///     ClientIp::new(),
+/// ));
+/// // Per tenant and route: both must be found.
+/// let tenant_route = combine((FromHeader::new("x-tenant"), Route::new()));
+/// // The same, as methods.
+/// let user_or_ip = FromExtension::new(|user: &UserId| Some(Key::text(user.0.to_string())))
+///     .or(ClientIp::new());
+/// let ip_route = ClientIp::new().and(Route::new());
+///
+/// let (mut parts, ()) = http::Request::new(()).into_parts();
+/// parts.extensions.insert(UserId(7));
+/// assert_eq!(who.extract(&parts).found(), Some(Key::text("7")));
+/// assert_eq!(user_or_ip.extract(&parts).found(), Some(Key::text("7")));
+/// # let _ = (tenant_route, ip_route);
+/// ```
+///
+/// # Combine
+///
+/// [`combine`] (or [`and`](KeyExtractorExt::and)) asks every extractor; if any finds no key,
+/// the combination has none. The parts are joined with `|` (`acme|/users/%7Bid%7D`); text keys
+/// cannot contain a raw `|`, and a part that is itself a combination is hashed, so different
+/// parts never give the same key. A long result is hashed like any text key.
+///
+/// # First of
+///
+/// [`first_of`] (or [`or`](KeyExtractorExt::or)) returns the first key found, in order. IP keys
+/// and the global key come out as they are. Text keys from the second extractor on are tagged
+/// with its position (`~1:…`), so that one source cannot name another's keys: a client that
+/// sends `X-Api-Key: alice` is not counted as the authenticated user `alice`, and a header
+/// value that looks like an address is not the IP key of that address (see [`Key::text`]).
+///
+/// Extractors are asked in order and the first key wins; when one is asynchronous, those after
+/// it are asked at once too (their futures are awaited only if needed).
 pub trait KeyExtractorExt: KeyExtractor + Sized {
     /// This key, or when it is missing, `other`'s: `first_of((self, other))`.
     fn or<O: KeyExtractor>(self, other: O) -> FirstOf<(Self, O)> {
@@ -97,8 +99,8 @@ fn combine_all(members: &[&dyn KeyExtractor], parts: &Parts) -> Extracted {
     let mut pending: SmallVec<[(usize, KeyFuture); 2]> = SmallVec::new();
     for (i, member) in members.iter().enumerate() {
         match member.extract(parts) {
-            Extracted::Ready(None) => return Extracted::Ready(None),
-            Extracted::Ready(Some(key)) => keys.push(Some(key)),
+            Extracted::Missing => return Extracted::Missing,
+            Extracted::Found(key) => keys.push(Some(key)),
             Extracted::Pending(future) => {
                 keys.push(None);
                 pending.push((i, future));
@@ -106,7 +108,7 @@ fn combine_all(members: &[&dyn KeyExtractor], parts: &Parts) -> Extracted {
         }
     }
     if pending.is_empty() {
-        return Extracted::Ready(Some(join(keys.iter().flatten())));
+        return Extracted::Found(join(keys.iter().flatten()));
     }
     Extracted::Pending(Box::pin(async move {
         for (i, future) in pending {
@@ -143,11 +145,11 @@ fn first_of_all(members: &[&dyn KeyExtractor], parts: &Parts) -> Extracted {
     let mut steps: SmallVec<[Step; 2]> = SmallVec::new();
     for (i, member) in members.iter().enumerate() {
         match member.extract(parts) {
-            Extracted::Ready(None) => {}
-            Extracted::Ready(Some(key)) => {
+            Extracted::Missing => {}
+            Extracted::Found(key) => {
                 let key = tag(i, key);
                 if steps.is_empty() {
-                    return Extracted::Ready(Some(key));
+                    return Extracted::Found(key);
                 }
                 steps.push(Step::Found(key));
                 break;
@@ -156,7 +158,7 @@ fn first_of_all(members: &[&dyn KeyExtractor], parts: &Parts) -> Extracted {
         }
     }
     if steps.is_empty() {
-        return Extracted::Ready(None);
+        return Extracted::Missing;
     }
     Extracted::Pending(Box::pin(async move {
         for step in steps {
@@ -225,7 +227,8 @@ mod tests {
     fn run(extractor: &impl KeyExtractor) -> Option<Key> {
         let (parts, ()) = http::Request::new(()).into_parts();
         match extractor.extract(&parts) {
-            Extracted::Ready(key) => key,
+            Extracted::Found(key) => Some(key),
+            Extracted::Missing => None,
             Extracted::Pending(future) => futures_lite(future),
         }
     }

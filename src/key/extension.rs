@@ -1,29 +1,4 @@
-//! [`FromExtension`]: a key from a typed request extension, such as the user an upstream
-//! authentication layer put there.
-//!
-//! ```
-//! use tollgate::key::{FromExtension, Key, KeyExtractor};
-//!
-//! // What your authentication middleware inserts.
-//! #[derive(Clone)]
-//! struct User {
-//!     id: u64,
-//!     tenant: String,
-//! }
-//!
-//! let by_user = FromExtension::new(|user: &User| Some(Key::text(user.id.to_string())));
-//! let by_tenant = FromExtension::new(|user: &User| Some(Key::text(&user.tenant)));
-//!
-//! let (mut parts, ()) = http::Request::new(()).into_parts();
-//! parts.extensions.insert(User { id: 42, tenant: "acme".into() });
-//! assert_eq!(by_user.extract(&parts).ready().flatten(), Some(Key::text("42")));
-//! assert_eq!(by_tenant.extract(&parts).ready().flatten(), Some(Key::text("acme")));
-//! ```
-//!
-//! Extensions are set by server code, never by the client, so this is the strongest key: the
-//! one your authentication established. The authentication layer must run *before* the rate
-//! limit (be added after it, since the last layer added is the outermost). Requests without the
-//! extension have no key; chain a fallback with [`or`](super::KeyExtractorExt::or).
+//! [`FromExtension`]: a key from a typed request extension.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -32,6 +7,33 @@ use http::request::Parts;
 
 use super::{Extracted, Key, KeyExtractor};
 
+/// A key from a typed request extension, such as the user an upstream
+/// authentication layer put there.
+///
+/// ```
+/// use tollgate::key::{FromExtension, Key, KeyExtractor};
+///
+/// // What your authentication middleware inserts.
+/// #[derive(Clone)]
+/// struct User {
+///     id: u64,
+///     tenant: String,
+/// }
+///
+/// let by_user = FromExtension::new(|user: &User| Some(Key::text(user.id.to_string())));
+/// let by_tenant = FromExtension::new(|user: &User| Some(Key::text(&user.tenant)));
+///
+/// let (mut parts, ()) = http::Request::new(()).into_parts();
+/// parts.extensions.insert(User { id: 42, tenant: "acme".into() });
+/// assert_eq!(by_user.extract(&parts).found(), Some(Key::text("42")));
+/// assert_eq!(by_tenant.extract(&parts).found(), Some(Key::text("acme")));
+/// ```
+///
+/// Extensions are set by server code, never by the client, so this is the strongest key: the
+/// one your authentication established. The authentication layer must run *before* the rate
+/// limit (be added after it, since the last layer added is the outermost). Requests without the
+/// extension have no key; chain a fallback with [`or`](super::KeyExtractorExt::or).
+///
 /// A key from the request extension of type `T`, through `F`.
 pub struct FromExtension<T, F> {
     f: F,
@@ -60,7 +62,7 @@ impl FromExtension<Key, fn(&Key) -> Option<Key>> {
     ///
     /// let (mut parts, ()) = http::Request::new(()).into_parts();
     /// parts.extensions.insert(Key::text("user-7"));
-    /// assert_eq!(FromExtension::key().extract(&parts).ready().flatten(), Some(Key::text("user-7")));
+    /// assert_eq!(FromExtension::key().extract(&parts).found(), Some(Key::text("user-7")));
     /// ```
     pub fn key() -> Self {
         FromExtension::new(|key: &Key| Some(key.clone()))
@@ -90,6 +92,6 @@ where
     F: Fn(&T) -> Option<Key> + Send + Sync + 'static,
 {
     fn extract(&self, parts: &Parts) -> Extracted {
-        Extracted::Ready(parts.extensions.get::<T>().and_then(&self.f))
+        parts.extensions.get::<T>().and_then(&self.f).into()
     }
 }

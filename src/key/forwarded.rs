@@ -37,6 +37,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use http::header::{GetAll, HeaderValue};
 use http::{HeaderMap, HeaderName};
 
+use super::canonical_ip;
+
 /// `X-Forwarded-For`.
 pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
@@ -285,7 +287,7 @@ pub fn parse_node(node: &[u8]) -> Node {
     }
     match name {
         [b'[', inner @ .., b']'] => match parse_str::<Ipv6Addr>(inner) {
-            Some(v6) => Node::Ip(IpAddr::V6(v6).to_canonical()),
+            Some(v6) => Node::Ip(canonical_ip(IpAddr::V6(v6))),
             None => Node::Invalid,
         },
         [b'_', rest @ ..] if !rest.is_empty() && rest.iter().all(|&b| is_obf_char(b)) => {
@@ -293,7 +295,7 @@ pub fn parse_node(node: &[u8]) -> Node {
         }
         _ if name.eq_ignore_ascii_case(b"unknown") => Node::Unknown,
         _ if name.contains(&b':') => match parse_str::<Ipv6Addr>(name) {
-            Some(v6) => Node::Ip(IpAddr::V6(v6).to_canonical()),
+            Some(v6) => Node::Ip(canonical_ip(IpAddr::V6(v6))),
             None => Node::Invalid,
         },
         _ => match parse_ipv4(name) {

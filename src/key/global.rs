@@ -7,7 +7,7 @@ use super::{Extracted, Key, KeyExtractor};
 ///
 /// ```
 /// use tollgate::key::Global;
-/// use tollgate::policy::{Quota, Rule};
+/// use tollgate::{Quota, Rule};
 ///
 /// let rule = Rule::new("everyone", Quota::per_second(1000)).key(Global);
 /// # let _ = rule;
@@ -17,6 +17,6 @@ pub struct Global;
 
 impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Extracted {
-        Extracted::Ready(Some(Key::global()))
+        Extracted::Found(Key::global())
     }
 }

@@ -1,30 +1,32 @@
-//! [`FromHeader`]: a key from a request header (an API key, a tenant set by your gateway).
-//!
-//! ```
-//! use tollgate::key::{ClientIp, FromHeader, Key, KeyExtractor, KeyExtractorExt};
-//!
-//! // Count by API key, hashed so the store never sees the secret; requests without one by IP.
-//! let by_api_key = FromHeader::new("x-api-key").hashed().or(ClientIp::new());
-//!
-//! let (parts, ()) = http::Request::get("/")
-//!     .header("x-api-key", "k-123")
-//!     .body(())
-//!     .unwrap()
-//!     .into_parts();
-//! assert_eq!(by_api_key.extract(&parts).ready().flatten(), Some(Key::digest("k-123")));
-//! ```
-//!
-//! A header is only as trustworthy as whoever writes it. A client writes its own headers, so a
-//! header key limits nothing unless the value is checked before it is counted (an API key that
-//! an upstream layer validated) or set by your own infrastructure, which strips it from
-//! incoming requests. To key by an identity your authentication layer established, prefer
-//! [`FromExtension`](super::FromExtension).
+//! [`FromHeader`]: a key from a request header.
 
 use http::HeaderName;
 use http::request::Parts;
 
 use super::{Extracted, Key, KeyExtractor};
 
+/// A key from a request header (an API key, a tenant set by your gateway).
+///
+/// ```
+/// use tollgate::key::{ClientIp, FromHeader, Key, KeyExtractor, KeyExtractorExt};
+///
+/// // Count by API key, hashed so the store never sees the secret; requests without one by IP.
+/// let by_api_key = FromHeader::new("x-api-key").hashed().or(ClientIp::new());
+///
+/// let (parts, ()) = http::Request::get("/")
+///     .header("x-api-key", "k-123")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// assert_eq!(by_api_key.extract(&parts).found(), Some(Key::digest("k-123")));
+/// ```
+///
+/// A header is only as trustworthy as whoever writes it. A client writes its own headers, so a
+/// header key limits nothing unless the value is checked before it is counted (an API key that
+/// an upstream layer validated) or set by your own infrastructure, which strips it from
+/// incoming requests. To key by an identity your authentication layer established, prefer
+/// [`FromExtension`](super::FromExtension).
+///
 /// A key from the first value of a header, whitespace trimmed. Missing or empty headers give no
 /// key. Values that are not UTF-8 are hashed; long ones are hashed by [`Key::text`].
 #[derive(Clone, Debug)]
@@ -89,17 +91,17 @@ impl FromHeader {
 impl KeyExtractor for FromHeader {
     fn extract(&self, parts: &Parts) -> Extracted {
         let Some(value) = parts.headers.get(&self.name) else {
-            return Extracted::Ready(None);
+            return Extracted::Missing;
         };
         let bytes = value.as_bytes().trim_ascii();
         if bytes.is_empty() {
-            return Extracted::Ready(None);
+            return Extracted::Missing;
         }
         let key = match std::str::from_utf8(bytes) {
             Ok(text) if !self.hashed => Key::text(text),
             _ => Key::digest(bytes),
         };
-        Extracted::Ready(Some(key))
+        Extracted::Found(key)
     }
 }
 
@@ -113,7 +115,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        extractor.extract(&parts).ready().flatten()
+        extractor.extract(&parts).found()
     }
 
     #[test]
@@ -128,6 +130,6 @@ mod tests {
             Some(Key::digest("acme"))
         );
         let (parts, ()) = http::Request::new(()).into_parts();
-        assert_eq!(tenant.extract(&parts).ready().flatten(), None);
+        assert_eq!(tenant.extract(&parts).found(), None);
     }
 }

@@ -1,6 +1,6 @@
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
@@ -31,6 +31,7 @@ pub struct Key(Repr);
 #[derive(Clone, PartialEq, Eq)]
 enum Repr {
     Global,
+    Unidentified,
     Ip(IpAddr),
     Text(Arc<str>),
 }
@@ -42,6 +43,7 @@ impl Hash for Key {
     fn hash<H: Hasher>(&self, state: &mut H) {
         match &self.0 {
             Repr::Global => state.write_u8(0),
+            Repr::Unidentified => state.write_u8(1),
             Repr::Ip(IpAddr::V4(v4)) => state.write_u32(v4.to_bits()),
             Repr::Ip(IpAddr::V6(v6)) => state.write_u128(v6.to_bits()),
             Repr::Text(text) => text.hash(state),
@@ -61,15 +63,37 @@ impl Key {
         Key(Repr::Global)
     }
 
-    /// An IP address as it is (an IPv4-mapped IPv6 address becomes IPv4).
+    /// The key that counts every request whose extractor found no key (written `unidentified`):
+    /// such requests share one budget per rule instead of going unlimited. See
+    /// [`Rule::skip_unidentified`](crate::Rule::skip_unidentified).
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    ///
+    /// assert_eq!(Key::unidentified().to_string(), "unidentified");
+    /// // A client cannot name it through a text identity.
+    /// assert_ne!(Key::text("unidentified"), Key::unidentified());
+    /// ```
+    pub const fn unidentified() -> Self {
+        Key(Repr::Unidentified)
+    }
+
+    /// Whether this is the [`unidentified`](Key::unidentified) key.
+    pub fn is_unidentified(&self) -> bool {
+        matches!(self.0, Repr::Unidentified)
+    }
+
+    /// An IP address as it is (an IPv6 address that embeds an IPv4 client becomes that IPv4
+    /// address: see [`canonical_ip`]).
     pub fn ip(ip: IpAddr) -> Self {
-        Key(Repr::Ip(ip.to_canonical()))
+        Key(Repr::Ip(canonical_ip(ip)))
     }
 
     /// An IP address, IPv6 addresses cut to their first `v6_prefix` bits (clamped to 128), so
-    /// that one host cannot rotate through its subnet. IPv4-mapped IPv6 addresses become IPv4.
+    /// that one host cannot rotate through its subnet. An IPv6 address that embeds an IPv4
+    /// client becomes that IPv4 address first (see [`canonical_ip`]).
     pub fn ip_prefix(ip: IpAddr, v6_prefix: u8) -> Self {
-        match ip.to_canonical() {
+        match canonical_ip(ip) {
             IpAddr::V6(v6) => {
                 let bits = u32::from(v6_prefix.min(128));
                 let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
@@ -85,8 +109,8 @@ impl Key {
     ///   distinct inputs stay distinct and the result is safe inside a Redis Cluster hash tag
     ///   (`|` and `~` are the separators of [`combine`](super::combine) and
     ///   [`first_of`](super::first_of)).
-    /// * A text that would read like another kind of key (an IP address, `global`, a hashed
-    ///   `sha256:` identity) or is empty has its first character escaped (the empty text
+    /// * A text that would read like another kind of key (an IP address, `global`,
+    ///   `unidentified`, a hashed `sha256:` identity) or is empty has its first character escaped (the empty text
     ///   becomes `%`), so a client cannot name someone else's IP key through a text identity.
     /// * A result longer than [`MAX_TEXT_KEY_LEN`] bytes is replaced by `sha256:` and the hex
     ///   digest of the escaped text (71 bytes).
@@ -182,6 +206,33 @@ impl Key {
     }
 }
 
+/// The well-known NAT64 prefix `64:ff9b::/96` (RFC 6052), as the top 96 bits of an address.
+const NAT64_PREFIX: u128 = 0x0064_ff9b_0000_0000_0000_0000_0000_0000;
+
+/// The address a client is counted by: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`) and an
+/// address of the NAT64 / SIIT well-known prefix (`64:ff9b::a.b.c.d`, RFC 6052) stand for the
+/// IPv4 client `a.b.c.d`; every other address is itself.
+///
+/// Without this, every IPv4 client behind a NAT64 gateway would share the gateway's IPv6 /64.
+/// Only the well-known /96 is un-mapped: a network-specific prefix (RFC 6052 §2.2) is a choice
+/// of the operator's that tollgate cannot see.
+///
+/// ```
+/// use std::net::IpAddr;
+/// use tollgate::key::canonical_ip;
+///
+/// let nat64: IpAddr = "64:ff9b::198.51.100.7".parse().unwrap();
+/// assert_eq!(canonical_ip(nat64), "198.51.100.7".parse::<IpAddr>().unwrap());
+/// ```
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_bits() >> 32 == NAT64_PREFIX >> 32 => {
+            IpAddr::V4(Ipv4Addr::from_bits(v6.to_bits() as u32))
+        }
+        other => other.to_canonical(),
+    }
+}
+
 fn needs_escape(c: char) -> bool {
     matches!(c, '%' | '{' | '}' | '|' | '~') || c.is_control() || c.is_whitespace()
 }
@@ -190,6 +241,7 @@ fn needs_escape(c: char) -> bool {
 fn is_ambiguous(text: &str) -> bool {
     text.is_empty()
         || text == "global"
+        || text == "unidentified"
         || text.starts_with(HASH_PREFIX)
         || (text.len() <= 45 && text.parse::<IpAddr>().is_ok())
 }
@@ -220,6 +272,7 @@ impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Repr::Global => f.write_str("global"),
+            Repr::Unidentified => f.write_str("unidentified"),
             Repr::Ip(ip) => write!(f, "{ip}"),
             Repr::Text(text) => f.write_str(text),
         }
@@ -280,5 +333,20 @@ mod tests {
         assert_eq!(Key::ip_prefix(v6, 48).to_string(), "2001:db8:1::");
         assert_eq!(Key::ip_prefix(v6, 200).to_string(), "2001:db8:1:2:3:4:5:6");
         assert_eq!(Key::ip_prefix(v6, 0).to_string(), "::");
+    }
+
+    #[test]
+    fn nat64_addresses_are_their_ipv4_client() {
+        // RFC 6052's well-known prefix: every IPv4 client behind a NAT64 / SIIT gateway would
+        // otherwise share the gateway's /64.
+        let a: IpAddr = "64:ff9b::c000:201".parse().unwrap();
+        let b: IpAddr = "64:ff9b::c633:6407".parse().unwrap();
+        assert_eq!(Key::ip(a).to_string(), "192.0.2.1");
+        assert_eq!(Key::ip_prefix(a, 64).to_string(), "192.0.2.1");
+        assert_eq!(Key::ip_prefix(b, 64).to_string(), "198.51.100.7");
+        assert_ne!(Key::ip_prefix(a, 64), Key::ip_prefix(b, 64));
+        // Other addresses of 64:ff9b::/32 that are not in the /96 stay IPv6.
+        let local_use: IpAddr = "64:ff9b:1::c000:201".parse().unwrap();
+        assert!(Key::ip(local_use).as_ip().unwrap().is_ipv6());
     }
 }

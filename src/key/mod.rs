@@ -9,16 +9,18 @@
 //!     parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(Key::text)
 //! };
 //! let (parts, ()) = Request::get("/").header("x-tenant", "acme").body(()).unwrap().into_parts();
-//! assert_eq!(by_tenant.extract(&parts).ready(), Some(Some(Key::text("acme"))));
-//! assert_eq!(Global.extract(&parts).ready(), Some(Some(Key::global())));
+//! assert_eq!(by_tenant.extract(&parts).found(), Some(Key::text("acme")));
+//! assert_eq!(Global.extract(&parts).found(), Some(Key::global()));
 //! ```
 //!
 //! Extraction is synchronous on the fast path; an extractor that must look something up returns
 //! [`Extracted::Pending`] with a future.
 //!
-//! When an extractor finds no key (no authenticated user, no peer address), the rule does not
-//! apply to that request; the layer logs this once per rule through `tracing`. Chain extractors
-//! (a user, else the IP) to make sure every request is counted.
+//! When an extractor finds no key (no authenticated user, no peer address), the request is not
+//! let through unlimited: the rule counts it under one shared key, [`Key::unidentified`], and
+//! the layer says so once per rule through `tracing`, with the fix to apply. Chain extractors
+//! (a user, else the IP) so that every request has a key of its own, or let a rule
+//! [skip](crate::Rule::skip_unidentified) such requests.
 //!
 //! # The extractors
 //!
@@ -38,18 +40,18 @@
 //! (no allocation), text keys escape `{`, `}`, `%`, `|`, `~`, whitespace and control characters
 //! and are hashed to 71 bytes past [`MAX_TEXT_KEY_LEN`].
 
-pub mod async_fn;
+mod async_fn;
 #[cfg(feature = "axum")]
-pub mod body;
-pub mod client_ip;
-pub mod compose;
-pub mod extension;
+mod body;
+mod client_ip;
+mod compose;
+mod extension;
 pub mod forwarded;
 mod global;
-pub mod header;
+mod header;
 mod identity;
 mod peer_ip;
-pub mod route;
+mod route;
 
 pub use async_fn::{AsyncFn, async_fn};
 #[cfg(feature = "axum")]
@@ -62,11 +64,12 @@ pub use compose::{Combine, FirstOf, KeyExtractorExt, combine, first_of};
 pub use extension::FromExtension;
 pub use global::Global;
 pub use header::FromHeader;
-pub use identity::{Key, MAX_TEXT_KEY_LEN};
+pub use identity::{Key, MAX_TEXT_KEY_LEN, canonical_ip};
 pub use ipnet::IpNet;
 pub use peer_ip::PeerIp;
 pub use route::{MAX_GRPC_PATH_LEN, Route};
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -76,33 +79,61 @@ use http::request::Parts;
 /// A future that finds a key later.
 pub type KeyFuture = Pin<Box<dyn Future<Output = Option<Key>> + Send + 'static>>;
 
-/// What an extractor found.
+/// What an extractor found for a request.
 pub enum Extracted {
-    /// The key, or `None` when the request has none (the rule then does not apply).
-    Ready(Option<Key>),
-    /// A key that needs asynchronous work (a lookup) to find.
+    /// The key.
+    Found(Key),
+    /// The request has no key for this extractor (no authenticated user, no peer address). The
+    /// rule then counts it under [`Key::unidentified`], unless it
+    /// [skips such requests](crate::Rule::skip_unidentified).
+    Missing,
+    /// The key needs asynchronous work (a lookup) to find; the future resolves to `None` when
+    /// it is missing.
     Pending(KeyFuture),
 }
 
 impl Extracted {
-    /// The key if it was found synchronously; `None` for [`Extracted::Pending`].
-    pub fn ready(self) -> Option<Option<Key>> {
+    /// The key, waiting for the lookup of [`Extracted::Pending`]; `None` when it is missing.
+    pub async fn resolve(self) -> Option<Key> {
         match self {
-            Extracted::Ready(key) => Some(key),
-            Extracted::Pending(_) => None,
+            Extracted::Found(key) => Some(key),
+            Extracted::Missing => None,
+            Extracted::Pending(future) => future.await,
+        }
+    }
+
+    /// The key of [`Extracted::Found`]; `None` when it is missing **or** needs a lookup (use
+    /// [`resolve`](Extracted::resolve) to wait for one).
+    pub fn found(self) -> Option<Key> {
+        match self {
+            Extracted::Found(key) => Some(key),
+            Extracted::Missing | Extracted::Pending(_) => None,
         }
     }
 }
 
 impl From<Option<Key>> for Extracted {
     fn from(key: Option<Key>) -> Self {
-        Extracted::Ready(key)
+        match key {
+            Some(key) => Extracted::Found(key),
+            None => Extracted::Missing,
+        }
     }
 }
 
 impl From<Key> for Extracted {
     fn from(key: Key) -> Self {
-        Extracted::Ready(Some(key))
+        Extracted::Found(key)
+    }
+}
+
+impl fmt::Debug for Extracted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Extracted::Found(key) => f.debug_tuple("Found").field(key).finish(),
+            Extracted::Missing => f.write_str("Missing"),
+            Extracted::Pending(_) => f.write_str("Pending(..)"),
+        }
     }
 }
 
@@ -119,7 +150,7 @@ where
     F: Fn(&Parts) -> Option<Key> + Send + Sync + 'static,
 {
     fn extract(&self, parts: &Parts) -> Extracted {
-        Extracted::Ready(self(parts))
+        self(parts).into()
     }
 }
 

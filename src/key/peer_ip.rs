@@ -15,7 +15,7 @@ use super::{Extracted, Key, KeyExtractor};
 ///
 /// let (mut parts, ()) = http::Request::new(()).into_parts();
 /// parts.extensions.insert(SocketAddr::from(([203, 0, 113, 7], 40000)));
-/// let key = PeerIp::new().extract(&parts).ready().flatten().unwrap();
+/// let key = PeerIp::new().extract(&parts).found().unwrap();
 /// assert_eq!(key.to_string(), "203.0.113.7");
 /// ```
 ///
@@ -81,6 +81,8 @@ static HINTED: Once = Once::new();
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts) -> Extracted {
         hint_no_trust(&parts.headers, &HINTED);
-        Extracted::Ready(Self::peer_addr(parts).map(|ip| Key::ip_prefix(ip, self.v6_prefix)))
+        Self::peer_addr(parts)
+            .map(|ip| Key::ip_prefix(ip, self.v6_prefix))
+            .into()
     }
 }

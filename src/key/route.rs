@@ -1,34 +1,4 @@
-//! [`Route`]: a key per route pattern (`/users/{id}`, never the raw URI), optionally with the
-//! method; for gRPC, the `/package.Service/Method` path.
-//!
-//! ```
-//! use axum::{Router, routing::get};
-//! use tollgate::key::{ClientIp, KeyExtractorExt, Route};
-//! use tollgate::{Quota, RateLimitLayer, Rule};
-//!
-//! // Each client gets 30 requests per minute on each route; /users/1 and /users/2 share one.
-//! let layer = RateLimitLayer::builder()
-//!     .rule(Rule::new("per-route", Quota::per_minute(30)).key(ClientIp::new().and(Route::new())))
-//!     .build()?;
-//! let app: Router = Router::new()
-//!     .route("/users/{id}", get(|| async { "user" }))
-//!     .route_layer(layer);
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
-//!
-//! With axum the route is the pattern of `MatchedPath`, present when the layer runs inside the
-//! router (`Router::route_layer`, `Router::layer`, or a layer on a route). A raw path would let a
-//! client invent a new key per request (`/users/1`, `/users/2`, …). Requests that matched no
-//! route have no route key: the rule does not apply to them (chain a constant fallback if it
-//! should).
-//!
-//! For gRPC requests (`content-type: application/grpc…`) the key is the request path, which
-//! names the method, when it has the form `/package.Service/Method`. Methods are keyed by name
-//! as they arrive; a client can name methods that do not exist, but each such key is short
-//! and expires with its window.
-//!
-//! [`with_method`](Route::with_method) puts the method first (`GET /users/{id}`); methods other
-//! than the nine standard ones share the name `OTHER`, so they cannot multiply keys either.
+//! [`Route`]: a key per route pattern or gRPC method.
 
 use http::request::Parts;
 use http::{Method, header::CONTENT_TYPE};
@@ -38,7 +8,36 @@ use super::{Extracted, Key, KeyExtractor};
 /// The longest gRPC path used as a route key; longer ones have no route key.
 pub const MAX_GRPC_PATH_LEN: usize = 256;
 
-/// A key per route pattern. See the [module documentation](self).
+/// A key per route pattern (`/users/{id}`, never the raw URI), optionally with the method; for gRPC, the `/package.Service/Method` path.
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::key::{ClientIp, KeyExtractorExt, Route};
+/// use tollgate::{Quota, RateLimitLayer, Rule};
+///
+/// // Each client gets 30 requests per minute on each route; /users/1 and /users/2 share one.
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("per-route", Quota::per_minute(30)).key(ClientIp::new().and(Route::new())))
+///     .build()?;
+/// let app: Router = Router::new()
+///     .route("/users/{id}", get(|| async { "user" }))
+///     .route_layer(layer);
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// With axum the route is the pattern of `MatchedPath`, present when the layer runs inside the
+/// router (`Router::route_layer`, `Router::layer`, or a layer on a route). A raw path would let a
+/// client invent a new key per request (`/users/1`, `/users/2`, …). Requests that matched no
+/// route have no route key: the rule does not apply to them (chain a constant fallback if it
+/// should).
+///
+/// For gRPC requests (`content-type: application/grpc…`) the key is the request path, which
+/// names the method, when it has the form `/package.Service/Method`. Methods are keyed by name
+/// as they arrive; a client can name methods that do not exist, but each such key is short
+/// and expires with its window.
+///
+/// [`with_method`](Route::with_method) puts the method first (`GET /users/{id}`); methods other
+/// than the nine standard ones share the name `OTHER`, so they cannot multiply keys either.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Route {
     method: bool,
@@ -118,14 +117,14 @@ fn method_name(method: &Method) -> &'static str {
 impl KeyExtractor for Route {
     fn extract(&self, parts: &Parts) -> Extracted {
         let Some(route) = Self::route(parts) else {
-            return Extracted::Ready(None);
+            return Extracted::Missing;
         };
         let key = if self.method {
             Key::text(format!("{} {route}", method_name(&parts.method)))
         } else {
             Key::text(route)
         };
-        Extracted::Ready(Some(key))
+        Extracted::Found(key)
     }
 }
 
@@ -139,7 +138,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        Route::new().extract(&parts).ready().flatten()
+        Route::new().extract(&parts).found()
     }
 
     #[test]
@@ -157,7 +156,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        assert_eq!(Route::new().extract(&parts).ready().flatten(), None);
+        assert_eq!(Route::new().extract(&parts).found(), None);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use http::request::Parts;
 /// What one request costs under a rule: a fixed number (default 1) or a function of the request.
 ///
 /// ```
-/// use tollgate::policy::{Cost, Quota, Rule};
+/// use tollgate::{Cost, Quota, Rule};
 ///
 /// // Exports cost 10 units of the hourly budget, everything else 1.
 /// let rule = Rule::new("hourly", Quota::per_hour(1000)).cost(Cost::from_fn(|parts| {

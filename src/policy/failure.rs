@@ -1,10 +1,10 @@
 /// What the layer does when the store fails (errs or times out), or when its
-/// [`CircuitBreaker`](super::CircuitBreaker) is open: set for the layer
+/// [`CircuitBreaker`](crate::CircuitBreaker) is open: set for the layer
 /// ([`on_store_error`](crate::RateLimitLayerBuilder::on_store_error)) and, where one rule needs
-/// another, for the rule ([`Rule::on_store_error`](super::Rule::on_store_error)).
+/// another, for the rule ([`Rule::on_store_error`](crate::Rule::on_store_error)).
 ///
 /// ```
-/// use tollgate::policy::FailureMode;
+/// use tollgate::FailureMode;
 /// use tollgate::{Quota, RateLimitLayer, Rule};
 ///
 /// assert_eq!(FailureMode::default(), FailureMode::Open);

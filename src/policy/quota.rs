@@ -6,7 +6,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tollgate::policy::Quota;
+/// use tollgate::Quota;
 ///
 /// let quota = Quota::per_minute(100).burst(20);
 /// assert_eq!(quota.limit(), 100);
@@ -16,7 +16,7 @@ use std::time::Duration;
 /// ```
 ///
 /// Values are checked when the layer is built: a zero limit, period or burst is a
-/// [`ConfigError`](super::ConfigError), never a panic.
+/// [`ConfigError`](crate::ConfigError), never a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,

@@ -1,17 +1,18 @@
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 
-use super::{Algorithm, ConfigError, Cost, FailureMode, Quota};
-use crate::algorithm::{Limits, MICROS_PER_SECOND};
+use super::{Cost, FailureMode, Quota};
+use crate::algorithm::Limits;
 use crate::key::{KeyExtractor, SharedExtractor};
+use crate::store::RuleSpec;
+use crate::{Algorithm, ConfigError};
 
 /// One limit: a name, a [`Quota`], an [`Algorithm`], who it counts (a
 /// [`KeyExtractor`]) and what a request [`Cost`]s.
 ///
 /// ```
 /// use tollgate::key::Global;
-/// use tollgate::policy::{Algorithm, Quota, Rule};
+/// use tollgate::{Algorithm, Quota, Rule};
 ///
 /// let rule = Rule::new("search", Quota::per_minute(60))
 ///     .algorithm(Algorithm::SlidingWindowCounter)
@@ -25,6 +26,8 @@ use crate::key::{KeyExtractor, SharedExtractor};
 /// `A-Z a-z 0-9 - _ .`.
 ///
 /// Without [`key`](Rule::key) the rule uses the layer's default extractor (the client's peer IP).
+/// A request whose key the extractor cannot find is counted under one shared "unidentified" key
+/// unless the rule says [`skip_unidentified`](Rule::skip_unidentified).
 #[derive(Clone)]
 pub struct Rule {
     pub(crate) name: String,
@@ -33,6 +36,7 @@ pub struct Rule {
     pub(crate) key: Option<SharedExtractor>,
     pub(crate) cost: Cost,
     pub(crate) on_store_error: Option<FailureMode>,
+    pub(crate) skip_unidentified: bool,
 }
 
 impl Rule {
@@ -45,6 +49,7 @@ impl Rule {
             key: None,
             cost: Cost::default(),
             on_store_error: None,
+            skip_unidentified: false,
         }
     }
 
@@ -73,6 +78,19 @@ impl Rule {
         self
     }
 
+    /// Lets a request through this rule when its extractor finds no key.
+    ///
+    /// By default such requests are not unlimited: they share one budget under the key
+    /// [`Key::unidentified`](crate::key::Key::unidentified), so that a missing header or peer
+    /// address (a server that does not record it, a proxy that strips it) never turns the limit
+    /// off. The first such request of each rule is reported through `tracing` with the fix to
+    /// apply. Skip them only when another rule limits them, or when not being identified is
+    /// itself a guarantee (an internal route that only authenticated callers reach).
+    pub fn skip_unidentified(mut self) -> Self {
+        self.skip_unidentified = true;
+        self
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -90,7 +108,6 @@ impl Rule {
         default_failure: FailureMode,
     ) -> Result<CompiledRule, ConfigError> {
         let name = self.name;
-        validate_name(&name)?;
         let quota = self.quota;
         if quota.burst_size().is_some() && !self.algorithm.has_burst() {
             return Err(ConfigError::in_rule(
@@ -101,15 +118,7 @@ impl Rule {
                 ),
             ));
         }
-        if self.algorithm == Algorithm::SlidingWindowCounter && quota.limit() > u64::from(u32::MAX)
-        {
-            return Err(ConfigError::in_rule(
-                &name,
-                "the sliding window counter counts at most 4294967295 per window; lower the quota or use another algorithm",
-            ));
-        }
-        let period = quota.period().as_micros();
-        let period = u64::try_from(period).unwrap_or(u64::MAX);
+        let period = u64::try_from(quota.period().as_micros()).unwrap_or(u64::MAX);
         let limits = Limits::new(
             quota.limit(),
             period,
@@ -133,12 +142,13 @@ impl Rule {
                 ));
             }
         }
-        let spec = RuleSpec::new(name, self.algorithm, limits);
+        let spec = RuleSpec::new(name, self.algorithm, limits)?;
         Ok(CompiledRule {
             spec: Arc::new(spec),
             key: self.key.unwrap_or_else(|| default_key.clone()),
             cost: self.cost,
             on_store_error: self.on_store_error.unwrap_or(default_failure),
+            skip_unidentified: self.skip_unidentified,
         })
     }
 }
@@ -154,86 +164,6 @@ impl fmt::Debug for Rule {
     }
 }
 
-/// The largest quota of a [`SlidingWindowLog`](Algorithm::SlidingWindowLog) rule: the log keeps
-/// one entry (8 bytes in memory, a list element in Redis) per admitted request.
-pub const MAX_LOG_ENTRIES: u64 = 10_000;
-
-fn validate_name(name: &str) -> Result<(), ConfigError> {
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if name.is_empty() || name.len() > 64 || !name.chars().all(ok_char) {
-        return Err(ConfigError::new(format!(
-            "rule name {name:?} is not allowed; use 1 to 64 characters of A-Z a-z 0-9 - _ ."
-        )));
-    }
-    Ok(())
-}
-
-/// The validated, store-facing part of a rule: what a [`Store`](crate::store::Store) needs to
-/// check it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuleSpec {
-    name: Arc<str>,
-    algorithm: Algorithm,
-    limits: Limits,
-    id: u64,
-}
-
-impl RuleSpec {
-    /// A rule as a store sees it, for store implementations and tests. Nothing is validated here
-    /// beyond what [`Limits::new`] checks: [`Rule`] validates the name, the sliding window
-    /// counter's quota (at most `u32::MAX` per window) and the sliding log's (at most
-    /// [`MAX_LOG_ENTRIES`]).
-    pub fn new(name: impl Into<Arc<str>>, algorithm: Algorithm, limits: Limits) -> Self {
-        let name = name.into();
-        // A stable 64-bit id of the name, so that stores can key by a number.
-        let mut hasher =
-            foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).build_hasher();
-        hasher.write(name.as_bytes());
-        let id = hasher.finish();
-        RuleSpec {
-            name,
-            algorithm,
-            limits,
-            id,
-        }
-    }
-
-    /// The rule's name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The rule's algorithm.
-    pub fn algorithm(&self) -> Algorithm {
-        self.algorithm
-    }
-
-    /// The rule's numbers in microseconds.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
-    /// A stable number derived from the name (equal names give equal ids).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The policy as `(quota, window in whole seconds)` for `RateLimit-Policy`: for token bucket
-    /// and GCRA, the burst and the time to refill it; for window algorithms, the quota and period.
-    pub fn policy(&self) -> (u64, u64) {
-        let l = &self.limits;
-        let (quota, micros) = if self.algorithm.has_burst() {
-            // burst × period / limit: the time to refill the whole burst.
-            let micros = (l.burst as u128 * l.period as u128 / l.limit as u128) as u64;
-            (l.burst, micros)
-        } else {
-            (l.limit, l.period)
-        };
-        // Rounded up: "q per w" never promises more than the rule allows.
-        (quota, micros.div_ceil(MICROS_PER_SECOND).max(1))
-    }
-}
-
 /// A rule ready to run: its spec, its key extractor and its cost.
 #[derive(Clone)]
 pub(crate) struct CompiledRule {
@@ -241,4 +171,5 @@ pub(crate) struct CompiledRule {
     pub(crate) key: SharedExtractor,
     pub(crate) cost: Cost,
     pub(crate) on_store_error: FailureMode,
+    pub(crate) skip_unidentified: bool,
 }

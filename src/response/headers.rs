@@ -4,14 +4,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use super::buffer::Buffer;
+use crate::Decision;
 use crate::algorithm::{MICROS_PER_SECOND, Outcome};
-use crate::decision::Decision;
 use crate::policy::CompiledRule;
 
 /// Which budget headers to send.
 ///
 /// ```
-/// use tollgate::response::{Headers, ResetFormat};
+/// use tollgate::{Headers, ResetFormat};
 ///
 /// let default = Headers::default(); // IETF RateLimit + RateLimit-Policy
 /// assert_eq!(default, Headers::ietf());
@@ -19,14 +19,18 @@ use crate::policy::CompiledRule;
 /// # let _ = github_style;
 /// ```
 ///
-/// * IETF (draft-ietf-httpapi-ratelimit-headers, draft-11 form), one list item per rule:
-///   `RateLimit-Policy: "burst";q=100;w=60` and `RateLimit: "burst";r=50;t=30` — `q` the quota,
-///   `w` its window in seconds, `r` what remains, `t` seconds until it is all back.
+/// * IETF (draft-ietf-httpapi-ratelimit-headers-11), one list item per rule:
+///   `RateLimit-Policy: "burst";q=100;w=60` and `RateLimit: "burst";r=50;t=30`. `q` is the quota
+///   and `w` its window in seconds (for token bucket and GCRA, the burst and the time to refill
+///   it); `r` is what remains and `t` the effective window: the seconds within which the client
+///   can use no more than `r`, that is until one more unit is available (rounded up, never 0).
 /// * Legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` for the most constrained rule (the
 ///   one that denied, or the one with the least left), with `Reset` as seconds from now or as a
 ///   Unix time.
 ///
-/// `Retry-After` is always sent on a denial (unless the request can never be admitted).
+/// `Retry-After` is always sent on a denial (unless the request can never be admitted), in whole
+/// seconds rounded up: a request sent that much later is admitted. It is never earlier than the
+/// end of the effective window `t` of a policy that denied (draft-11 §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Headers {
     ietf: bool,
@@ -35,6 +39,7 @@ pub struct Headers {
 
 /// How `X-RateLimit-Reset` is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResetFormat {
     /// Seconds from now, rounded up.
     DeltaSeconds,
@@ -145,7 +150,7 @@ fn seconds_up(micros: u64) -> u64 {
 }
 
 /// Adds the budget headers (and `Retry-After` for a denial) of `decision` to `headers`.
-pub(crate) fn write_headers(
+pub(crate) fn write_budget(
     headers: &mut HeaderMap,
     style: Headers,
     rules: &[CompiledRule],
@@ -173,7 +178,7 @@ pub(crate) fn write_headers(
                 .push(&policies.budget_prefixes[usize::from(i)])
                 .push_u64(outcome.remaining)
                 .push(b";t=")
-                .push_u64(seconds_up(outcome.reset));
+                .push_u64(seconds_up(outcome.window));
         }
         headers.append(&RATELIMIT, value.header_value());
     }

@@ -8,13 +8,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::{HashTable, hash_table};
 use smallvec::SmallVec;
 
-use super::{Charge, Store, StoreError};
+use super::{Charge, RuleRegistry, Store, StoreError};
 use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, State};
 use crate::clock::{Clock, SystemClock};
-use crate::decision::Decision;
 use crate::key::Key;
-use crate::policy::ConfigError;
 use crate::warn::Every;
+use crate::{ConfigError, Decision};
 
 /// How often each shard drops its expired keys, in microseconds.
 const SWEEP_INTERVAL: u64 = MICROS_PER_SECOND;
@@ -65,6 +64,7 @@ pub struct MemoryStore {
 }
 
 struct Inner {
+    registry: RuleRegistry,
     shards: Box<[Mutex<Shard>]>,
     shard_mask: u64,
     per_shard: usize,
@@ -152,7 +152,8 @@ impl MemoryStore {
         ((hash >> 32) & self.inner.shard_mask) as usize
     }
 
-    fn decide(&self, charges: &[Charge<'_>]) -> Decision {
+    /// Checks and charges `charges` now (the store never waits).
+    pub(crate) fn decide(&self, charges: &[Charge<'_>]) -> Decision {
         // Keep every sum of the model below 2^53 whatever a custom clock says.
         let now = self.inner.clock.now_micros().min(MAX_MICROS);
         match charges {
@@ -245,9 +246,22 @@ impl MemoryStore {
                 let mut guard = lock(&self.inner.shards[s]);
                 guard.maybe_sweep(now);
                 // Make room before deciding, so that inserting one rule's new key can never
-                // evict another rule's key of the same request.
-                let arriving = located.iter().filter(|&&(_, shard)| shard == s).count();
-                self.make_room(&mut guard, now, arriving);
+                // evict another rule's key of the same request; only when the shard could
+                // overflow, as making room scans it.
+                let in_shard = || {
+                    charges
+                        .iter()
+                        .zip(&located)
+                        .filter(move |(_, (_, shard))| *shard == s)
+                };
+                if guard.table.len() + in_shard().count() > self.inner.per_shard {
+                    let new = in_shard()
+                        .filter(|(charge, (hash, _))| !guard.holds(*hash, charge))
+                        .count();
+                    if new > 0 && guard.table.len() + new > self.inner.per_shard {
+                        self.make_room(&mut guard, now, new);
+                    }
+                }
                 (s, guard)
             })
             .collect();
@@ -273,8 +287,23 @@ impl MemoryStore {
                 let slot = self.slot(&mut guards[i].1, hash, charge);
                 self.commit(slot, charge, now, outcome.reset);
             }
+            return decision;
         }
-        decision
+        // Denied, so nothing is charged: every rule reports its budget as it stands.
+        let mut uncharged = Decision::default();
+        for ((charge, &(hash, shard)), outcome) in
+            charges.iter().zip(&located).zip(decision.outcomes())
+        {
+            if outcome.allowed && charge.cost > 0 {
+                let i = position(shard, &guards);
+                let state = guards[i].1.find(hash, charge, now);
+                let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+                uncharged.push(algorithm.uncharged(limits, state, now, charge.cost));
+            } else {
+                uncharged.push(*outcome);
+            }
+        }
+        uncharged
     }
 
     /// Charges an admitted request in its slot; `reset` (from its outcome) is how long the new
@@ -363,6 +392,14 @@ impl MemoryStore {
 }
 
 impl Shard {
+    /// Whether the table has an entry for the charge's key, expired or not.
+    fn holds(&self, hash: u64, charge: &Charge<'_>) -> bool {
+        let rule = charge.rule.id();
+        self.table
+            .find(hash, |e| e.rule == rule && e.key == *charge.key)
+            .is_some()
+    }
+
     fn find(&self, hash: u64, charge: &Charge<'_>, now: u64) -> Option<&State> {
         self.table
             .find(hash, |e| e.rule == charge.rule.id() && e.key == *charge.key)
@@ -418,6 +455,10 @@ impl Store for MemoryStore {
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         Some(Ok(self.decide(charges)))
     }
+
+    fn registry(&self) -> Option<&RuleRegistry> {
+        Some(&self.inner.registry)
+    }
 }
 
 impl MemoryStoreBuilder {
@@ -459,6 +500,7 @@ impl MemoryStoreBuilder {
         let per_shard = self.max_keys / shards;
         Ok(MemoryStore {
             inner: Arc::new(Inner {
+                registry: RuleRegistry::new(),
                 shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
                 shard_mask: shards as u64 - 1,
                 per_shard,

@@ -1,17 +1,16 @@
 //! How much they already did: the [`Store`] trait and its implementations.
 //!
 //! ```
-//! use tollgate::algorithm::Algorithm;
+//! use tollgate::Algorithm;
+//! use tollgate::algorithm::Limits;
 //! use tollgate::key::Key;
-//! use tollgate::policy::{Quota, Rule};
-//! use tollgate::store::{Charge, MemoryStore, Store};
-//! # use tollgate::algorithm::Limits;
-//! # use tollgate::policy::RuleSpec;
+//! use tollgate::store::{Charge, MemoryStore, RuleSpec, Store};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
 //! let store = MemoryStore::new();
-//! let rule = RuleSpec::new("burst", Algorithm::TokenBucket, Limits::new(1, 1_000_000, 1).unwrap());
+//! let one_per_second = Limits::new(1, 1_000_000, 1).unwrap();
+//! let rule = RuleSpec::new("burst", Algorithm::TokenBucket, one_per_second).unwrap();
 //! let key = Key::text("client-1");
 //! let charge = [Charge { rule: &rule, key: &key, cost: 1 }];
 //! assert!(store.check(&charge).await.unwrap().allowed());
@@ -27,22 +26,133 @@
 //! * Every key the store writes expires once its budget would be full again.
 //! * For the same algorithm and the same sequence of (time, cost), every store gives the same
 //!   outcomes as the reference model in [`algorithm`](crate::algorithm).
+//! * A denied request is charged nothing, and every rule's outcome describes the budget as it
+//!   stands ([`Algorithm::uncharged`](crate::Algorithm::uncharged)).
+//!
+//! # Redis and Redis Cluster
+//!
+//! With the feature `redis` (on by default), [`RedisStore`] and [`RedisClusterStore`] keep the
+//! budgets in Redis, shared by every replica: "100 per minute" means 100 per minute fleet-wide.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use std::time::Duration;
+//! use axum::{Router, routing::get};
+//! use tollgate::store::RedisStore;
+//! use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::builder("redis://127.0.0.1:6379")
+//!     .prefix("shop")                              // keys are shop:{client}:rule
+//!     .response_timeout(Duration::from_millis(50)) // the budget of one check
+//!     .build()?;                                   // connects in the background
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("burst", Quota::per_second(10).burst(20)))
+//!     .rule(Rule::new("hourly", Quota::per_hour(1000)).algorithm(Algorithm::SlidingWindowCounter))
+//!     .store(store)
+//!     .build()?;
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+//!
+//! let listener = tokio::net::TcpListener::bind("0.0.0.0:3000").await?;
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! For a Redis Cluster, use [`RedisClusterStore::builder`] with the URLs of some of its nodes
+//! instead; everything else is the same. Valkey works as Redis does (Redis 6.2 or newer, or any
+//! Valkey).
+//!
+//! ## One atomic step per request
+//!
+//! A check is one `EVALSHA` of one Lua script that reads the server's `TIME` once, checks every
+//! rule of the request and, only when all of them admit it, charges them all. Nothing can run
+//! between the read and the write, so concurrent requests from any number of replicas are counted
+//! exactly, and a request denied by one rule is charged to none. The script mirrors the reference
+//! model of [`algorithm`](crate::algorithm) decision for decision (a differential test holds them
+//! together). When the server lost the script (restart, failover, `SCRIPT FLUSH`), the store loads
+//! it again and sends the check once more, which is safe: the script did not run.
+//!
+//! A check is sent **at most once** otherwise. A connection that drops after the script ran but
+//! before its reply arrived would, if sent again, charge twice (or refund twice, which would
+//! over-admit), so a check whose reply is lost fails, and its rules' failure modes decide.
+//!
+//! ## Keys and values
+//!
+//! Each rule of each caller is one key, `prefix:{identity}:rule`: the identity (the sanitized
+//! text of a [`Key`](crate::key::Key)) is the Redis Cluster hash tag, so all rules of one caller
+//! live in one slot and one script can check them all. The prefix (default `tollgate`) lets
+//! several applications or regions share one Redis. Every key expires when its budget is full
+//! again (`PEXPIRE`, rounded up to the millisecond), and a key whose state is the same as no state
+//! is deleted: memory follows active callers. Values are compact:
+//!
+//! | algorithm | value |
+//! |---|---|
+//! | token bucket | one integer: minus the time the bucket is full again |
+//! | GCRA | one integer: the theoretical arrival time |
+//! | fixed window | `start:count` |
+//! | sliding window counter | `start:previous:current` |
+//! | sliding window log | a list of at most `limit` times (one per admitted unit, at most 10,000) |
+//!
+//! A rule whose algorithm changed finds the old value unreadable and starts from no state, as the
+//! model does. A token-bucket value holds the bucket as the model would have it at any time not
+//! before its last charge; if the server's clock steps back, the tokens refilled since are not
+//! counted until the clock catches up (the bucket is, briefly, stricter than the model).
+//!
+//! ## Cluster: rules of different callers
+//!
+//! When the rules of one request count different identities (a per-client rule and a
+//! [`Global`](crate::key::Global) one), their keys can live in different slots, where no script
+//! can reach them together. [`RedisClusterStore`] then groups the charges by slot and:
+//!
+//! 1. checks every group without charging (in parallel); if any rule denies, the request is denied
+//!    and **nothing is charged**, as on one node;
+//! 2. otherwise charges every group (in parallel), each group atomically;
+//! 3. if a group now denies (another request took the last units between steps 1 and 2), the
+//!    groups already charged are refunded, and the request is denied.
+//!
+//! So a denied request never keeps a charge, except when the check fails or times out between
+//! steps 2 and 3: then the charges made stay until their keys expire. Requests whose rules all
+//! count the same identity (or identities that hash to one slot) take the one-script path. The
+//! standalone [`RedisStore`] always runs one script for all keys.
+//!
+//! ## Starting, failing, and time
+//!
+//! Both stores start without waiting for Redis: `build()` returns at once, the store connects
+//! in the background and retries, and until it has connected every check fails at once, so each
+//! rule's [`FailureMode`](crate::FailureMode) decides (a replica starts and serves during a Redis
+//! outage). `connect().await` waits for Redis instead, for services that must not start without
+//! it. Connection errors name the server, without its password.
+//!
+//! Each check has a strict budget, `response_timeout` (default 100 ms): past it the check ends
+//! with [`StoreError::Timeout`] (the script may still have run on the server). A refused or
+//! dropped connection, a cluster that is down or a read-only replica give
+//! [`StoreError::Unavailable`]. Errors are told apart by their kind, never by their text. A
+//! [`CircuitBreaker`](crate::CircuitBreaker) (one per server; one per node of a cluster) stops
+//! asking a server that keeps failing, so that requests do not each wait for the budget.
 
-mod error;
+#[cfg(feature = "redis")]
+pub(crate) mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
-pub mod redis;
+mod redis;
+mod registry;
+mod spec;
 
-#[cfg(feature = "redis")]
-pub use self::redis::{RedisClusterStore, RedisStore};
-pub use error::StoreError;
+pub use crate::error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
+#[cfg(feature = "redis")]
+pub use redis::{
+    ConnectError, RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder,
+};
+pub use registry::RuleRegistry;
+pub use spec::RuleSpec;
 
 use std::future::Future;
 
-use crate::decision::Decision;
+use crate::Decision;
 use crate::key::Key;
-use crate::policy::RuleSpec;
 
 /// One rule to check for one request: the rule, the key it counts, and the cost.
 #[derive(Clone, Copy, Debug)]
@@ -74,6 +184,13 @@ pub trait Store: Send + Sync + 'static {
     /// needs an asynchronous lookup first).
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         let _ = charges;
+        None
+    }
+
+    /// The rule names in use on this store, or `None` (the default) for a store that does not
+    /// keep them. With a registry, a layer cannot give a rule name another quota than a living
+    /// layer of the same store gives it (see [`RuleRegistry`]).
+    fn registry(&self) -> Option<&RuleRegistry> {
         None
     }
 }

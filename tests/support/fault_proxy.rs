@@ -1,7 +1,7 @@
 //! A TCP proxy between a store and its Redis, to add latency or cut the connection.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -14,6 +14,17 @@ pub struct FaultProxy {
     delay_micros: Arc<AtomicU64>,
     cut: watch::Sender<bool>,
     forwarded: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+    faults: Arc<Faults>,
+}
+
+/// The one-shot fault: lose the reply of the next check.
+#[derive(Default)]
+struct Faults {
+    /// Armed: the next `EVALSHA` is delivered, then the link is cut before its reply returns.
+    cut_after_next_check: AtomicBool,
+    /// Replies are being dropped (the cut is under way).
+    swallowing: AtomicBool,
 }
 
 impl FaultProxy {
@@ -25,13 +36,18 @@ impl FaultProxy {
         let port = listener.local_addr().unwrap().port();
         let delay_micros = Arc::new(AtomicU64::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicU64::new(0));
+        let faults = Arc::new(Faults::default());
         let (cut, cut_rx) = watch::channel(false);
-        let (delay, count) = (delay_micros.clone(), forwarded.clone());
+        let (delay, count, connections) =
+            (delay_micros.clone(), forwarded.clone(), accepted.clone());
+        let (cutter, fault) = (cut.clone(), faults.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 if *cut_rx.borrow() {
                     continue; // dropped: refused as soon as it was accepted
                 }
+                connections.fetch_add(1, Ordering::SeqCst);
                 let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
                     continue;
                 };
@@ -40,16 +56,26 @@ impl FaultProxy {
                 tokio::spawn(pump(
                     client_read,
                     server_write,
-                    delay.clone(),
-                    count.clone(),
-                    cut_rx.clone(),
+                    Direction::ToServer,
+                    Link {
+                        delay: delay.clone(),
+                        count: count.clone(),
+                        cut: cut_rx.clone(),
+                        cutter: cutter.clone(),
+                        faults: fault.clone(),
+                    },
                 ));
                 tokio::spawn(pump(
                     server_read,
                     client_write,
-                    delay.clone(),
-                    Arc::default(),
-                    cut_rx.clone(),
+                    Direction::ToClient,
+                    Link {
+                        delay: delay.clone(),
+                        count: Arc::default(),
+                        cut: cut_rx.clone(),
+                        cutter: cutter.clone(),
+                        faults: fault.clone(),
+                    },
                 ));
             }
         });
@@ -58,6 +84,8 @@ impl FaultProxy {
             delay_micros,
             cut,
             forwarded,
+            accepted,
+            faults,
         }
     }
 
@@ -73,7 +101,29 @@ impl FaultProxy {
 
     /// Closes every connection and refuses new ones (`true`), or lets them through again.
     pub fn set_cut(&self, cut: bool) {
+        if !cut {
+            self.faults.swallowing.store(false, Ordering::SeqCst);
+        }
         self.cut.send_replace(cut);
+    }
+
+    /// Arms a one-shot fault: the next `EVALSHA` reaches Redis, then every connection is cut
+    /// before its reply comes back (and new ones are refused until [`set_cut`](Self::set_cut)
+    /// `(false)`): the check ran, its client never learns how.
+    pub fn cut_after_next_check(&self) {
+        self.faults
+            .cut_after_next_check
+            .store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the armed fault has struck.
+    pub fn has_cut(&self) -> bool {
+        *self.cut.borrow()
+    }
+
+    /// Connections accepted so far (a reconnect storm shows here).
+    pub fn connections_accepted(&self) -> u64 {
+        self.accepted.load(Ordering::SeqCst)
     }
 
     /// `EVALSHA` commands delivered to Redis so far (rate-limit checks).
@@ -82,16 +132,31 @@ impl FaultProxy {
     }
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    ToServer,
+    ToClient,
+}
+
+/// What both directions of a proxied connection share.
+struct Link {
+    delay: Arc<AtomicU64>,
+    /// Checks delivered (the client-to-server direction counts them).
+    count: Arc<AtomicU64>,
+    cut: watch::Receiver<bool>,
+    cutter: watch::Sender<bool>,
+    faults: Arc<Faults>,
+}
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    delay_micros: Arc<AtomicU64>,
-    count: Arc<AtomicU64>,
-    mut cut: watch::Receiver<bool>,
+    direction: Direction,
+    mut link: Link,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     // Mark the current value seen, so that `changed` waits for the next cut.
-    if *cut.borrow_and_update() {
+    if *link.cut.borrow_and_update() {
         return;
     }
     loop {
@@ -100,16 +165,34 @@ async fn pump(
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             },
-            _ = cut.changed() => return,
+            _ = link.cut.changed() => return,
         };
-        let delay = delay_micros.load(Ordering::SeqCst);
+        let delay = link.delay.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_micros(delay)).await;
         }
-        if *cut.borrow() || to.write_all(&buf[..n]).await.is_err() {
-            return;
+        if direction == Direction::ToClient && link.faults.swallowing.load(Ordering::SeqCst) {
+            return; // the reply is lost with the link
         }
         let checks = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count();
-        count.fetch_add(checks as u64, Ordering::SeqCst);
+        let strike = direction == Direction::ToServer
+            && checks > 0
+            && link
+                .faults
+                .cut_after_next_check
+                .swap(false, Ordering::SeqCst);
+        if strike {
+            link.faults.swallowing.store(true, Ordering::SeqCst);
+        }
+        if *link.cut.borrow() || to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        link.count.fetch_add(checks as u64, Ordering::SeqCst);
+        if strike {
+            // Let Redis run it, then cut every link before anything else goes through.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            link.cutter.send_replace(true);
+            return;
+        }
     }
 }

@@ -172,6 +172,25 @@ impl RedisServer {
         self.shutdown();
     }
 
+    /// Kills the server with SIGKILL, as a crash would: no shutdown, no goodbye to its peers.
+    pub fn kill9(&self) {
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut self.conn())
+            .expect("INFO server");
+        let pid = info
+            .lines()
+            .find_map(|line| line.strip_prefix("process_id:"))
+            .expect("a process_id in INFO server")
+            .trim()
+            .to_owned();
+        let status = Command::new("kill")
+            .args(["-9", &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -9 {pid}");
+    }
+
     fn shutdown(&mut self) {
         // Closing the pipe makes the watchdog stop the server and remove its directory.
         drop(self.stdin.take());
@@ -185,17 +204,25 @@ impl Drop for RedisServer {
     }
 }
 
-/// A 3-primary Redis Cluster (no replicas), made with `redis-cli --cluster create`.
+/// A Redis Cluster of 3 primaries (and optionally a replica each), made with
+/// `redis-cli --cluster create`.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
+    /// 3 primaries, no replicas, a node timeout of 5 s.
     pub fn start() -> RedisCluster {
+        Self::start_with(0, 5000, &[])
+    }
+
+    /// 3 primaries with `replicas` replicas each, the given node timeout (how long a primary
+    /// may be unreachable before its replica takes over), and extra `redis-server` arguments.
+    pub fn start_with(replicas: usize, node_timeout_ms: u32, extra: &[&str]) -> RedisCluster {
         require("redis-cli");
         let mut last_error = String::new();
         for _ in 0..3 {
-            match Self::try_start() {
+            match Self::try_start(replicas, node_timeout_ms, extra) {
                 Ok(cluster) => return cluster,
                 Err(e) => last_error = e,
             }
@@ -203,24 +230,28 @@ impl RedisCluster {
         panic!("could not start a Redis Cluster: {last_error}");
     }
 
-    fn try_start() -> Result<RedisCluster, String> {
+    fn try_start(
+        replicas: usize,
+        node_timeout_ms: u32,
+        extra: &[&str],
+    ) -> Result<RedisCluster, String> {
+        let node_timeout = node_timeout_ms.to_string();
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             let [port, bus] = free_ports::<2>();
             let bus = bus.to_string();
-            nodes.push(RedisServer::start_on(
-                port,
-                &[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-port",
-                    &bus,
-                    "--cluster-node-timeout",
-                    "5000",
-                ],
-            )?);
+            let mut args = vec![
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus,
+                "--cluster-node-timeout",
+                &node_timeout,
+            ];
+            args.extend_from_slice(extra);
+            nodes.push(RedisServer::start_on(port, &args)?);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -230,7 +261,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("cannot run redis-cli: {e}"))?;
@@ -252,17 +283,80 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// Every node says `cluster_state:ok`, knows the 3 nodes and all 16384 slots.
+    /// Every node says `cluster_state:ok`, knows every node and all 16384 slots, and every
+    /// replica is in sync with its primary (so that it can take over).
     fn is_ready(&self) -> bool {
+        let known = format!("cluster_known_nodes:{}", self.nodes.len());
         self.nodes.iter().all(|node| {
+            let mut conn = node.conn();
             let info: String = redis::cmd("CLUSTER")
                 .arg("INFO")
-                .query(&mut node.conn())
+                .query(&mut conn)
+                .unwrap_or_default();
+            let replication: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut conn)
                 .unwrap_or_default();
             info.contains("cluster_state:ok")
                 && info.contains("cluster_slots_assigned:16384")
-                && info.contains("cluster_known_nodes:3")
+                && info.contains(&known)
+                && (replication.contains("role:master")
+                    || replication.contains("master_link_status:up"))
         })
+    }
+
+    /// Makes node `i` announce `ports[i]` as its client port (a proxy in front of it), so that
+    /// clients reach it only through that proxy; waits until every node tells the new ports.
+    pub fn announce_ports(&self, ports: &[u16]) {
+        for (node, port) in self.nodes.iter().zip(ports) {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("cluster-announce-port")
+                .arg(port)
+                .query(&mut node.conn())
+                .expect("CONFIG SET cluster-announce-port");
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let announced = self.nodes.iter().all(|node| {
+                let nodes: String = redis::cmd("CLUSTER")
+                    .arg("NODES")
+                    .query(&mut node.conn())
+                    .unwrap_or_default();
+                ports
+                    .iter()
+                    .all(|port| nodes.contains(&format!("127.0.0.1:{port}@")))
+            });
+            if announced {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the nodes did not announce their proxies in 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The node (index) that is the primary of `slot` now, by asking the first live node.
+    pub fn primary_of(&self, slot: u16) -> Option<usize> {
+        for node in &self.nodes {
+            let Ok(mut conn) = redis::Client::open(node.url()).and_then(|c| c.get_connection())
+            else {
+                continue;
+            };
+            let Ok(slots) = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query::<redis::Value>(&mut conn)
+            else {
+                continue;
+            };
+            return self
+                .nodes
+                .iter()
+                .position(|candidate| owns(&slots, slot, candidate.port));
+        }
+        None
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -298,7 +392,7 @@ impl RedisCluster {
 }
 
 /// Whether the `CLUSTER SLOTS` reply gives `slot` to the node on `port`.
-fn owns(slots: &redis::Value, slot: u16, port: u16) -> bool {
+pub fn owns(slots: &redis::Value, slot: u16, port: u16) -> bool {
     let redis::Value::Array(ranges) = slots else {
         return false;
     };

@@ -7,7 +7,9 @@
 -- ARGV[3]: for "r", the time of the charge to refund.
 -- Then six arguments per charge: algorithm, cost, limit, period, burst, interval.
 --
--- Returns { now, then per charge: allowed (1/0), remaining, reset, retry_after (-1: never) }.
+-- Returns { now, then per charge: allowed (1/0), remaining, reset, retry_after (-1: never),
+-- window }. A request that is not charged (denied, or a peek) reports every rule's budget as it
+-- stands: a rule that would admit it is checked again at cost 0 for its numbers.
 local ALGORITHMS = {
   tb = TokenBucket,
   gcra = Gcra,
@@ -50,21 +52,38 @@ for i = 1, n do
   local A, l = r.algorithm, r.limits
   local state, other = A.load(KEYS[i], l, now)
   r.state, r.other = state, other
-  local allowed, remaining, reset, retry
+  local allowed, remaining, reset, retry, window
   if r.cost > A.capacity(l) then
     -- Algorithm::check: a cost above the capacity is never admitted.
-    allowed, remaining, reset, retry = A.check(l, state, now, 0)
+    allowed, remaining, reset, retry, window = A.check(l, state, now, 0)
     allowed, retry = false, -1
   else
-    allowed, remaining, reset, retry = A.check(l, state, now, r.cost)
+    allowed, remaining, reset, retry, window = A.check(l, state, now, r.cost)
   end
   r.reset = reset
+  r.allowed = allowed
   admitted = admitted and allowed
-  local o = 4 * (i - 1) + 1
+  local o = 5 * (i - 1) + 1
   out[o + 1] = allowed and 1 or 0
   out[o + 2] = remaining
   out[o + 3] = reset
   out[o + 4] = retry
+  out[o + 5] = window
+end
+
+if not admitted or mode == 'p' then
+  -- Nothing is charged (Algorithm::uncharged): the rules that would admit report their budget
+  -- as it stands.
+  for i = 1, n do
+    local r = rules[i]
+    if r.allowed and r.cost > 0 then
+      local _, remaining, reset, _, window = r.algorithm.check(r.limits, r.state, now, 0)
+      local o = 5 * (i - 1) + 1
+      out[o + 2] = remaining
+      out[o + 3] = reset
+      out[o + 5] = window
+    end
+  end
 end
 
 if admitted and mode == 'c' then

@@ -40,7 +40,7 @@ function FixedWindow.check(l, s, now, cost)
   if allowed then
     retry = 0
   end
-  return allowed, math.max(l.limit - used, 0), reset, retry
+  return allowed, math.max(l.limit - used, 0), reset, retry, until_next
 end
 
 function FixedWindow.commit(key, l, s, now, cost, reset)

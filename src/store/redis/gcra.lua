@@ -26,11 +26,16 @@ function Gcra.check(l, s, now, cost)
   local tat = Gcra.start(s, now)
   local capacity_end = now + l.burst * l.interval
   local new_tat = tat + cost * l.interval
-  if new_tat <= capacity_end then
-    return true, idiv(capacity_end - new_tat, l.interval), new_tat - now, 0
+  -- The time until `remaining + 1` tokens fit after a theoretical arrival time `after`.
+  local function window(after, remaining)
+    return math.max(after + (remaining + 1) * l.interval - capacity_end, 0)
   end
-  return false, idiv(math.max(capacity_end - tat, 0), l.interval), tat - now,
-    new_tat - capacity_end
+  if new_tat <= capacity_end then
+    local remaining = idiv(capacity_end - new_tat, l.interval)
+    return true, remaining, new_tat - now, 0, window(new_tat, remaining)
+  end
+  local remaining = idiv(math.max(capacity_end - tat, 0), l.interval)
+  return false, remaining, tat - now, new_tat - capacity_end, window(tat, remaining)
 end
 
 function Gcra.commit(key, l, s, now, cost, reset)

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
+use crate::ConfigError;
 use crate::key::Key;
-use crate::policy::ConfigError;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "tollgate";

@@ -2,8 +2,9 @@
 
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::algorithm::{Algorithm, Limits, Outcome};
-use crate::decision::Decision;
+use crate::Algorithm;
+use crate::Decision;
+use crate::algorithm::{Limits, Outcome};
 use crate::store::{Charge, StoreError};
 
 use super::keys;
@@ -151,7 +152,7 @@ pub(crate) fn decode<'a>(
 ) -> Result<Reply, StoreError> {
     let numbers: Vec<i64> = redis::from_redis_value(value)
         .map_err(|e| StoreError::Protocol(format!("the rate-limit script answered {e}")))?;
-    let expected = 1 + 4 * charges.len();
+    let expected = 1 + 5 * charges.len();
     if numbers.len() != expected {
         return Err(StoreError::Protocol(format!(
             "the rate-limit script answered {} numbers, not {expected}",
@@ -165,7 +166,7 @@ pub(crate) fn decode<'a>(
     };
     let now = non_negative(numbers[0])?;
     let outcomes = charges
-        .zip(numbers[1..].chunks_exact(4))
+        .zip(numbers[1..].chunks_exact(5))
         .map(|(charge, n)| {
             Ok(Outcome {
                 allowed: n[0] == 1,
@@ -177,6 +178,7 @@ pub(crate) fn decode<'a>(
                 } else {
                     non_negative(n[3])?
                 },
+                window: non_negative(n[4])?,
             })
         })
         .collect::<Result<Vec<_>, StoreError>>()?;

@@ -38,6 +38,61 @@ function SlidingCounter.admits(l, s, at, cost)
   return SlidingCounter.estimate(l, c, at) + cost <= l.limit
 end
 
+-- The first `t` in [low, high] that admits `cost` (it admits at `high`), by binary search.
+function SlidingCounter.search(l, s, low, high, cost)
+  while low < high do
+    local mid = low + idiv(high - low, 2)
+    if SlidingCounter.admits(l, s, mid, cost) then
+      high = mid
+    else
+      low = mid + 1
+    end
+  end
+  return low
+end
+
+-- The first `t` in [from, to] that admits `cost`, stepping from `guess`, as the model does.
+function SlidingCounter.first_fit(l, s, from, to, guess, cost)
+  local t = math.min(math.max(guess, from), to)
+  if SlidingCounter.admits(l, s, t, cost) then
+    for _ = 1, 8 do
+      if t == from or not SlidingCounter.admits(l, s, t - 1, cost) then
+        return t
+      end
+      t = t - 1
+    end
+    return SlidingCounter.search(l, s, from, t, cost)
+  end
+  for _ = 1, 8 do
+    t = t + 1
+    if SlidingCounter.admits(l, s, t, cost) then
+      return t
+    end
+  end
+  return SlidingCounter.search(l, s, t, to, cost)
+end
+
+-- The time from `now` until a request of `cost` fits (time_until_fits of the model). The guess
+-- is computed in doubles here and exactly in the model; both then step to the same microsecond.
+function SlidingCounter.time_until_fits(l, s, now, cost)
+  local c = SlidingCounter.counters(l, s, now)
+  local period = l.period
+  local finish = c.start + period
+  local guess
+  if c.current + cost <= l.limit then
+    if c.previous == 0 then
+      guess = now
+    else
+      local x = math.ceil((l.limit - c.current - cost + 1) * period / c.previous) - 1
+      guess = math.max(finish - x, now)
+    end
+  else
+    local x = math.ceil((l.limit - cost + 1) * period / c.current) - 1
+    guess = finish + period - math.min(x, period)
+  end
+  return SlidingCounter.first_fit(l, s, now, c.start + 2 * period, guess, cost) - now
+end
+
 function SlidingCounter.check(l, s, now, cost)
   local c = SlidingCounter.counters(l, s, now)
   local estimate = SlidingCounter.estimate(l, c, now)
@@ -58,22 +113,21 @@ function SlidingCounter.check(l, s, now, cost)
   elseif cost > l.limit then
     retry = -1
   else
-    local low, high = now, c.start + 2 * l.period
-    while low < high do
-      local mid = low + idiv(high - low, 2)
-      if SlidingCounter.admits(l, s, mid, cost) then
-        high = mid
-      else
-        low = mid + 1
-      end
-    end
-    retry = low - now
+    retry = SlidingCounter.time_until_fits(l, s, now, cost)
   end
   local spent = estimate
   if allowed then
     spent = estimate + cost
   end
-  return allowed, math.max(l.limit - spent, 0), reset, retry
+  local remaining = math.max(l.limit - spent, 0)
+  local window
+  if remaining >= l.limit then
+    window = c.start + l.period - now
+  else
+    local after = { start = c.start, previous = c.previous, current = current }
+    window = math.max(SlidingCounter.time_until_fits(l, after, now, remaining + 1), 1)
+  end
+  return allowed, remaining, reset, retry, window
 end
 
 function SlidingCounter.commit(key, l, s, now, cost, reset)

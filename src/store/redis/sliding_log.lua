@@ -43,6 +43,12 @@ function SlidingLog.check(l, s, now, cost)
   if s ~= nil then
     count = s.len - s.first
   end
+  -- The oldest unit leaves first; an empty log fills from now.
+  local oldest = now
+  if count > 0 then
+    oldest = entry(s.key, s.first)
+  end
+  local window = math.max(oldest + l.period - now, 1)
   if count + cost <= l.limit then
     local newest = nil
     if s ~= nil then
@@ -57,7 +63,7 @@ function SlidingLog.check(l, s, now, cost)
     if newest ~= nil then
       reset = math.max(newest + l.period - now, 0)
     end
-    return true, l.limit - count - cost, reset, 0
+    return true, l.limit - count - cost, reset, 0, window
   end
   local must_leave = count + cost - l.limit
   local reset = 0
@@ -68,7 +74,7 @@ function SlidingLog.check(l, s, now, cost)
   if must_leave >= 1 and must_leave <= count then
     retry = entry(s.key, s.first + must_leave - 1) + l.period - now
   end
-  return false, math.max(l.limit - count, 0), reset, retry
+  return false, math.max(l.limit - count, 0), reset, retry, window
 end
 
 function SlidingLog.commit(key, l, s, now, cost, reset, other)

@@ -1,50 +1,72 @@
 //! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{Cmd, RedisError, RedisResult, Value};
 use bb8_redis::RedisConnectionManager;
 
-use super::error::{BuildError, breaks_connection, store_error};
+use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use super::health::Health;
 use super::script::{self, Mode, Prepared, Script};
-use super::{CheckFuture, Settings, keys, within};
-use crate::clock::Clock;
-use crate::decision::Decision;
+use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Startup};
+use super::{CheckFuture, Settings, keys, redact};
 use crate::key::Key;
-use crate::policy::ConfigError;
-use crate::store::{Charge, Store, StoreError};
-
-/// The default number of connections of a [`RedisStore`].
-pub const DEFAULT_POOL_SIZE: u32 = 2;
+use crate::store::breaker::{Breaker, Permit};
+use crate::store::{Charge, RuleRegistry, Store, StoreError};
+use crate::warn::Every;
+use crate::{ConfigError, Decision};
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
 ///
 /// ```no_run
+/// use std::time::Duration;
 /// use tollgate::store::RedisStore;
+/// use tollgate::{Quota, RateLimitLayer, Rule};
 ///
-/// # async fn run() -> Result<(), tollgate::store::redis::BuildError> {
-/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
-/// # let _ = store;
+/// # fn run() -> Result<(), tollgate::ConfigError> {
+/// let store = RedisStore::builder("redis://10.0.0.5:6379")
+///     .prefix("shop")                                // keys: shop:{client}:rule
+///     .response_timeout(Duration::from_millis(50))   // the budget of one check
+///     .build()?;                                     // connects in the background
+/// let layer = RateLimitLayer::builder().rule(Rule::new("api", Quota::per_minute(100))).store(store).build()?;
 /// # Ok(())
 /// # }
 /// ```
 ///
-/// See the [module documentation](super) for what a check does, the keys and their values, and
-/// the failures. Clones share the pool.
+/// [`build`](RedisStoreBuilder::build) does not wait for Redis: the store connects in the
+/// background and keeps retrying (every 100 ms at first, then up to every 2 s), so a replica
+/// starts and serves during a Redis outage. Until it has connected, checks fail at once and each
+/// rule's [`FailureMode`](crate::FailureMode) decides. To refuse to start without Redis, use
+/// [`connect`](RedisStoreBuilder::connect) instead.
+///
+/// A check borrows a pooled connection only to clone its handle: every connection pipelines any
+/// number of concurrent checks ([`pool_size`](RedisStoreBuilder::pool_size), default 2). A
+/// connection whose stream fails is replaced; one that runs out of time is kept until it has
+/// done so three times in a row, as one slow moment of a server times out every check in flight.
+/// See [`store`](crate::store#redis-and-redis-cluster) for what a check does, the keys and their
+/// values, and the failures. Clones share the pool.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    pool: bb8::Pool<Manager>,
+    /// The URL, to connect.
+    url: String,
+    /// The URL without its password, to show.
+    server: Arc<str>,
     pool_size: u32,
     settings: Settings,
     script: Script,
+    /// Made by the background task (bb8 needs a runtime).
+    pool: OnceLock<bb8::Pool<Manager>>,
+    startup: Startup,
+    breaker: Breaker,
+    registry: RuleRegistry,
+    warned: Every,
 }
 
 /// Configures a [`RedisStore`].
@@ -61,14 +83,14 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
-            pool_size: DEFAULT_POOL_SIZE,
+            pool_size: 2,
             settings: Settings::default(),
         }
     }
 
-    /// A store with the defaults, connected to `url`.
-    pub async fn connect(url: impl Into<String>) -> Result<Self, BuildError> {
-        Self::builder(url).build().await
+    /// A store with the defaults, connected to `url`: [`RedisStoreBuilder::connect`].
+    pub async fn connect(url: impl Into<String>) -> Result<Self, ConnectError> {
+        Self::builder(url).connect().await
     }
 
     /// The key prefix.
@@ -79,6 +101,18 @@ impl RedisStore {
     /// The Redis key that holds `rule`'s state for `identity`: `prefix:{identity}:rule`.
     pub fn key_name(&self, rule: &str, identity: &Key) -> String {
         keys::key_name(&self.inner.settings.prefix, identity, rule)
+    }
+
+    /// Whether the store has reached Redis (and loaded its script) since it was built.
+    pub fn is_connected(&self) -> bool {
+        self.inner.startup.is_connected()
+    }
+
+    /// The Lua source of the script the stores run (with the server's `TIME` as its clock), for
+    /// operators who preload scripts (`SCRIPT LOAD`) or benchmark them. Its header documents its
+    /// arguments and its answer.
+    pub fn script_source() -> &'static str {
+        super::script_source()
     }
 }
 
@@ -92,18 +126,67 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects (all `pool_size` connections) and loads the script. Fails when the configuration
-    /// is wrong or the server cannot be reached.
-    pub async fn build(self) -> Result<RedisStore, BuildError> {
+    /// Builds the store without waiting for Redis: it connects in the background, and until it
+    /// has, checks fail at once (each rule's [`FailureMode`](crate::FailureMode) decides).
+    /// Fails only when the configuration is wrong.
+    pub fn build(self) -> Result<RedisStore, ConfigError> {
         self.settings.validate()?;
         if self.pool_size == 0 {
-            return Err(ConfigError::new("Redis store: pool_size is 0; use at least 1").into());
+            return Err(ConfigError::new(
+                "Redis store: pool_size is 0; use at least 1",
+            ));
         }
-        let manager = RedisConnectionManager::new(self.url.as_str()).map_err(|e| {
+        let server: Arc<str> = redact(&self.url).into();
+        RedisConnectionManager::new(self.url.as_str()).map_err(|e| {
             ConfigError::new(format!(
-                "the Redis URL is not valid ({e}); use redis://host:port or redis://host:port/db"
+                "the Redis URL {server} is not valid ({e}); use redis://host:port or redis://host:port/db"
             ))
         })?;
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                url: self.url,
+                server,
+                pool_size: self.pool_size,
+                script: self.settings.script(),
+                breaker: Breaker::new(self.settings.breaker),
+                settings: self.settings,
+                pool: OnceLock::new(),
+                startup: Startup::default(),
+                registry: RuleRegistry::new(),
+                warned: Every::default(),
+            }),
+        };
+        store.inner.start();
+        Ok(store)
+    }
+
+    /// Builds the store and waits until it has connected and loaded its script, at most the
+    /// connect timeout: for services that must not start without Redis. The error names the
+    /// server (without its password).
+    pub async fn connect(self) -> Result<RedisStore, ConnectError> {
+        let store = self.build()?;
+        let inner = &store.inner;
+        if !inner.startup.wait(inner.settings.connect_timeout).await {
+            return Err(inner.startup.not_connected(&inner.server).into());
+        }
+        Ok(store)
+    }
+}
+
+impl Inner {
+    /// Starts the background connection, if there is a runtime to run it.
+    fn start(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        self.startup.spawn_once(|| connect_in_background(weak));
+    }
+
+    /// The pool, made on first use (by the background task, on a runtime).
+    fn pool(&self) -> Result<&bb8::Pool<Manager>, StoreError> {
+        if let Some(pool) = self.pool.get() {
+            return Ok(pool);
+        }
+        let manager = RedisConnectionManager::new(self.url.as_str())
+            .map_err(|e| store_error(&self.server, e))?;
         let manager = Manager {
             inner: manager,
             connect_timeout: self.settings.connect_timeout,
@@ -115,78 +198,155 @@ impl RedisStoreBuilder {
             .test_on_check_out(false)
             .retry_connection(false)
             .connection_timeout(self.settings.connect_timeout)
-            .build(manager)
-            .await
-            .map_err(|e| BuildError::Store(store_error(e)))?;
-        let script = self.settings.script();
-        let inner = Inner {
-            pool,
-            pool_size: self.pool_size,
-            script,
-            settings: self.settings,
-        };
-        let load = async {
-            let (mut conn, _) = inner.connection().await?;
-            inner
-                .script
+            .build_unchecked(manager);
+        Ok(self.pool.get_or_init(|| pool))
+    }
+
+    /// One attempt to reach Redis and load the script, within the connect timeout.
+    async fn connect_once(&self) -> Result<(), StoreError> {
+        let attempt = async {
+            let (mut conn, _) = self.connection().await?;
+            self.script
                 .load_command()
                 .query_async::<Value>(&mut conn)
                 .await
-                .map_err(store_error)
+                .map_err(|e| store_error(&self.server, e))
         };
-        within(inner.settings.connect_timeout, load).await?;
-        Ok(RedisStore {
-            inner: Arc::new(inner),
-        })
+        tokio::time::timeout(self.settings.connect_timeout, attempt)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
+            .map(drop)
+    }
+
+    /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
+    /// that each connection pipelines every check that picks it. Broken connections are dropped
+    /// (the pool opens new ones).
+    async fn connection(&self) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+        let pool = self.pool()?;
+        for _ in 0..=self.pool_size {
+            let pooled = pool.get().await.map_err(|e| match e {
+                bb8::RunError::User(e) => store_error(&self.server, e),
+                bb8::RunError::TimedOut => StoreError::Timeout,
+            })?;
+            if !pooled.health.is_broken() {
+                return Ok((pooled.conn.clone(), pooled.health.clone()));
+            }
+        }
+        Err(StoreError::Unavailable(
+            format!("{}: every connection of the pool is broken", self.server).into(),
+        ))
+    }
+
+    /// Runs `cmd` within the check's time budget, and tells the connection's health and the
+    /// breaker how it went.
+    async fn run(&self, cmd: &Cmd, permit: Permit) -> Result<Value, StoreError> {
+        // One timer for the whole check; `in_use` tells which connection a time-out caught.
+        let mut in_use = None;
+        let attempt = async {
+            let (mut conn, health) = self.connection().await?;
+            in_use = Some(health.clone());
+            let result = eval(&mut conn, &self.script, cmd).await;
+            let answered = match &result {
+                Err(e) if e.is_timeout() => {
+                    health.timed_out();
+                    false
+                }
+                Err(e) if breaks_connection(e) => {
+                    health.broke();
+                    false
+                }
+                Ok(_) => true,
+                Err(e) => is_server_answer(e),
+            };
+            if answered {
+                health.answered();
+            }
+            Ok((result.map_err(|e| store_error(&self.server, e)), answered))
+        };
+        let result = tokio::time::timeout(self.settings.response_timeout, attempt).await;
+        let (result, answered) = match result {
+            Ok(Ok(sent)) => sent,
+            Ok(Err(error)) => (Err(error), false),
+            Err(_elapsed) => {
+                if let Some(health) = in_use {
+                    health.timed_out();
+                }
+                (Err(StoreError::Timeout), false)
+            }
+        };
+        self.report(permit, answered, &result);
+        result
+    }
+
+    /// Tells the breaker how a check went (a server that answered, even with an error, is up),
+    /// and says so when it opens.
+    fn report(&self, permit: Permit, answered: bool, result: &Result<Value, StoreError>) {
+        let Err(error) = result else {
+            return self.breaker.success(permit);
+        };
+        if answered {
+            self.breaker.success(permit);
+        } else if self.breaker.failure(permit) {
+            tracing::error!(
+                server = &*self.server,
+                %error,
+                "tollgate: Redis keeps failing; its circuit breaker opened: requests are \
+                 decided by each rule's FailureMode until a probe succeeds"
+            );
+        }
+    }
+
+    /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
+    fn refusal(&self) -> Option<StoreError> {
+        if !self.startup.is_connected() {
+            return Some(self.startup.not_connected(&self.server));
+        }
+        self.breaker.is_open().then_some(StoreError::CircuitOpen)
+    }
+}
+
+/// The background task: connects and loads the script, retrying until it succeeds or the store
+/// is dropped.
+async fn connect_in_background(store: Weak<Inner>) {
+    let mut delay = FIRST_RETRY_DELAY;
+    loop {
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        match inner.connect_once().await {
+            Ok(()) => {
+                inner.startup.connected();
+                tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
+                return;
+            }
+            Err(error) => {
+                let first = inner.startup.failed(&error);
+                let now = inner.breaker_clock_micros();
+                if first || inner.warned.due(now, 60_000_000) {
+                    tracing::warn!(
+                        server = &*inner.server,
+                        %error,
+                        "tollgate: cannot reach Redis; retrying in the background, and until it \
+                         answers each rule's FailureMode decides"
+                    );
+                }
+            }
+        }
+        drop(inner);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(MAX_RETRY_DELAY);
     }
 }
 
 impl Inner {
-    /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
-    /// that each connection pipelines every check that picks it. Broken connections are dropped
-    /// (the pool opens new ones).
-    async fn connection(&self) -> Result<(MultiplexedConnection, Arc<AtomicBool>), StoreError> {
-        for _ in 0..=self.pool_size {
-            let pooled = self.pool.get().await.map_err(|e| match e {
-                bb8::RunError::User(e) => store_error(e),
-                bb8::RunError::TimedOut => StoreError::Timeout,
-            })?;
-            if !pooled.broken.load(Ordering::Relaxed) {
-                return Ok((pooled.conn.clone(), pooled.broken.clone()));
-            }
-        }
-        Err(StoreError::Unavailable(
-            "every Redis connection of the pool is broken".into(),
-        ))
-    }
-
-    /// Runs `cmd` within the check's time budget. A connection that fails, or that does not
-    /// answer in time, is marked broken so that the pool replaces it: a connection whose peer
-    /// vanished without a reset (a cut link, a dead proxy) would otherwise time out forever.
-    async fn run(&self, cmd: &Cmd) -> Result<Value, StoreError> {
-        // One timer for the whole check; `in_use` tells which connection a timeout caught.
-        let mut in_use = None;
-        let attempt = async {
-            let (mut conn, broken) = self.connection().await?;
-            in_use = Some(broken.clone());
-            eval(&mut conn, &self.script, cmd).await.map_err(|e| {
-                if breaks_connection(&e) || e.is_timeout() {
-                    broken.store(true, Ordering::Relaxed);
-                }
-                store_error(e)
-            })
-        };
-        let result = tokio::time::timeout(self.settings.response_timeout, attempt).await;
-        result.unwrap_or_else(|_elapsed| {
-            if let Some(broken) = in_use {
-                broken.store(true, Ordering::Relaxed);
-            }
-            Err(StoreError::Timeout)
-        })
+    fn breaker_clock_micros(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64)
     }
 }
 
-/// `EVALSHA`; on `NOSCRIPT`, `SCRIPT LOAD` and once more.
+/// `EVALSHA`; on `NOSCRIPT`, `SCRIPT LOAD` and once more (the script did not run).
 async fn eval(conn: &mut MultiplexedConnection, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
     match cmd.query_async::<Value>(conn).await {
         Err(e) if script::is_no_script(&e) => {
@@ -202,29 +362,52 @@ impl Store for RedisStore {
 
     fn check(&self, charges: &[Charge<'_>]) -> CheckFuture {
         let inner = self.inner.clone();
+        if charges.is_empty() {
+            return Box::pin(async { Ok(Decision::default()) });
+        }
+        inner.start();
+        if let Some(error) = inner.refusal() {
+            return Box::pin(async move { Err(error) });
+        }
+        let Some(permit) = inner.breaker.admit() else {
+            return Box::pin(async { Err(StoreError::CircuitOpen) });
+        };
         let prepared: Vec<Prepared> = charges
             .iter()
             .map(|c| Prepared::new(&inner.settings.prefix, c))
             .collect();
         let now = inner.settings.now();
         Box::pin(async move {
-            if prepared.is_empty() {
-                return Ok(Decision::default());
-            }
             let cmd = script::command(&inner.script, Mode::Charge, now, prepared.iter());
-            let value = inner.run(&cmd).await?;
+            let value = inner.run(&cmd, permit).await?;
             let reply = script::decode(value, prepared.iter())?;
             Ok(script::decision(reply.outcomes))
         })
+    }
+
+    /// Answers at once only a check that cannot be sent: the store has not connected yet, or
+    /// its circuit breaker is open.
+    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
+        if charges.is_empty() {
+            return None;
+        }
+        self.inner.start();
+        self.inner.refusal().map(Err)
+    }
+
+    fn registry(&self) -> Option<&RuleRegistry> {
+        Some(&self.inner.registry)
     }
 }
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
+            .field("server", &self.inner.server)
             .field("prefix", &self.inner.settings.prefix)
             .field("pool_size", &self.inner.pool_size)
             .field("response_timeout", &self.inner.settings.response_timeout)
+            .field("connected", &self.inner.startup.is_connected())
             .finish_non_exhaustive()
     }
 }
@@ -232,6 +415,7 @@ impl fmt::Debug for RedisStore {
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStoreBuilder")
+            .field("server", &redact(&self.url))
             .field("prefix", &self.settings.prefix)
             .field("pool_size", &self.pool_size)
             .finish_non_exhaustive()
@@ -248,7 +432,7 @@ struct Manager {
 
 struct Pooled {
     conn: MultiplexedConnection,
-    broken: Arc<AtomicBool>,
+    health: Arc<Health>,
 }
 
 impl bb8::ManageConnection for Manager {
@@ -266,7 +450,7 @@ impl bb8::ManageConnection for Manager {
         conn.set_response_timeout(self.response_timeout);
         Ok(Pooled {
             conn,
-            broken: Arc::default(),
+            health: Arc::default(),
         })
     }
 
@@ -275,6 +459,6 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.health.is_broken()
     }
 }

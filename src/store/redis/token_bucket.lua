@@ -37,14 +37,20 @@ function TokenBucket.time_until(l, b, now, wanted)
   return math.max(b.updated + (wanted - b.tokens) * l.interval - now, 0)
 end
 
+-- The time until the next token: `updated` is never a whole interval behind `now`.
+function TokenBucket.next_token(l, b, now)
+  return math.max(b.updated + l.interval - now, 1)
+end
+
 function TokenBucket.check(l, s, now, cost)
   local b = TokenBucket.refill(l, s, now)
+  local window = TokenBucket.next_token(l, b, now)
   if b.tokens >= cost then
     local after = { tokens = b.tokens - cost, updated = b.updated }
-    return true, after.tokens, TokenBucket.time_until(l, after, now, l.burst), 0
+    return true, after.tokens, TokenBucket.time_until(l, after, now, l.burst), 0, window
   end
   return false, b.tokens, TokenBucket.time_until(l, b, now, l.burst),
-    TokenBucket.time_until(l, b, now, cost)
+    TokenBucket.time_until(l, b, now, cost), window
 end
 
 function TokenBucket.commit(key, l, s, now, cost, reset)

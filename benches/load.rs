@@ -2,9 +2,9 @@
 //! limiters, measured in one run so the figures compare on the same (noisy) machine.
 //!
 //! ```text
-//! cargo run --release --example load                 # 3 rounds × 5 s per configuration
-//! LOAD_SECONDS=10 LOAD_ROUNDS=5 LOAD_CONNECTIONS=64 cargo run --release --example load
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --release --example load -- --redis
+//! cargo bench --bench load                 # 3 rounds × 5 s per configuration
+//! LOAD_SECONDS=10 LOAD_ROUNDS=5 LOAD_CONNECTIONS=64 cargo bench --bench load
+//! REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench load -- --redis
 //! ```
 //!
 //! Configurations: bare; tollgate allowing everything; tollgate rejecting everything (after the
@@ -71,7 +71,7 @@ impl Config {
         let redis_store = || async {
             RedisStore::builder(&redis.0)
                 .prefix(&redis.1)
-                .build()
+                .connect()
                 .await
                 .expect("connect to Redis (set REDIS_URL)")
         };

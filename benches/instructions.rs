@@ -4,11 +4,10 @@
 //!
 //! ```text
 //! ./scripts/instructions.sh     # every subject, per decision or request, as ratios
-//! cargo build --release --example instructions
+//! cargo bench --bench instructions --no-run   # prints the path of the binary: $bin
 //! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/instructions store tollgate_token_bucket hot_key_allowed 1000000
-//! valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-//!     target/release/examples/instructions layer tollgate_allow 100000
+//!     $bin store tollgate_token_bucket hot_key_allowed 1000000
+//! valgrind --tool=callgrind --callgrind-out-file=/dev/null $bin layer tollgate_allow 100000
 //! ```
 //!
 //! * `store <limiter> <case> <n>`: limiters `tollgate_token_bucket`, `tollgate_gcra` (the memory
@@ -21,7 +20,7 @@
 //! Run each once with `n = 0` and once with a large `n`: the difference over `n` is the cost of
 //! one decision or request, setup excluded.
 
-#[path = "../benches/support/layer_apps.rs"]
+#[path = "support/layer_apps.rs"]
 mod layer_apps;
 
 use std::hint::black_box;
@@ -29,9 +28,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 use std::process::ExitCode;
 
-use tollgate::algorithm::{Algorithm, Limits};
+use tollgate::Algorithm;
+use tollgate::algorithm::Limits;
 use tollgate::key::Key;
-use tollgate::policy::RuleSpec;
+use tollgate::store::RuleSpec;
 use tollgate::store::{Charge, MemoryStore, Store};
 
 const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_gcra|governor> \
@@ -40,7 +40,11 @@ const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_g
                      tower_governor_allow|tower_governor_reject> <n>";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    // `cargo bench` adds `--bench`.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match args.as_slice() {
         ["store", limiter, case, n] => count(n).and_then(|n| store(limiter, case, n)),
@@ -93,7 +97,7 @@ fn tollgate(algorithm: Algorithm, allow: bool, ips: &[IpAddr], n: usize) -> usiz
         Limits::new(1, 3_600_000_000, 1)
     }
     .expect("valid limits");
-    let rule = RuleSpec::new("instructions", algorithm, limits);
+    let rule = RuleSpec::new("instructions", algorithm, limits).unwrap();
     let store = MemoryStore::new();
     let keys: Vec<Key> = ips.iter().map(|ip| Key::ip(*ip)).collect();
     (0..n)

@@ -1,4 +1,41 @@
+//! The errors every part of tollgate returns: [`ConfigError`] for mistakes found when something is
+//! built, [`StoreError`] for a store that could not decide.
+
 use std::fmt;
+
+/// A configuration mistake, found when a layer or a store is built. The message says what to
+/// change.
+///
+/// ```
+/// use tollgate::{Quota, RateLimitLayer};
+///
+/// let error = RateLimitLayer::new(Quota::per_second(0)).unwrap_err();
+/// assert!(error.to_string().contains("use at least 1"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        ConfigError {
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn in_rule(rule: &str, problem: impl fmt::Display) -> Self {
+        ConfigError::new(format!("rule \"{rule}\": {problem}"))
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "tollgate configuration: {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 /// Why a store could not decide.
 #[derive(Debug)]
@@ -10,7 +47,7 @@ pub enum StoreError {
     Unavailable(Box<dyn std::error::Error + Send + Sync>),
     /// The store answered something the client did not expect.
     Protocol(String),
-    /// The store was not asked: it failed repeatedly and the circuit breaker is open.
+    /// The store was not asked: it failed repeatedly and its circuit breaker is open.
     CircuitOpen,
 }
 

@@ -1,0 +1,144 @@
+//! [`Answers`]: what one layer writes, prepared once when it is built.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use super::denied::{PROBLEM_JSON, ProblemBodies, RateLimited};
+use super::grpc::{grpc_denied, grpc_unavailable};
+use super::headers::{Headers, PolicyItems, write_budget};
+use crate::Decision;
+use crate::policy::CompiledRule;
+
+/// A function that writes the response to a denied request.
+pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync>;
+
+/// The answers of one layer: which budget fields it sends, its policies and problem documents
+/// rendered once, and the user's own denied response if any.
+pub(crate) struct Answers {
+    headers: Headers,
+    policies: PolicyItems,
+    problems: ProblemBodies,
+    on_denied: Option<DeniedHandler>,
+}
+
+impl Answers {
+    pub(crate) fn new(
+        rules: &[CompiledRule],
+        headers: Headers,
+        on_denied: Option<DeniedHandler>,
+    ) -> Self {
+        Answers {
+            headers,
+            policies: PolicyItems::new(rules),
+            problems: ProblemBodies::new(rules),
+            on_denied,
+        }
+    }
+
+    /// Which budget fields the layer sends.
+    pub(crate) fn headers(&self) -> Headers {
+        self.headers
+    }
+
+    /// Adds the budget fields of `decision` (and `Retry-After` for a denial) to an answer.
+    pub(crate) fn write_budget(
+        &self,
+        headers: &mut HeaderMap,
+        rules: &[CompiledRule],
+        applied: &[u16],
+        decision: &Decision,
+    ) {
+        write_budget(
+            headers,
+            self.headers,
+            rules,
+            &self.policies,
+            applied,
+            decision,
+        );
+    }
+
+    /// The answer to a denied request: 429 with a problem document (or the user's own answer),
+    /// or gRPC `RESOURCE_EXHAUSTED`, with the budget fields.
+    pub(crate) fn denied(
+        &self,
+        rules: &[CompiledRule],
+        applied: &[u16],
+        decision: &Decision,
+        grpc: bool,
+    ) -> Response<Bytes> {
+        let mut response = match &self.on_denied {
+            _ if grpc => grpc_denied(decision.retry_after_micros()),
+            Some(handler) => handler(&RateLimited::new(rules, applied, decision)),
+            None => self.problems.quota_exceeded(rules, applied, decision),
+        };
+        self.write_budget(response.headers_mut(), rules, applied, decision);
+        response
+    }
+
+    /// The answer when the store failed and a rule of `applied` fails closed: 503 with
+    /// `Retry-After: 1` and a `temporary-reduced-capacity` problem document naming the rules
+    /// that could not be checked, or gRPC `UNAVAILABLE`.
+    pub(crate) fn unavailable(
+        &self,
+        rules: &[CompiledRule],
+        applied: &[u16],
+        grpc: bool,
+    ) -> Response<Bytes> {
+        if grpc {
+            return grpc_unavailable();
+        }
+        let closed = applied
+            .iter()
+            .map(|&i| &rules[usize::from(i)])
+            .filter(|rule| rule.on_store_error == crate::FailureMode::Closed)
+            .map(|rule| rule.spec.name());
+        let mut response = Response::new(ProblemBodies::reduced_capacity(closed));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+    }
+
+    /// The names of the rules that denied, for logs: `"a", "b"`.
+    pub(crate) fn violated<'a>(
+        &self,
+        rules: &'a [CompiledRule],
+        applied: &'a [u16],
+        decision: &'a Decision,
+    ) -> impl fmt::Display + 'a {
+        Violated {
+            rules,
+            applied,
+            decision,
+        }
+    }
+}
+
+struct Violated<'a> {
+    rules: &'a [CompiledRule],
+    applied: &'a [u16],
+    decision: &'a Decision,
+}
+
+impl fmt::Display for Violated<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let denied = self
+            .applied
+            .iter()
+            .zip(self.decision.outcomes())
+            .filter(|(_, o)| !o.allowed);
+        for (n, (&i, _)) in denied.enumerate() {
+            if n > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "\"{}\"", self.rules[usize::from(i)].spec.name())?;
+        }
+        Ok(())
+    }
+}

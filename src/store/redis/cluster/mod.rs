@@ -1,0 +1,717 @@
+//! [`RedisClusterStore`]: a Redis (or Valkey) Cluster, one multiplexed connection and one circuit
+//! breaker per node, routed by tollgate's own slot map.
+
+mod node;
+mod topology;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use futures_util::future::{join_all, try_join_all};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    Value,
+};
+use tokio::sync::Notify;
+
+use self::node::Node;
+use self::topology::Topology;
+use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use super::script::{self, Mode, Prepared, Reply, Script};
+use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Startup};
+use super::{CheckFuture, Settings, keys, redact};
+use crate::algorithm::Outcome;
+use crate::key::Key;
+use crate::store::{Charge, RuleRegistry, Store, StoreError};
+use crate::{ConfigError, Decision};
+
+/// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
+const MAX_REDIRECTIONS: usize = 5;
+
+/// The shortest time between two reads of the slot map.
+const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The Redis Cluster store: all rules of one caller share a hash slot, so one script checks them
+/// atomically; rules that count different callers across slots are handled as
+/// [`store`](crate::store#cluster-rules-of-different-callers) describes.
+///
+/// ```no_run
+/// use tollgate::store::RedisClusterStore;
+///
+/// # fn run() -> Result<(), tollgate::ConfigError> {
+/// let store = RedisClusterStore::builder([
+///     "redis://10.0.0.1:6379",
+///     "redis://10.0.0.2:6379",
+///     "redis://10.0.0.3:6379",
+/// ])
+/// .prefix("shop")
+/// .build()?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The store reads the slot map (`CLUSTER SLOTS`) itself and keeps one multiplexed connection per
+/// primary, opened when first needed. Each check goes to the primary of its slot, and is sent at
+/// most once: a `MOVED` or `ASK` answer (the script did not run) is followed, at most 5 times per
+/// check; a connection that fails or a check that runs out of time is never sent again, since
+/// the script may have run. Each node has its own [`CircuitBreaker`](crate::CircuitBreaker):
+/// while one primary is down or failing over, checks for its slots are decided at once by each
+/// rule's [`FailureMode`](crate::FailureMode), and every other slot answers as usual. The slot
+/// map is read again in the background after a redirection or a failure (at most every 100 ms),
+/// so a replica promoted by a failover is found without waiting for a request to time out.
+///
+/// Like [`RedisStore`](super::RedisStore), it starts without waiting for the cluster (see
+/// [`connect`](RedisClusterStoreBuilder::connect) to wait). Clones share the connections.
+#[derive(Clone)]
+pub struct RedisClusterStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The `host:port` of each node given to the builder.
+    seeds: Vec<String>,
+    /// The node URLs as given, without passwords, to show.
+    servers: Arc<str>,
+    /// The credentials of the first URL, for every node.
+    template: ConnectionInfo,
+    settings: Settings,
+    script: Script,
+    topology: RwLock<Option<Arc<Topology>>>,
+    /// Every node seen, by address: connections and breakers outlive a new slot map.
+    nodes: Mutex<HashMap<String, Arc<Node>>>,
+    /// Asks the background task to read the slot map again.
+    refresh: Arc<Notify>,
+    startup: Startup,
+    registry: RuleRegistry,
+}
+
+/// Configures a [`RedisClusterStore`].
+#[must_use]
+pub struct RedisClusterStoreBuilder {
+    nodes: Vec<String>,
+    settings: Settings,
+}
+
+impl RedisClusterStore {
+    /// Configures a store for the cluster that these nodes belong to (one is enough; the others
+    /// are found from it; more are tried in turn if the first is down). `redis://` URLs; the
+    /// credentials of the first are used for every node.
+    pub fn builder<I, S>(nodes: I) -> RedisClusterStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisClusterStoreBuilder {
+            nodes: nodes.into_iter().map(Into::into).collect(),
+            settings: Settings::default(),
+        }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.settings.prefix
+    }
+
+    /// The Redis key that holds `rule`'s state for `identity`: `prefix:{identity}:rule`.
+    pub fn key_name(&self, rule: &str, identity: &Key) -> String {
+        keys::key_name(&self.inner.settings.prefix, identity, rule)
+    }
+
+    /// Whether the store has read the cluster's slot map since it was built.
+    pub fn is_connected(&self) -> bool {
+        self.inner.startup.is_connected()
+    }
+}
+
+impl RedisClusterStoreBuilder {
+    settings_setters!();
+
+    /// Builds the store without waiting for the cluster: it reads the slot map in the
+    /// background, and until it has, checks fail at once (each rule's
+    /// [`FailureMode`](crate::FailureMode) decides). Fails only when the configuration is wrong.
+    pub fn build(self) -> Result<RedisClusterStore, ConfigError> {
+        self.settings.validate()?;
+        if self.nodes.is_empty() {
+            return Err(ConfigError::new(
+                "Redis Cluster store: no node URL; give at least one, e.g. redis://10.0.0.1:6379",
+            ));
+        }
+        let mut seeds = Vec::new();
+        let mut template = None;
+        for url in &self.nodes {
+            let invalid = |why: &dyn fmt::Display| {
+                ConfigError::new(format!(
+                    "the Redis Cluster node URL {} is not valid ({why}); use redis://host:port",
+                    redact(url)
+                ))
+            };
+            let info = url
+                .as_str()
+                .into_connection_info()
+                .map_err(|e| invalid(&e))?;
+            let ConnectionAddr::Tcp(host, port) = info.addr() else {
+                return Err(invalid(&"only redis:// TCP addresses are supported"));
+            };
+            seeds.push(format!("{host}:{port}"));
+            template.get_or_insert(info);
+        }
+        let servers = self
+            .nodes
+            .iter()
+            .map(|url| redact(url))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let store = RedisClusterStore {
+            inner: Arc::new(Inner {
+                seeds,
+                servers: format!("Redis Cluster ({servers})").into(),
+                template: template.unwrap_or_else(|| unreachable!("at least one node")),
+                script: self.settings.script(),
+                settings: self.settings,
+                topology: RwLock::new(None),
+                nodes: Mutex::new(HashMap::new()),
+                refresh: Arc::new(Notify::new()),
+                startup: Startup::default(),
+                registry: RuleRegistry::new(),
+            }),
+        };
+        store.inner.start();
+        Ok(store)
+    }
+
+    /// Builds the store and waits until it has read the slot map and loaded its script on every
+    /// primary, at most twice the connect timeout: for services that must not start without the
+    /// cluster. The error names the nodes (without passwords).
+    pub async fn connect(self) -> Result<RedisClusterStore, ConnectError> {
+        let store = self.build()?;
+        let inner = &store.inner;
+        let budget = inner.settings.connect_timeout * 2;
+        let started = Instant::now();
+        if !inner.startup.wait(budget).await {
+            return Err(inner.startup.not_connected(&inner.servers).into());
+        }
+        let topology = inner.topology().ok_or(StoreError::Timeout)?;
+        let loads = topology.primaries().iter().map(|node| async move {
+            let (mut conn, _) = node.connection().await?;
+            inner
+                .script
+                .load_command()
+                .query_async::<Value>(&mut conn)
+                .await
+                .map_err(|e| store_error(node.server(), e))
+        });
+        let left = budget.saturating_sub(started.elapsed());
+        tokio::time::timeout(left, try_join_all(loads))
+            .await
+            .map_err(|_| StoreError::Timeout)??;
+        Ok(store)
+    }
+}
+
+impl Inner {
+    /// Starts the background reader of the slot map, if there is a runtime to run it.
+    fn start(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let refresh = self.refresh.clone();
+        self.startup
+            .spawn_once(|| read_slot_map_in_background(weak, refresh));
+    }
+
+    fn topology(&self) -> Option<Arc<Topology>> {
+        self.topology
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The node at `addr`, made when first seen.
+    fn node(&self, addr: &str) -> Result<Arc<Node>, StoreError> {
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(node) = nodes.get(addr) {
+            return Ok(node.clone());
+        }
+        let node = Arc::new(Node::new(
+            addr,
+            &self.template,
+            self.settings.connect_timeout,
+            self.settings.response_timeout,
+            self.settings.breaker,
+        )?);
+        nodes.insert(addr.to_owned(), node.clone());
+        Ok(node)
+    }
+
+    /// Reads the slot map from the first node that answers: the known primaries whose breaker
+    /// is closed, then the nodes given to the builder.
+    async fn read_slot_map(&self) -> Result<(), StoreError> {
+        let mut candidates: Vec<String> = Vec::new();
+        if let Some(topology) = self.topology() {
+            let mut known: Vec<&Arc<Node>> = topology.primaries().iter().collect();
+            known.sort_by_key(|node| node.breaker().is_open());
+            candidates.extend(known.into_iter().map(|node| node.addr().to_owned()));
+        }
+        for seed in &self.seeds {
+            if !candidates.contains(seed) {
+                candidates.push(seed.clone());
+            }
+        }
+        let mut last_error = None;
+        for addr in candidates {
+            let node = match self.node(&addr) {
+                Ok(node) => node,
+                Err(error) => {
+                    last_error = Some(error);
+                    continue;
+                }
+            };
+            let ask = async {
+                let (mut conn, _) = node.connection().await?;
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut conn)
+                    .await
+                    .map_err(|e| store_error(node.server(), e))
+            };
+            let reply = tokio::time::timeout(self.settings.connect_timeout, ask)
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            let host = addr
+                .rsplit_once(':')
+                .map_or(addr.as_str(), |(host, _)| host);
+            let topology = reply.and_then(|reply| {
+                Topology::from_cluster_slots(reply, host, |addr| self.node(addr))
+            });
+            match topology {
+                Ok(topology) => {
+                    *self.topology.write().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Arc::new(topology));
+                    return Ok(());
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| StoreError::Unavailable("no node to ask".into())))
+    }
+
+    /// Asks the background task to read the slot map again (at most every 100 ms).
+    fn refresh_soon(&self) {
+        self.refresh.notify_one();
+    }
+
+    /// One call of the script on the primary of `slot`, sent at most once: only answers that
+    /// say the script did not run (`MOVED`, `ASK`, `TRYAGAIN`, `NOSCRIPT`) are followed by
+    /// another send. `deadline` bounds the whole call.
+    async fn call(
+        &self,
+        slot: u16,
+        mode: Mode,
+        now: Option<u64>,
+        charges: &[&Prepared],
+        deadline: Instant,
+    ) -> Result<Value, StoreError> {
+        let cmd = script::command(&self.script, mode, now, charges.iter().copied());
+        let topology = self
+            .topology()
+            .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+        let Some(mut node) = topology.primary(slot).cloned() else {
+            self.refresh_soon();
+            return Err(StoreError::Unavailable(
+                format!("{}: no primary serves slot {slot}", self.servers).into(),
+            ));
+        };
+        let mut asking = false;
+        for _ in 0..=MAX_REDIRECTIONS {
+            let Some(permit) = node.breaker().admit() else {
+                self.refresh_soon();
+                return Err(StoreError::CircuitOpen);
+            };
+            // `in_use` tells which connection a time-out caught.
+            let mut in_use = None;
+            let attempt = async {
+                let (mut conn, health) = node.connection().await?;
+                in_use = Some(health.clone());
+                let mut result = Node::send(&mut conn, &cmd, asking).await;
+                if let Err(e) = &result
+                    && script::is_no_script(e)
+                {
+                    // The node lost the script (a restart, a failover): it did not run.
+                    let loaded = self
+                        .script
+                        .load_command()
+                        .query_async::<Value>(&mut conn)
+                        .await;
+                    result = match loaded {
+                        Ok(_) => Node::send(&mut conn, &cmd, asking).await,
+                        Err(e) => Err(e),
+                    };
+                }
+                match &result {
+                    Err(e) if e.is_timeout() => health.timed_out(),
+                    Err(e) if breaks_connection(e) => health.broke(),
+                    _ => health.answered(),
+                }
+                Ok::<_, StoreError>(result)
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            let result = match tokio::time::timeout(left, attempt).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(error)) => {
+                    self.failed(&node, permit, &error);
+                    return Err(error);
+                }
+                Err(_) => {
+                    if let Some(health) = in_use {
+                        health.timed_out();
+                    }
+                    self.failed(&node, permit, &StoreError::Timeout);
+                    return Err(StoreError::Timeout);
+                }
+            };
+            let error = match result {
+                Ok(value) => {
+                    node.breaker().success(permit);
+                    return Ok(value);
+                }
+                Err(error) => error,
+            };
+            match redirection(&error) {
+                Some(Redirection::Moved(addr)) => {
+                    node.breaker().success(permit);
+                    let target = self.node(&addr)?;
+                    self.moved(slot, target.clone());
+                    self.refresh_soon();
+                    node = target;
+                    asking = false;
+                }
+                Some(Redirection::Ask(addr)) => {
+                    node.breaker().success(permit);
+                    node = self.node(&addr)?;
+                    asking = true;
+                }
+                Some(Redirection::TryAgain) => {
+                    node.breaker().success(permit);
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                None if is_server_answer(&error) => {
+                    // The node answered at once (`CLUSTERDOWN` while a primary fails over,
+                    // `LOADING`…): its breaker has nothing to spare; the slot map may be
+                    // changing.
+                    node.breaker().success(permit);
+                    self.refresh_soon();
+                    return Err(store_error(node.server(), error));
+                }
+                None => {
+                    let error = store_error(node.server(), error);
+                    self.failed(&node, permit, &error);
+                    return Err(error);
+                }
+            }
+        }
+        Err(StoreError::Unavailable(
+            format!(
+                "{}: more than {MAX_REDIRECTIONS} redirections for slot {slot}",
+                self.servers
+            )
+            .into(),
+        ))
+    }
+
+    /// A call to `node` failed: its breaker learns of it, and the slot map is read again (the
+    /// node may have failed over).
+    fn failed(&self, node: &Node, permit: crate::store::breaker::Permit, error: &StoreError) {
+        if node.breaker().failure(permit) {
+            tracing::error!(
+                server = &**node.server(),
+                %error,
+                "tollgate: a Redis Cluster node keeps failing; its circuit breaker opened: \
+                 checks of its slots are decided by each rule's FailureMode until a probe \
+                 succeeds, the other slots as usual"
+            );
+        }
+        self.refresh_soon();
+    }
+
+    /// Records that `slot` moved to `node`, until the next read of the slot map.
+    fn moved(&self, slot: u16, node: Arc<Node>) {
+        let mut topology = self.topology.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(current) = topology.as_ref() {
+            *topology = Some(Arc::new(current.moved(slot, node)));
+        }
+    }
+
+    async fn reply(
+        &self,
+        slot: u16,
+        mode: Mode,
+        now: Option<u64>,
+        charges: &[&Prepared],
+        deadline: Instant,
+    ) -> Result<Reply, StoreError> {
+        let value = self.call(slot, mode, now, charges, deadline).await?;
+        script::decode(value, charges.iter().copied())
+    }
+
+    async fn check(&self, prepared: &[Prepared], now: Option<u64>) -> Result<Decision, StoreError> {
+        let Some(first) = prepared.first() else {
+            return Ok(Decision::default());
+        };
+        let deadline = Instant::now() + self.settings.response_timeout;
+        let slot = first.slot();
+        if prepared.iter().all(|p| p.slot() == slot) {
+            let charges: Vec<&Prepared> = prepared.iter().collect();
+            let reply = self
+                .reply(slot, Mode::Charge, now, &charges, deadline)
+                .await?;
+            return Ok(script::decision(reply.outcomes));
+        }
+        self.check_across_slots(prepared, now, deadline).await
+    }
+
+    /// Charges in several slots: check all, charge all, refund on a lost race.
+    async fn check_across_slots(
+        &self,
+        prepared: &[Prepared],
+        now: Option<u64>,
+        deadline: Instant,
+    ) -> Result<Decision, StoreError> {
+        let groups = groups(prepared);
+        let group_charges: Vec<Vec<&Prepared>> = groups
+            .iter()
+            .map(|(_, indices)| indices.iter().map(|&i| &prepared[i]).collect())
+            .collect();
+
+        // 1. Check every group without charging: a denied request charges nothing.
+        let peeks = try_join_all(
+            groups
+                .iter()
+                .zip(&group_charges)
+                .map(|((slot, _), charges)| self.reply(*slot, Mode::Peek, now, charges, deadline)),
+        )
+        .await?;
+        if !peeks.iter().all(Reply::allowed) {
+            return Ok(scatter(prepared.len(), &groups, &peeks));
+        }
+
+        // 2. Charge every group, each atomically.
+        let charged = join_all(
+            groups
+                .iter()
+                .zip(&group_charges)
+                .map(|((slot, _), charges)| {
+                    self.reply(*slot, Mode::Charge, now, charges, deadline)
+                }),
+        )
+        .await;
+        if charged.iter().all(|r| r.as_ref().is_ok_and(Reply::allowed)) {
+            let replies: Vec<Reply> = charged.into_iter().flatten().collect();
+            return Ok(scatter(prepared.len(), &groups, &replies));
+        }
+
+        // 3. A group denied (a concurrent request took the last units) or failed: give back what
+        // the other groups took. The refunds get a budget of their own: they repair.
+        let refund_deadline = Instant::now() + self.settings.response_timeout;
+        let refunds = groups.iter().zip(&group_charges).zip(&charged).filter_map(
+            |(((slot, _), charges), reply)| match reply {
+                Ok(reply) if reply.allowed() => Some(self.call(
+                    *slot,
+                    Mode::Refund(reply.now),
+                    now,
+                    charges,
+                    refund_deadline,
+                )),
+                _ => None,
+            },
+        );
+        for result in join_all(refunds).await {
+            if let Err(e) = result {
+                tracing::warn!(
+                    error = %e,
+                    "tollgate: could not refund a cross-slot charge; it stays until its key expires"
+                );
+            }
+        }
+        // The decision of a denied request reports every rule uncharged: the groups that were
+        // charged and refunded report what their peek saw.
+        let mut replies = Vec::with_capacity(charged.len());
+        for (reply, peek) in charged.into_iter().zip(peeks) {
+            replies.push(match reply? {
+                reply if reply.allowed() => peek,
+                denied => denied,
+            });
+        }
+        Ok(scatter(prepared.len(), &groups, &replies))
+    }
+}
+
+/// What an error answer asks of the client when the script did not run.
+enum Redirection {
+    /// The slot lives on another node now: send it there, and read the slot map again.
+    Moved(String),
+    /// The slot is migrating: send this one there, after `ASKING`.
+    Ask(String),
+    /// The keys are migrating: try again in a moment.
+    TryAgain,
+}
+
+fn redirection(error: &RedisError) -> Option<Redirection> {
+    let target = || {
+        error
+            .redirect_node()
+            .map(|(host, port)| format!("{host}:{port}"))
+    };
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => target().map(Redirection::Moved),
+        ErrorKind::Server(ServerErrorKind::Ask) => target().map(Redirection::Ask),
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirection::TryAgain),
+        _ => None,
+    }
+}
+
+/// The background task: reads the slot map until it has one, then again whenever a check asks
+/// (a redirection, a failure), at most every 100 ms, until the store is dropped.
+async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>) {
+    let mut delay = FIRST_RETRY_DELAY;
+    loop {
+        let Some(inner) = store.upgrade() else {
+            return;
+        };
+        let result = inner.read_slot_map().await;
+        let retry = match result {
+            Ok(()) => {
+                if !inner.startup.is_connected() {
+                    inner.startup.connected();
+                    tracing::info!(
+                        servers = &*inner.servers,
+                        "tollgate: read the Redis Cluster slot map"
+                    );
+                }
+                delay = FIRST_RETRY_DELAY;
+                None
+            }
+            Err(error) => {
+                if inner.startup.failed(&error) || inner.startup.is_connected() {
+                    tracing::warn!(
+                        servers = &*inner.servers,
+                        %error,
+                        "tollgate: cannot read the Redis Cluster slot map; retrying in the \
+                         background"
+                    );
+                }
+                let wait = delay;
+                delay = (delay * 2).min(MAX_RETRY_DELAY);
+                Some(wait)
+            }
+        };
+        drop(inner);
+        match retry {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => refresh.notified().await,
+        }
+        tokio::time::sleep(REFRESH_INTERVAL).await;
+    }
+}
+
+/// The charges' indices grouped by slot, in slot order.
+fn groups(prepared: &[Prepared]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, charge) in prepared.iter().enumerate() {
+        let slot = charge.slot();
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, indices)) => indices.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups.sort_unstable_by_key(|(slot, _)| *slot);
+    groups
+}
+
+/// The outcomes of each group's reply, back in the order of the charges.
+fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Decision {
+    let mut outcomes = vec![Outcome::default(); len];
+    for ((_, indices), reply) in groups.iter().zip(replies) {
+        for (&i, outcome) in indices.iter().zip(&reply.outcomes) {
+            outcomes[i] = *outcome;
+        }
+    }
+    script::decision(outcomes)
+}
+
+impl Store for RedisClusterStore {
+    type Future = CheckFuture;
+
+    fn check(&self, charges: &[Charge<'_>]) -> CheckFuture {
+        let inner = self.inner.clone();
+        if charges.is_empty() {
+            return Box::pin(async { Ok(Decision::default()) });
+        }
+        inner.start();
+        if !inner.startup.is_connected() {
+            let error = inner.startup.not_connected(&inner.servers);
+            return Box::pin(async move { Err(error) });
+        }
+        let prepared: Vec<Prepared> = charges
+            .iter()
+            .map(|c| Prepared::new(&inner.settings.prefix, c))
+            .collect();
+        let now = inner.settings.now();
+        Box::pin(async move { inner.check(&prepared, now).await })
+    }
+
+    /// Answers at once only a check that cannot be sent: the store has not read the slot map
+    /// yet, or the breaker of the node that holds every key of the check is open.
+    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
+        let inner = &self.inner;
+        let first = charges.first()?;
+        inner.start();
+        if !inner.startup.is_connected() {
+            return Some(Err(inner.startup.not_connected(&inner.servers)));
+        }
+        let topology = inner.topology()?;
+        // The common case, every breaker closed, costs a load per primary.
+        if !topology.primaries().iter().any(|n| n.breaker().is_open()) {
+            return None;
+        }
+        let slot_of = |c: &Charge<'_>| {
+            let mut key = String::with_capacity(64);
+            keys::write_key(&mut key, &inner.settings.prefix, c.key, c.rule.name());
+            keys::slot(key.as_bytes())
+        };
+        let node = topology.primary(slot_of(first))?;
+        let one_node = charges[1..].iter().all(|c| {
+            topology
+                .primary(slot_of(c))
+                .is_some_and(|n| Arc::ptr_eq(n, node))
+        });
+        (one_node && node.breaker().is_open()).then(|| {
+            inner.refresh_soon();
+            Err(StoreError::CircuitOpen)
+        })
+    }
+
+    fn registry(&self) -> Option<&RuleRegistry> {
+        Some(&self.inner.registry)
+    }
+}
+
+impl fmt::Debug for RedisClusterStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterStore")
+            .field("servers", &self.inner.servers)
+            .field("prefix", &self.inner.settings.prefix)
+            .field("response_timeout", &self.inner.settings.response_timeout)
+            .field("connected", &self.inner.startup.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for RedisClusterStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisClusterStoreBuilder")
+            .field("nodes", &self.nodes.len())
+            .field("prefix", &self.settings.prefix)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,129 @@
+//! The slot map of a cluster: which primary holds each of the 16384 slots, read with
+//! `CLUSTER SLOTS`.
+
+use std::sync::Arc;
+
+use redis::Value;
+
+use super::node::Node;
+use crate::store::StoreError;
+
+/// The number of Redis Cluster hash slots.
+const SLOTS: usize = 16384;
+
+/// Which node is the primary of each slot.
+pub(super) struct Topology {
+    /// Per slot, an index into `primaries`, or `NONE`.
+    slots: Box<[u16]>,
+    primaries: Vec<Arc<Node>>,
+}
+
+/// A slot no primary serves.
+const NONE: u16 = u16::MAX;
+
+impl Topology {
+    /// The primary of `slot`, if one serves it.
+    pub(super) fn primary(&self, slot: u16) -> Option<&Arc<Node>> {
+        let index = *self.slots.get(usize::from(slot))?;
+        self.primaries.get(usize::from(index))
+    }
+
+    /// Every primary.
+    pub(super) fn primaries(&self) -> &[Arc<Node>] {
+        &self.primaries
+    }
+
+    /// The map with `slot` served by `node` (after a `MOVED` that named it).
+    pub(super) fn moved(&self, slot: u16, node: Arc<Node>) -> Topology {
+        let mut primaries = self.primaries.clone();
+        let index = match primaries.iter().position(|p| p.addr() == node.addr()) {
+            Some(index) => index,
+            None => {
+                primaries.push(node);
+                primaries.len() - 1
+            }
+        };
+        let mut slots = self.slots.clone();
+        if let Some(entry) = slots.get_mut(usize::from(slot)) {
+            *entry = u16::try_from(index).unwrap_or(NONE);
+        }
+        Topology { slots, primaries }
+    }
+
+    /// The map that a `CLUSTER SLOTS` reply describes; `asked` is the host of the node that
+    /// answered (a primary listed without an address is that node). `node` gives the node of an
+    /// address, creating it when it is new.
+    pub(super) fn from_cluster_slots(
+        reply: Value,
+        asked: &str,
+        mut node: impl FnMut(&str) -> Result<Arc<Node>, StoreError>,
+    ) -> Result<Topology, StoreError> {
+        let bad = |what: &str| {
+            StoreError::Protocol(format!("CLUSTER SLOTS answered an unexpected {what}"))
+        };
+        let Value::Array(ranges) = reply else {
+            return Err(bad("reply"));
+        };
+        let mut slots = vec![NONE; SLOTS].into_boxed_slice();
+        let mut primaries: Vec<Arc<Node>> = Vec::new();
+        for range in ranges {
+            let Value::Array(items) = range else {
+                return Err(bad("range"));
+            };
+            let (Some(start), Some(end), Some(Value::Array(primary))) =
+                (items.first(), items.get(1), items.get(2))
+            else {
+                return Err(bad("range"));
+            };
+            let (start, end) = (integer(start), integer(end));
+            let host = primary.first().and_then(text).ok_or_else(|| bad("host"))?;
+            let port = primary.get(1).map(integer).ok_or_else(|| bad("port"))?;
+            let (Some(start), Some(end), Some(port)) = (start, end, port) else {
+                return Err(bad("number"));
+            };
+            if start > end || end >= SLOTS as i64 || !(1..=65535).contains(&port) {
+                return Err(bad("slot range"));
+            }
+            // An empty host is the node that answered; "?" is a node whose address is unknown.
+            let host = match host.as_str() {
+                "" => asked.to_owned(),
+                "?" => continue,
+                _ => host,
+            };
+            let addr = format!("{host}:{port}");
+            let index = match primaries.iter().position(|p| p.addr() == addr) {
+                Some(index) => index,
+                None => {
+                    primaries.push(node(&addr)?);
+                    primaries.len() - 1
+                }
+            };
+            let index = u16::try_from(index).map_err(|_| bad("number of primaries"))?;
+            for slot in start..=end {
+                slots[slot as usize] = index;
+            }
+        }
+        if primaries.is_empty() {
+            return Err(StoreError::Unavailable(
+                "the cluster serves no slot (CLUSTER SLOTS is empty)".into(),
+            ));
+        }
+        Ok(Topology { slots, primaries })
+    }
+}
+
+fn integer(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}

@@ -1,0 +1,86 @@
+//! [`RuleRegistry`]: the rule names in use on one store, so that two layers cannot give one name
+//! two quotas.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use super::RuleSpec;
+use crate::algorithm::Limits;
+use crate::{Algorithm, ConfigError};
+
+/// The rules that the living layers of one store use, by name.
+///
+/// A rule's name is its budget in the store: two layers that share a store and a rule name share
+/// that budget. That is useful on purpose (one "api" budget over several routers) and a trap by
+/// accident ("default" at 100 per minute on one route and at 2 per minute on another would
+/// spend one budget under two quotas). So a layer may only use a name that the store's other
+/// living layers use with the same algorithm and numbers; a name is free again once every layer
+/// that used it is dropped.
+///
+/// The memory and Redis stores hold one ([`Store::registry`](super::Store::registry)); a store
+/// of your own can hold one too. It sees the layers of one process: replicas that share a Redis
+/// must be given the same rules by their configuration.
+#[derive(Debug, Default)]
+pub struct RuleRegistry {
+    rules: Mutex<HashMap<Arc<str>, Entry>>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    algorithm: Algorithm,
+    limits: Limits,
+    /// The layers that use it; the name is free once all are gone.
+    holders: Vec<Weak<()>>,
+}
+
+impl RuleRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `rules` for the layer that holds `holder`, all or none.
+    ///
+    /// # Errors
+    ///
+    /// A rule whose name a living layer uses with another algorithm or other numbers.
+    pub fn register<'a>(
+        &self,
+        rules: impl IntoIterator<Item = &'a RuleSpec> + Clone,
+        holder: &Arc<()>,
+    ) -> Result<(), ConfigError> {
+        let mut registered = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+        for rule in rules.clone() {
+            let Some(entry) = registered.get_mut(rule.name()) else {
+                continue;
+            };
+            entry.holders.retain(|h| h.strong_count() > 0);
+            if !entry.holders.is_empty()
+                && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits())
+            {
+                return Err(ConfigError::in_rule(
+                    rule.name(),
+                    "another layer of the same store uses this name with another quota or \
+                     algorithm, and one name is one budget in a store; give this rule another \
+                     name, or both the same quota",
+                ));
+            }
+        }
+        for rule in rules {
+            let entry = registered
+                .entry(rule.name().into())
+                .or_insert_with(|| Entry {
+                    algorithm: rule.algorithm(),
+                    limits: *rule.limits(),
+                    holders: Vec::new(),
+                });
+            entry.holders.retain(|h| h.strong_count() > 0);
+            if entry.holders.is_empty() {
+                entry.algorithm = rule.algorithm();
+                entry.limits = *rule.limits();
+            }
+            entry.holders.push(Arc::downgrade(holder));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,155 @@
+//! What the layer says through `tracing`: every denial at `debug`, and a missing key once, with
+//! the fix for the server in use.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use tollgate::{Quota, RateLimitLayer, Rule};
+use tower::{Service, ServiceExt};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Level, Metadata, Subscriber};
+
+/// Collects every event: its level, target and fields.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<(Level, String, String)>>>);
+
+struct Text(String);
+
+impl Visit for Text {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.push_str(&format!("{}={value:?} ", field.name()));
+    }
+}
+
+impl Subscriber for Events {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        let meta = event.metadata();
+        self.0
+            .lock()
+            .unwrap()
+            .push((*meta.level(), meta.target().to_owned(), text.0));
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+impl Events {
+    fn at(&self, level: Level) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, _, _)| *l == level)
+            .map(|(_, target, text)| format!("{target}: {text}"))
+            .collect()
+    }
+}
+
+async fn send(app: &mut Router, request: Request<Body>) -> StatusCode {
+    app.as_service()
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap()
+        .status()
+}
+
+fn from(ip: [u8; 4]) -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((ip, 4000))));
+    request
+}
+
+#[tokio::test]
+async fn every_denial_leaves_a_debug_line_naming_the_rule() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(1)))
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(send(&mut app, from([9, 9, 9, 9])).await, StatusCode::OK);
+    assert!(
+        events
+            .at(Level::DEBUG)
+            .iter()
+            .all(|e| !e.contains("denied"))
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            send(&mut app, from([9, 9, 9, 9])).await,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+    }
+    let denials: Vec<String> = events
+        .at(Level::DEBUG)
+        .into_iter()
+        .filter(|e| e.contains("denied"))
+        .collect();
+    assert_eq!(denials.len(), 3, "{denials:#?}");
+    assert!(denials[0].contains("per-minute"), "{}", denials[0]);
+    assert!(
+        !denials[0].contains("9.9.9.9"),
+        "a denial line carries no client address: {}",
+        denials[0]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_peer_address_names_the_fix_for_the_server_in_use() {
+    // An axum router served without connect info, and a gRPC call with no peer address: each
+    // is told its own fix, once.
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = RateLimitLayer::new(Quota::per_minute(100)).unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route(
+            "/pkg.Service/Method",
+            axum::routing::post(|| async { "ok" }),
+        )
+        .layer(layer);
+    for _ in 0..3 {
+        let request = Request::get("/").body(Body::empty()).unwrap();
+        send(&mut app, request).await;
+    }
+    let hints = events.at(Level::WARN);
+    assert_eq!(hints.len(), 1, "{hints:#?}");
+    assert!(
+        hints[0].contains("into_make_service_with_connect_info"),
+        "{}",
+        hints[0]
+    );
+    for _ in 0..3 {
+        let grpc = Request::post("/pkg.Service/Method")
+            .header("content-type", "application/grpc")
+            .body(Body::empty())
+            .unwrap();
+        send(&mut app, grpc).await;
+    }
+    let hints = events.at(Level::WARN);
+    assert_eq!(hints.len(), 2, "{hints:#?}");
+    assert!(hints[1].contains("tonic"), "{}", hints[1]);
+}
