@@ -16,12 +16,16 @@
 //!   IPv4 addresses): the cases of `benches/memory_store.rs`.
 //! * `layer <router> <n>`: the routers of `benches/layer.rs` (`bare`, `tollgate_allow`,
 //!   `tollgate_reject`, `tower_governor_allow`, `tower_governor_reject`), called in process.
+//! * `stacked <1|2|4> <n>`: memory-store decisions of 1, 2 or 4 stacked rules over 1,000,000
+//!   clients whose keys are all in the store (`benches/support/stacked.rs`).
 //!
 //! Run each once with `n = 0` and once with a large `n`: the difference over `n` is the cost of
 //! one decision or request, setup excluded.
 
 #[path = "support/layer_apps.rs"]
 mod layer_apps;
+#[path = "support/stacked.rs"]
+mod stacked;
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
@@ -37,7 +41,8 @@ use tollgate::store::{Charge, MemoryStore, Store};
 const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_gcra|governor> \
                      <hot_key_allowed|hot_key_denied|100k_keys_allowed> <n>\n       \
                      instructions layer <bare|tollgate_allow|tollgate_reject|\
-                     tower_governor_allow|tower_governor_reject> <n>";
+                     tower_governor_allow|tower_governor_reject> <n>\n       \
+                     instructions stacked <1|2|4> <n>";
 
 fn main() -> ExitCode {
     // `cargo bench` adds `--bench`.
@@ -49,6 +54,7 @@ fn main() -> ExitCode {
     let result = match args.as_slice() {
         ["store", limiter, case, n] => count(n).and_then(|n| store(limiter, case, n)),
         ["layer", router, n] => count(n).and_then(|n| layer(router, n)),
+        ["stacked", rules, n] => count(n).and_then(|n| stacked_rules(rules, n)),
         _ => Err(String::from("wrong arguments")),
     };
     match result {
@@ -126,6 +132,22 @@ fn governor(allow: bool, ips: &[IpAddr], n: usize) -> usize {
     (0..n)
         .filter(|i| limiter.check_key(black_box(&ips[i % ips.len()])).is_ok())
         .count()
+}
+
+fn stacked_rules(rules: &str, n: usize) -> Result<String, String> {
+    let rules: usize = match rules {
+        "1" | "2" | "4" => rules.parse().unwrap_or(1),
+        _ => return Err(format!("rules must be 1, 2 or 4, not {rules:?}")),
+    };
+    // Every client's keys are in the store before the counted decisions (setup, also run with
+    // n = 0).
+    let (store, specs, keys) = stacked::stacked(rules);
+    let admitted = (0..n)
+        .filter(|i| stacked::decide(&store, &specs, black_box(&keys[i % keys.len()])))
+        .count();
+    Ok(format!(
+        "{rules} stacked rules: {n} decisions, {admitted} admitted"
+    ))
 }
 
 fn layer(router: &str, n: usize) -> Result<String, String> {

@@ -6,13 +6,17 @@
 //!
 //! Each group measures one decision: on one hot key, and cycling over 100,000 IPv4 keys; allowed
 //! (a quota nobody reaches) and denied (a quota of one per hour). Both limiters use their default
-//! clock.
+//! clock. `1m_keys_stacked` measures tollgate alone over 1,000,000 clients with 1, 2 (per IP and
+//! `Global`, the README's example) and 4 stacked rules.
 
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr};
 use std::num::NonZeroU32;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+
+#[path = "support/stacked.rs"]
+mod stacked;
 use governor::{Quota as GQuota, RateLimiter};
 use tollgate::Algorithm;
 use tollgate::algorithm::Limits;
@@ -117,9 +121,25 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// Stacked rules over 1,000,000 clients: 1, 2 (per IP + `Global`) and 4 rules per decision.
+fn stacked(c: &mut Criterion) {
+    let mut group = c.benchmark_group("1m_keys_stacked");
+    for rules in [1, 2, 4] {
+        let (store, specs, keys) = stacked::stacked(rules);
+        let mut i = 0;
+        group.bench_function(format!("tollgate_{rules}_rules"), |b| {
+            b.iter(|| {
+                i = (i + 1) % keys.len();
+                black_box(stacked::decide(&store, &specs, &keys[i]))
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(std::time::Duration::from_secs(1)).measurement_time(std::time::Duration::from_secs(3));
-    targets = bench
+    targets = bench, stacked
 }
 criterion_main!(benches);

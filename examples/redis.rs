@@ -15,8 +15,9 @@ use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    // Connects and loads the script now: a wrong URL or a Redis that is down fails here.
-    let store = RedisStore::connect(url.as_str()).await?;
+    // Connects in the background: the service starts even while Redis is down (each rule's
+    // FailureMode decides until it answers). `RedisStore::connect(url).await?` would wait.
+    let store = RedisStore::builder(url.as_str()).build()?;
 
     // Per client IP: bursts of 10 refilled at 5 per second, and 1000 per hour, checked together
     // in one atomic step on Redis.

@@ -4,7 +4,7 @@
 # busy machine, unlike time. See benches/instructions.rs.
 #
 #   ./scripts/instructions.sh                  # 1,000,000 decisions and 20,000 requests per case
-#   N=200000 REQUESTS=5000 ./scripts/instructions.sh
+#   N=200000 REQUESTS=5000 STACKED=100000 ./scripts/instructions.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,6 +50,17 @@ for case in hot_key_allowed hot_key_denied 100k_keys_allowed; do
         ratio=$(awk -v p="$cost" -v g="$governor" 'BEGIN { printf "%.2fx", p / g }')
         printf '%-18s %-22s %14s %12s\n' "$case" "$limiter" "$cost" "$ratio"
     done
+done
+
+echo
+printf '%-18s %16s %12s\n' 'stacked, 1M keys' instr/decision vs-1-rule
+stacked=${STACKED:-200000}
+one=""
+for rules in 1 2 4; do
+    cost=$(per "$stacked" stacked "$rules")
+    [ -z "$one" ] && one=$cost
+    ratio=$(awk -v p="$cost" -v o="$one" 'BEGIN { printf "%.2fx", p / o }')
+    printf '%-18s %16s %12s\n' "$rules rules" "$cost" "$ratio"
 done
 
 echo

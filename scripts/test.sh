@@ -37,17 +37,23 @@ echo "using $(redis-server --version)"
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
-say "cargo clippy --all-targets --all-features -D warnings"
-cargo clippy --all-targets --all-features -- -D warnings
+say "cargo clippy --all-targets --all-features -D warnings (and incompatible_msrv: nothing newer than rust-version)"
+cargo clippy --all-targets --all-features -- -D warnings -D clippy::incompatible_msrv
 
-say "cargo build --no-default-features; cargo check --all-targets (default features)"
+say "each feature on its own: cargo check --no-default-features --features X"
 cargo build --no-default-features
+features=$(sed -n '/^\[features\]/,/^\[/p' Cargo.toml | sed -n 's/^\([a-z_-]*\) = .*/\1/p' | grep -v '^default$')
+for feature in $features; do
+    echo "--features $feature"
+    cargo check --no-default-features --features "$feature"
+done
+say "cargo check --all-targets (default features)"
 cargo check --all-targets
 
 say "cargo doc --all-features (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 
-say "cargo test --all-features (unit, integration, doc tests)"
+say "cargo test --all-features (unit, integration, doc tests: the README's code blocks too)"
 cargo test --all-features
 
 say "cargo build --examples --all-features"

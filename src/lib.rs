@@ -72,6 +72,11 @@ mod warn;
 /// The `http` crate, whose types the layer takes and returns (as axum re-exports it).
 pub use http;
 
+/// The README's code blocks, compiled (and run where they can) as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use algorithm::kind::Algorithm;
 pub use decision::Decision;
 pub use error::ConfigError;

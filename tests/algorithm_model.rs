@@ -272,6 +272,64 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn the_effective_window_is_exact_and_never_after_retry_after(case in case()) {
+        // draft-ietf-httpapi-ratelimit-headers-11: within `t` the client can use no more than
+        // `r`, and Retry-After never points before the end of a denying policy's `t`.
+        for alg in Algorithm::ALL {
+            let mut state: Option<State> = None;
+            let mut now = EPOCH;
+            let capacity = alg.capacity(&case.limits);
+            for step in &case.steps {
+                now += step.gap;
+                let outcome = alg.check(&case.limits, state.as_ref(), now, step.cost);
+                if outcome.allowed {
+                    alg.commit(&case.limits, &mut state, now, step.cost);
+                }
+                let window = outcome.window;
+                prop_assert!(window > 0, "{alg}: a window of 0");
+                if !outcome.allowed && outcome.retry_after != u64::MAX {
+                    prop_assert!(outcome.retry_after >= window,
+                        "{alg}: retry after {} before the window {window} ends", outcome.retry_after);
+                }
+                if outcome.remaining >= capacity {
+                    continue;
+                }
+                // The outcome describes `state` now (charged when admitted, as it stands when
+                // denied): one unit more than `remaining` fits exactly at the window's end.
+                let more = outcome.remaining + 1;
+                prop_assert!(!alg.check(&case.limits, state.as_ref(), now + window - 1, more).allowed,
+                    "{alg}: {more} fit before the window ({window}) ends");
+                prop_assert!(alg.check(&case.limits, state.as_ref(), now + window, more).allowed,
+                    "{alg}: {more} do not fit when the window ({window}) ends");
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_that_is_not_charged_reports_the_budget_as_it_stands(case in case()) {
+        for alg in Algorithm::ALL {
+            let mut state: Option<State> = None;
+            let mut now = EPOCH;
+            for step in &case.steps {
+                now += step.gap;
+                let uncharged = alg.uncharged(&case.limits, state.as_ref(), now, step.cost);
+                let charged = alg.check(&case.limits, state.as_ref(), now, step.cost);
+                let looked = alg.check(&case.limits, state.as_ref(), now, 0);
+                prop_assert_eq!(uncharged.allowed, charged.allowed);
+                prop_assert_eq!(uncharged.retry_after, charged.retry_after);
+                prop_assert_eq!(
+                    (uncharged.remaining, uncharged.reset, uncharged.window),
+                    (looked.remaining, looked.reset, looked.window),
+                    "{}", alg
+                );
+                if charged.allowed {
+                    alg.commit(&case.limits, &mut state, now, step.cost);
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -353,3 +353,62 @@ fn a_stacked_check_does_not_scan_its_shards() {
     check(&store, &charges);
     assert_eq!(store.len(), 2);
 }
+
+#[test]
+fn a_rule_that_denies_after_others_were_charged_puts_them_back() {
+    // The store charges stacked rules one by one and puts back what it charged when a later
+    // rule denies: every kind of key (known, new, a sliding log, the same key twice) must end as
+    // it started.
+    let clock = ManualClock::default();
+    let store = store_with(&clock, 1000);
+    let hour = Duration::from_secs(3600);
+    let closed = spec("closed", Algorithm::FixedWindow, 1, hour);
+    let tight = Key::text("tight");
+    assert!(check_one(&store, &closed, &tight, 1).allowed()); // now full: it denies from here
+    for algorithm in Algorithm::ALL {
+        let open = spec("open", algorithm, 10, hour);
+        for (n, known) in [false, true].into_iter().enumerate() {
+            let key = Key::text(format!("{algorithm}-{n}"));
+            if known {
+                assert!(check_one(&store, &open, &key, 3).allowed());
+            }
+            let before = check_one(&store, &open, &key, 0).outcomes()[0];
+            let len = store.len();
+            for _ in 0..5 {
+                let charges = [
+                    Charge {
+                        rule: &open,
+                        key: &key,
+                        cost: 2,
+                    },
+                    Charge {
+                        rule: &open,
+                        key: &key,
+                        cost: 1,
+                    },
+                    Charge {
+                        rule: &closed,
+                        key: &tight,
+                        cost: 1,
+                    },
+                ];
+                let decision = check(&store, &charges);
+                assert!(!decision.allowed(), "{algorithm}");
+                // Every rule reports the budget as it stands.
+                assert_eq!(
+                    decision.outcomes()[0].remaining,
+                    before.remaining,
+                    "{algorithm}"
+                );
+                assert!(decision.outcomes()[0].allowed && !decision.outcomes()[2].allowed);
+            }
+            let after = check_one(&store, &open, &key, 0).outcomes()[0];
+            assert_eq!(after, before, "{algorithm}, known key: {known}");
+            assert_eq!(
+                store.len(),
+                len,
+                "{algorithm}: a new key put back is removed"
+            );
+        }
+    }
+}

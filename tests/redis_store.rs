@@ -473,21 +473,90 @@ async fn standalone_slow_server_is_a_timeout() {
 
 /// Nothing listening: building fails, as unavailable.
 #[tokio::test]
-async fn standalone_unreachable_server_fails_the_build() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let result = RedisStore::connect(format!("redis://127.0.0.1:{port}")).await;
-    assert!(
-        matches!(result, Err(ConnectError::Store(StoreError::Unavailable(_)))),
-        "{result:?}"
-    );
-    let result = RedisClusterStore::builder([format!("redis://127.0.0.1:{port}")])
+async fn connect_fails_fast_on_an_unreachable_server_and_names_it_without_its_password() {
+    let [port] = support::free_ports::<1>();
+    let url = format!("redis://app:s3cret@127.0.0.1:{port}/0");
+    let result = RedisStore::builder(&url)
+        .connect_timeout(Duration::from_millis(300))
         .connect()
         .await;
-    assert!(matches!(result, Err(ConnectError::Store(_))), "{result:?}");
+    let error = result.unwrap_err();
+    assert!(
+        matches!(error, ConnectError::Store(StoreError::Unavailable(_))),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(&format!("redis://app:***@127.0.0.1:{port}/0")),
+        "{message}"
+    );
+    assert!(!message.contains("s3cret"), "{message}");
+    let result = RedisClusterStore::builder([url])
+        .connect_timeout(Duration::from_millis(300))
+        .connect()
+        .await;
+    let message = result.unwrap_err().to_string();
+    assert!(message.contains(&format!("127.0.0.1:{port}")), "{message}");
+    assert!(!message.contains("s3cret"), "{message}");
+}
+
+/// A replica starts while Redis is down, serves under its rules' failure mode, and limits as
+/// soon as Redis is up: the store connects in the background.
+#[tokio::test]
+async fn a_replica_starts_and_serves_without_redis_and_limits_once_it_is_up() {
+    let [port] = support::free_ports::<1>();
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .prefix(unique_prefix("late"))
+        .build()
+        .expect("building needs no Redis");
+    assert!(!store.is_connected());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("late", Quota::per_hour(3)))
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let send = || {
+        let mut request = Request::get("/").body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(SocketAddr::from((
+                [10, 9, 8, 7],
+                1000,
+            ))));
+        app.clone().oneshot(request)
+    };
+    // Redis is down: the rule fails open, and nothing is counted.
+    for _ in 0..5 {
+        let response = send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response.headers().get("ratelimit").is_none());
+    }
+    // Redis comes up: within the retry delay the store connects and the limit holds.
+    let _server = RedisServer::start_on(port, &[]).expect("redis-server on the chosen port");
+    let started = Instant::now();
+    let first_counted = loop {
+        let response = send().await.unwrap();
+        if let Some(budget) = response.headers().get("ratelimit") {
+            break budget.to_str().unwrap().to_owned();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the store never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(store.is_connected());
+    assert!(first_counted.contains("r=2"), "{first_counted}");
+    for _ in 0..2 {
+        assert_eq!(send().await.unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(
+        send().await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 /// The server goes away: checks fail (unavailable or timed out, never a wrong decision); it

@@ -95,6 +95,7 @@ pub struct Limits {
 
 /// Why a set of numbers cannot be a [`Limits`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LimitsError {
     /// The quota is zero.
     ZeroLimit,

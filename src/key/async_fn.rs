@@ -44,7 +44,8 @@ pub struct AsyncFn<F> {
 ///
 /// The closure runs synchronously with the request head; the future it returns is awaited by
 /// the layer before the store is asked, so its latency adds to every request's. Keep lookups
-/// cached. A future that resolves to `None` means the rule does not apply to the request.
+/// cached. A future that resolves to `None` means the key is missing: the request is counted under
+/// [`Key::unidentified`], unless the rule [skips](crate::Rule::skip_unidentified) such requests.
 ///
 /// An extractor from a closure that reads the request head and returns a future of the key.
 pub fn async_fn<F, Fut>(f: F) -> AsyncFn<F>

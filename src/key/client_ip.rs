@@ -168,7 +168,8 @@ struct Hints {
 /// The key falls back to the socket peer when the entry at the client's position is `unknown`,
 /// obfuscated or malformed, when every entry is a trusted proxy, or when there are fewer entries
 /// than trusted hops. Without a peer address (the server did not record one) the key is missing
-/// and the rule does not apply, which the layer reports once. Nothing here panics.
+/// and the request is counted under the rule's shared [`Key::unidentified`] key, which the layer
+/// reports once. Nothing here panics.
 ///
 /// Misconfigurations are reported once each through `tracing` (never on every request):
 /// forwarding headers arriving while no proxy is trusted or from an untrusted peer, every hop

@@ -21,8 +21,9 @@ use super::{Extracted, Key, KeyExtractor};
 ///
 /// It reads, in this order: axum's `ConnectInfo<SocketAddr>` (feature `axum`; serve with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), a `SocketAddr` request extension, and
-/// tonic's `TcpConnectInfo` (feature `tonic`). IPv6 clients are grouped by their /64 by default.
-/// With none of these present the key is missing and the rule does not apply: the layer says so
+/// tonic's `TcpConnectInfo` (feature `tonic`, on by default). IPv6 clients are grouped by their
+/// /64 by default. With none of these present the key is missing: the request is counted under
+/// the rule's shared [`Key::unidentified`] key, and the layer says so
 /// once through `tracing`.
 ///
 /// Forwarded headers are never read here: a client can write them. Behind a proxy, use

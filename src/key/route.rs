@@ -28,8 +28,8 @@ pub const MAX_GRPC_PATH_LEN: usize = 256;
 /// With axum the route is the pattern of `MatchedPath`, present when the layer runs inside the
 /// router (`Router::route_layer`, `Router::layer`, or a layer on a route). A raw path would let a
 /// client invent a new key per request (`/users/1`, `/users/2`, …). Requests that matched no
-/// route have no route key: the rule does not apply to them (chain a constant fallback if it
-/// should).
+/// route have no route key: they share the [`Key::unidentified`] budget of the rule (chain a
+/// constant fallback to name it, or let the rule [skip](crate::Rule::skip_unidentified) them).
 ///
 /// For gRPC requests (`content-type: application/grpc…`) the key is the request path, which
 /// names the method, when it has the form `/package.Service/Method`. Methods are keyed by name

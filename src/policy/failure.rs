@@ -1,5 +1,5 @@
-/// What the layer does when the store fails (errs or times out), or when its
-/// [`CircuitBreaker`](crate::CircuitBreaker) is open: set for the layer
+/// What the layer does when the store fails (errs or times out, or its circuit breaker is open):
+/// set for the layer
 /// ([`on_store_error`](crate::RateLimitLayerBuilder::on_store_error)) and, where one rule needs
 /// another, for the rule ([`Rule::on_store_error`](crate::Rule::on_store_error)).
 ///
@@ -21,6 +21,7 @@
 /// checked in the local limiter (all or nothing, with budget headers for them), and the `Open`
 /// rules are skipped.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FailureMode {
     /// Let the request through without limiting it (the default): an outage of the store does
     /// not become an outage of the service. Logged through `tracing`.

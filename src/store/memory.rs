@@ -5,11 +5,11 @@ use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hashbrown::{HashTable, hash_table};
+use hashbrown::HashTable;
 use smallvec::SmallVec;
 
 use super::{Charge, RuleRegistry, Store, StoreError};
-use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, State};
+use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, Outcome, State};
 use crate::clock::{Clock, SystemClock};
 use crate::key::Key;
 use crate::warn::Every;
@@ -78,6 +78,20 @@ struct Inner {
 struct Shard {
     table: HashTable<Entry>,
     next_sweep: u64,
+}
+
+/// How to put back one charge of a request that another rule denied.
+enum Undo {
+    /// The key was there: its state and expiry before the charge.
+    Restore {
+        state: Option<State>,
+        expires_at: u64,
+    },
+    /// A sliding log that was there: take back the `cost` entries the charge added (the
+    /// entries the charge dropped had left the window).
+    Unlog { cost: u64, expires_at: u64 },
+    /// The key was new: remove it.
+    Remove,
 }
 
 /// One cache line per key: a lookup touches one line of the table's data.
@@ -213,135 +227,224 @@ impl MemoryStore {
         Decision::single(outcome)
     }
 
-    /// The table slot of a charge's key.
-    fn slot<'s>(
+    /// Several rules: their shards locked in ascending order, then each rule checked and charged
+    /// in turn, as one rule would be, remembering what it was; when one denies, the ones
+    /// already charged are put back as they were and nothing is charged. Denials are the rare
+    /// case, so a request that every rule admits costs about what its rules cost one by one.
+    fn check_many(&self, charges: &[Charge<'_>], now: u64) -> Decision {
+        // Lists on the stack, sized for the request (a layer sends at most `MAX_RULES`).
+        match charges.len() {
+            0..=2 => self.check_on_stack::<2>(charges, now),
+            3..=4 => self.check_on_stack::<4>(charges, now),
+            5..=8 => self.check_on_stack::<8>(charges, now),
+            n => {
+                let mut located = vec![(0, 0, 0); n];
+                let mut undo: Vec<Option<Undo>> = (0..n).map(|_| None).collect();
+                self.check_stacked(charges, now, &mut located, &mut undo)
+            }
+        }
+    }
+
+    fn check_on_stack<const N: usize>(&self, charges: &[Charge<'_>], now: u64) -> Decision {
+        let mut located = [(0, 0, 0); N];
+        let mut undo = [const { None }; N];
+        let n = charges.len();
+        self.check_stacked(charges, now, &mut located[..n], &mut undo[..n])
+    }
+
+    /// [`check_many`](Self::check_many) with a list per charge for where its key lives
+    /// (`located`: hash, shard, position of the shard's guard) and how to put its charge back
+    /// (`undo`).
+    fn check_stacked(
         &self,
-        shard: &'s mut Shard,
+        charges: &[Charge<'_>],
+        now: u64,
+        located: &mut [(u64, usize, usize)],
+        undo: &mut [Option<Undo>],
+    ) -> Decision {
+        for (charge, l) in charges.iter().zip(located.iter_mut()) {
+            let hash = self.hash(charge.rule.id(), charge.key);
+            *l = (hash, self.shard_of(hash), 0);
+        }
+        // Lock each shard once, in ascending order: two requests never wait on each other in a
+        // cycle.
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 4]> = SmallVec::new();
+        let mut previous = None;
+        while let Some(shard) = located
+            .iter()
+            .map(|l| l.1)
+            .filter(|&s| previous.is_none_or(|p| s > p))
+            .min()
+        {
+            previous = Some(shard);
+            let mut guard = lock(&self.inner.shards[shard]);
+            guard.maybe_sweep(now);
+            // Make room before deciding, so that inserting one rule's new key can never evict
+            // another rule's key of the same request; only when the shard could overflow, as
+            // making room scans it.
+            let arriving = located.iter().filter(|l| l.1 == shard).count();
+            if guard.table.len() + arriving > self.inner.per_shard {
+                let new = charges
+                    .iter()
+                    .zip(located.iter())
+                    .filter(|(charge, l)| l.1 == shard && !guard.holds(l.0, charge))
+                    .count();
+                if new > 0 && guard.table.len() + new > self.inner.per_shard {
+                    self.make_room(&mut guard, now, new);
+                }
+            }
+            for l in located.iter_mut().filter(|l| l.1 == shard) {
+                l.2 = guards.len();
+            }
+            guards.push(guard);
+        }
+
+        let mut decision = Decision::default();
+        for (i, (charge, &(hash, _, guard))) in charges.iter().zip(located.iter()).enumerate() {
+            let outcome = self.charge(&mut guards[guard], hash, charge, now, &mut undo[i]);
+            decision.push(outcome);
+            if !outcome.allowed {
+                return self.deny(charges, located, &mut guards, undo, now);
+            }
+        }
+        decision
+    }
+
+    /// Checks and, when it admits, charges one rule in `shard`, setting `undo` to how to put it
+    /// back.
+    #[inline]
+    fn charge(
+        &self,
+        shard: &mut Shard,
         hash: u64,
         charge: &Charge<'_>,
-    ) -> hash_table::Entry<'s, Entry> {
-        let rule = charge.rule.id();
-        shard.table.entry(
-            hash,
-            |e| e.rule == rule && e.key == *charge.key,
-            |e| self.hash(e.rule, &e.key),
-        )
-    }
-
-    fn check_many(&self, charges: &[Charge<'_>], now: u64) -> Decision {
-        let located: SmallVec<[(u64, usize); 4]> = charges
-            .iter()
-            .map(|c| {
-                let hash = self.hash(c.rule.id(), c.key);
-                (hash, self.shard_of(hash))
-            })
-            .collect();
-        let mut order: SmallVec<[usize; 4]> = located.iter().map(|&(_, s)| s).collect();
-        order.sort_unstable();
-        order.dedup();
-        // Lock in ascending shard order: two requests never wait on each other in a cycle.
-        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> = order
-            .iter()
-            .map(|&s| {
-                let mut guard = lock(&self.inner.shards[s]);
-                guard.maybe_sweep(now);
-                // Make room before deciding, so that inserting one rule's new key can never
-                // evict another rule's key of the same request; only when the shard could
-                // overflow, as making room scans it.
-                let in_shard = || {
-                    charges
-                        .iter()
-                        .zip(&located)
-                        .filter(move |(_, (_, shard))| *shard == s)
-                };
-                if guard.table.len() + in_shard().count() > self.inner.per_shard {
-                    let new = in_shard()
-                        .filter(|(charge, (hash, _))| !guard.holds(*hash, charge))
-                        .count();
-                    if new > 0 && guard.table.len() + new > self.inner.per_shard {
-                        self.make_room(&mut guard, now, new);
-                    }
-                }
-                (s, guard)
-            })
-            .collect();
-        let position = |shard: usize, guards: &SmallVec<[(usize, MutexGuard<'_, Shard>); 4]>| {
-            guards.iter().position(|(s, _)| *s == shard).unwrap_or(0)
-        };
-        let mut decision = Decision::default();
-        for (charge, &(hash, shard)) in charges.iter().zip(&located) {
-            let i = position(shard, &guards);
-            let state = guards[i].1.find(hash, charge, now);
-            decision.push(charge.rule.algorithm().check(
-                charge.rule.limits(),
-                state,
-                now,
-                charge.cost,
-            ));
-        }
-        if decision.allowed() {
-            for ((charge, &(hash, shard)), outcome) in
-                charges.iter().zip(&located).zip(decision.outcomes())
-            {
-                let i = position(shard, &guards);
-                let slot = self.slot(&mut guards[i].1, hash, charge);
-                self.commit(slot, charge, now, outcome.reset);
-            }
-            return decision;
-        }
-        // Denied, so nothing is charged: every rule reports its budget as it stands.
-        let mut uncharged = Decision::default();
-        for ((charge, &(hash, shard)), outcome) in
-            charges.iter().zip(&located).zip(decision.outcomes())
-        {
-            if outcome.allowed && charge.cost > 0 {
-                let i = position(shard, &guards);
-                let state = guards[i].1.find(hash, charge, now);
-                let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
-                uncharged.push(algorithm.uncharged(limits, state, now, charge.cost));
-            } else {
-                uncharged.push(*outcome);
-            }
-        }
-        uncharged
-    }
-
-    /// Charges an admitted request in its slot; `reset` (from its outcome) is how long the new
-    /// state lives. Room for a new key was made before the decision.
-    fn commit(
-        &self,
-        slot: hash_table::Entry<'_, Entry>,
-        charge: &Charge<'_>,
         now: u64,
-        reset: u64,
-    ) {
+        undo: &mut Option<Undo>,
+    ) -> Outcome {
         let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
-        match slot {
-            hash_table::Entry::Occupied(mut occupied) => {
+        let rule = charge.rule.id();
+        let found = shard
+            .table
+            .find_entry(hash, |e| e.rule == rule && e.key == *charge.key);
+        match found {
+            Ok(mut occupied) => {
                 let entry = occupied.get_mut();
+                let live = if entry.expires_at > now {
+                    entry.state.as_ref()
+                } else {
+                    None
+                };
+                if charge.cost == 0 {
+                    // Only looks: nothing to charge, nothing to put back.
+                    return algorithm.check(limits, live, now, 0);
+                }
+                let before = match live {
+                    // A log may hold thousands of entries: rather than a copy, what the charge
+                    // adds is taken back (the entries it drops had left the window anyway).
+                    Some(State::SlidingWindowLog(_)) => Undo::Unlog {
+                        cost: charge.cost,
+                        expires_at: entry.expires_at,
+                    },
+                    _ => Undo::Restore {
+                        state: live.cloned(),
+                        expires_at: entry.expires_at,
+                    },
+                };
                 if entry.expires_at <= now {
                     entry.state = None;
                 }
-                algorithm.commit(limits, &mut entry.state, now, charge.cost);
-                if entry.state.is_some() {
-                    entry.expires_at = now + reset;
-                } else {
-                    occupied.remove();
+                let outcome = algorithm.admit(limits, &mut entry.state, now, charge.cost);
+                if outcome.allowed {
+                    *undo = Some(before);
+                    if entry.state.is_some() {
+                        entry.expires_at = now + outcome.reset;
+                    } else {
+                        occupied.remove();
+                    }
                 }
+                outcome
             }
-            hash_table::Entry::Vacant(vacant) => {
+            Err(absent) => {
                 let mut state = None;
-                algorithm.commit(limits, &mut state, now, charge.cost);
-                if state.is_some() {
-                    vacant.insert(Entry {
-                        rule: charge.rule.id(),
+                let outcome = algorithm.admit(limits, &mut state, now, charge.cost);
+                if outcome.allowed && state.is_some() {
+                    *undo = Some(Undo::Remove);
+                    let entry = Entry {
+                        rule,
                         key: charge.key.clone(),
-                        expires_at: now + reset,
+                        expires_at: now + outcome.reset,
                         state,
-                    });
+                    };
+                    absent
+                        .into_table()
+                        .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
                 }
+                outcome
             }
         }
+    }
+
+    /// A rule denied: the rules charged before it are put back as they were (in reverse order,
+    /// so that a key charged twice ends as it started), and every rule reports its budget as it
+    /// stands, uncharged.
+    fn deny(
+        &self,
+        charges: &[Charge<'_>],
+        located: &[(u64, usize, usize)],
+        guards: &mut [MutexGuard<'_, Shard>],
+        undo: &mut [Option<Undo>],
+        now: u64,
+    ) -> Decision {
+        let steps = charges.iter().zip(located).zip(undo.iter_mut()).rev();
+        for ((charge, &(hash, _, guard)), step) in steps {
+            let Some(step) = step.take() else {
+                continue;
+            };
+            let rule = charge.rule.id();
+            let table = &mut guards[guard].table;
+            let found = table.find_entry(hash, |e| e.rule == rule && e.key == *charge.key);
+            match (step, found) {
+                (Undo::Remove, Ok(occupied)) => {
+                    occupied.remove();
+                }
+                (Undo::Restore { state, expires_at }, Ok(mut occupied)) => {
+                    let entry = occupied.get_mut();
+                    entry.state = state;
+                    entry.expires_at = expires_at;
+                }
+                (Undo::Restore { state, expires_at }, Err(absent)) => {
+                    // The charge emptied it (it was removed): it comes back.
+                    let entry = Entry {
+                        rule,
+                        key: charge.key.clone(),
+                        expires_at,
+                        state,
+                    };
+                    absent
+                        .into_table()
+                        .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
+                }
+                (Undo::Unlog { cost, expires_at }, Ok(mut occupied)) => {
+                    let entry = occupied.get_mut();
+                    if let Some(State::SlidingWindowLog(log)) = &mut entry.state {
+                        let keep = log.entries.len().saturating_sub(cost as usize);
+                        log.entries.truncate(keep);
+                        if log.entries.is_empty() {
+                            entry.state = None;
+                        }
+                    }
+                    entry.expires_at = expires_at;
+                }
+                (Undo::Remove | Undo::Unlog { .. }, Err(_)) => {}
+            }
+        }
+        let mut decision = Decision::default();
+        for (charge, &(hash, _, guard)) in charges.iter().zip(located) {
+            let state = guards[guard].find(hash, charge, now);
+            let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+            decision.push(algorithm.uncharged(limits, state, now, charge.cost));
+        }
+        decision
     }
 
     /// Frees room for `needed` new keys: expired keys first, then the keys closest to a full

@@ -45,7 +45,7 @@ fn require(program: &str) {
 }
 
 /// A port nobody listens on now (and, for a cluster node, a second one for its bus).
-fn free_ports<const N: usize>() -> [u16; N] {
+pub fn free_ports<const N: usize>() -> [u16; N] {
     let listeners: Vec<TcpListener> = (0..N)
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
         .collect();
