@@ -761,3 +761,40 @@ async fn three_replicas_share_one_budget_in_redis() {
     .await;
     assert_eq!(cluster, 20);
 }
+
+/// The runtime that started a store's background connection may go away (a setup runtime, a
+/// test's own): the next check, on another runtime, starts it again.
+#[test]
+fn a_store_whose_first_runtime_went_away_still_connects() {
+    let [port] = support::free_ports::<1>();
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let store = first.block_on(async {
+        RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+            .prefix(unique_prefix("runtime"))
+            .build()
+            .unwrap()
+    });
+    drop(first);
+    let _server = RedisServer::start_on(port, &[]).expect("redis-server on the chosen port");
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        let rule = spec("runtime", Algorithm::TokenBucket, 10, MAX_PERIOD_MICROS);
+        let key = Key::text("runtime-client");
+        let started = Instant::now();
+        loop {
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }];
+            if store.check(&charge).await.is_ok() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the store never connected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}

@@ -81,13 +81,9 @@ impl Networks {
                 self.v4.push((u32::from(v4.addr()) & mask, mask));
             }
             IpNet::V6(v6) => {
-                // An IPv4-mapped or NAT64 network (::ffff:a.b.c.d/96+, 64:ff9b::a.b.c.d/96+) is
-                // an IPv4 network, as its addresses are counted as IPv4.
-                let embedded = match canonical_ip(IpAddr::V6(v6.addr())) {
-                    IpAddr::V4(v4) => Some(v4),
-                    IpAddr::V6(_) => None,
-                };
-                if let (Some(v4), true) = (embedded, bits >= 96) {
+                // An IPv4-mapped network (::ffff:a.b.c.d/96+) is an IPv4 network. A NAT64
+                // network stays an IPv6 one: its addresses are IPv4 clients only when global.
+                if let (Some(v4), true) = (v6.addr().to_ipv4_mapped(), bits >= 96) {
                     let mask = u32::MAX.checked_shl(128 - bits).unwrap_or(0);
                     self.v4.push((u32::from(v4) & mask, mask));
                 } else {

@@ -214,23 +214,47 @@ const NAT64_PREFIX: u128 = 0x0064_ff9b_0000_0000_0000_0000_0000_0000;
 /// IPv4 client `a.b.c.d`; every other address is itself.
 ///
 /// Without this, every IPv4 client behind a NAT64 gateway would share the gateway's IPv6 /64.
-/// Only the well-known /96 is un-mapped: a network-specific prefix (RFC 6052 §2.2) is a choice
+/// Only the well-known /96 is un-mapped, and only for global IPv4 addresses: RFC 6052 §3.1 does
+/// not allow it to carry private or special ones, so `64:ff9b::10.0.0.3` is not `10.0.0.3` (and
+/// cannot pass for a trusted proxy in `10.0.0.0/8`). A network-specific prefix (§2.2) is a choice
 /// of the operator's that tollgate cannot see.
 ///
 /// ```
 /// use std::net::IpAddr;
 /// use tollgate::key::canonical_ip;
 ///
-/// let nat64: IpAddr = "64:ff9b::198.51.100.7".parse().unwrap();
-/// assert_eq!(canonical_ip(nat64), "198.51.100.7".parse::<IpAddr>().unwrap());
+/// let nat64: IpAddr = "64:ff9b::93.184.216.34".parse().unwrap();
+/// assert_eq!(canonical_ip(nat64), "93.184.216.34".parse::<IpAddr>().unwrap());
+/// let private: IpAddr = "64:ff9b::10.0.0.3".parse().unwrap();
+/// assert_eq!(canonical_ip(private), private);
 /// ```
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) if v6.to_bits() >> 32 == NAT64_PREFIX >> 32 => {
-            IpAddr::V4(Ipv4Addr::from_bits(v6.to_bits() as u32))
+            let v4 = Ipv4Addr::from_bits(v6.to_bits() as u32);
+            if is_global_v4(v4) { IpAddr::V4(v4) } else { ip }
         }
         other => other.to_canonical(),
     }
+}
+
+/// Whether an IPv4 address may stand behind the NAT64 well-known prefix: not private, shared,
+/// loopback, link-local, "this network", documentation, benchmarking, reserved, multicast or
+/// broadcast (the ranges of RFC 6890 that are not globally reachable).
+fn is_global_v4(v4: Ipv4Addr) -> bool {
+    let [a, b, c, _] = v4.octets();
+    !(v4.is_private()
+        || v4.is_loopback()
+        || v4.is_link_local()
+        || v4.is_unspecified()
+        || v4.is_broadcast()
+        || v4.is_documentation()
+        || v4.is_multicast()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b)) // shared address space, RFC 6598
+        || (a == 192 && b == 0 && c == 0) // IETF protocol assignments
+        || (a == 198 && (b == 18 || b == 19)) // benchmarking
+        || a >= 240)
 }
 
 fn needs_escape(c: char) -> bool {
@@ -339,14 +363,17 @@ mod tests {
     fn nat64_addresses_are_their_ipv4_client() {
         // RFC 6052's well-known prefix: every IPv4 client behind a NAT64 / SIIT gateway would
         // otherwise share the gateway's /64.
-        let a: IpAddr = "64:ff9b::c000:201".parse().unwrap();
-        let b: IpAddr = "64:ff9b::c633:6407".parse().unwrap();
-        assert_eq!(Key::ip(a).to_string(), "192.0.2.1");
-        assert_eq!(Key::ip_prefix(a, 64).to_string(), "192.0.2.1");
-        assert_eq!(Key::ip_prefix(b, 64).to_string(), "198.51.100.7");
+        let a: IpAddr = "64:ff9b::5db8:d822".parse().unwrap();
+        let b: IpAddr = "64:ff9b::801:101".parse().unwrap();
+        assert_eq!(Key::ip(a).to_string(), "93.184.216.34");
+        assert_eq!(Key::ip_prefix(a, 64).to_string(), "93.184.216.34");
+        assert_eq!(Key::ip_prefix(b, 64).to_string(), "8.1.1.1");
         assert_ne!(Key::ip_prefix(a, 64), Key::ip_prefix(b, 64));
         // Other addresses of 64:ff9b::/32 that are not in the /96 stay IPv6.
         let local_use: IpAddr = "64:ff9b:1::c000:201".parse().unwrap();
         assert!(Key::ip(local_use).as_ip().unwrap().is_ipv6());
+        // The well-known prefix never carries a private address (RFC 6052 §3.1).
+        let private: IpAddr = "64:ff9b::a00:3".parse().unwrap();
+        assert_eq!(canonical_ip(private), private);
     }
 }

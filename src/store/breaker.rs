@@ -1,6 +1,7 @@
 //! The circuit breaker of a remote store: stop paying the time budget on every request while a
 //! server is down.
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ pub(crate) struct Breaker {
     probe_started: AtomicU64,
     /// Counts the times the breaker opened: a check reports only into the period it started in.
     epoch: AtomicU64,
+    /// Serialises the changes of state (opening, closing), so that a success checked against
+    /// an epoch cannot undo an opening that happened after the check.
+    changing: Mutex<()>,
 }
 
 /// The right of one check to ask the server, and to report how it went.
@@ -112,6 +116,7 @@ impl Breaker {
             open_until: AtomicU64::new(0),
             probe_started: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            changing: Mutex::new(()),
         }
     }
 
@@ -170,16 +175,19 @@ impl Breaker {
     /// The server answered the check of `permit`. Closes the breaker, unless the check started
     /// before it last opened.
     pub(crate) fn success(&self, permit: Permit) {
+        // Closed with no failure counted: the common case, without a lock.
+        if self.consecutive_failures.load(Ordering::Relaxed) == 0
+            && self.open_until.load(Ordering::Relaxed) == 0
+        {
+            return;
+        }
+        let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         if permit.epoch != self.epoch.load(Ordering::Acquire) {
             return;
         }
-        if self.consecutive_failures.load(Ordering::Relaxed) != 0
-            || self.open_until.load(Ordering::Relaxed) != 0
-        {
-            self.consecutive_failures.store(0, Ordering::Relaxed);
-            self.open_until.store(0, Ordering::Relaxed);
-            self.probe_started.store(0, Ordering::Relaxed);
-        }
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.open_until.store(0, Ordering::Relaxed);
+        self.probe_started.store(0, Ordering::Relaxed);
     }
 
     /// The check of `permit` failed; true when this failure opened the breaker. A check that
@@ -197,6 +205,11 @@ impl Breaker {
             .fetch_add(1, Ordering::Relaxed)
             .saturating_add(1);
         if failures < self.config.failures {
+            return false;
+        }
+        let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
+        if permit.epoch != self.epoch.load(Ordering::Acquire) {
+            // Another failure of the same period opened it meanwhile.
             return false;
         }
         // Open (or, for a failed probe, open again): later reports of checks admitted before

@@ -340,11 +340,16 @@ impl MemoryStore {
                 }
                 let before = match live {
                     // A log may hold thousands of entries: rather than a copy, what the charge
-                    // adds is taken back (the entries it drops had left the window anyway).
-                    Some(State::SlidingWindowLog(_)) => Undo::Unlog {
-                        cost: charge.cost,
-                        expires_at: entry.expires_at,
-                    },
+                    // adds is taken back (the entries it drops had left the window anyway). Only
+                    // when this rule keeps a log: a rule that changed algorithm replaces it.
+                    Some(State::SlidingWindowLog(_))
+                        if algorithm == crate::Algorithm::SlidingWindowLog =>
+                    {
+                        Undo::Unlog {
+                            cost: charge.cost,
+                            expires_at: entry.expires_at,
+                        }
+                    }
                     _ => Undo::Restore {
                         state: live.cloned(),
                         expires_at: entry.expires_at,

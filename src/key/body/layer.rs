@@ -168,7 +168,9 @@ where
 
     /// Always ready: the inner service is driven ready by each request's future, once its body
     /// was read, so that a client that sends its body slowly never holds the inner service's
-    /// readiness (a concurrency permit, a buffer slot) meanwhile.
+    /// readiness (a concurrency permit, a buffer slot) meanwhile. So a concurrency limit inside
+    /// this layer does not bound how many bodies are being read at once (each holds at most the
+    /// limit plus one frame): bound connections or concurrency outside it.
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::ConfigError;
 use crate::store::StoreError;
@@ -109,4 +109,13 @@ pub(crate) fn breaks_connection(error: &RedisError) -> bool {
 /// nothing against the connection or to a circuit breaker, whose purpose is to stop waiting.
 pub(crate) fn is_server_answer(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
+}
+
+/// Whether the server says it is no longer a primary (`READONLY`, `MASTERDOWN`): it was demoted
+/// by a failover, and a new connection (to the same name) finds the new primary.
+pub(crate) fn is_demoted(error: &RedisError) -> bool {
+    matches!(
+        error.kind(),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    )
 }

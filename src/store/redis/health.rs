@@ -1,38 +1,66 @@
-//! When a multiplexed connection is replaced: on an I/O error at once, and after several time-outs
-//! in a row. One time-out says little about a connection that many checks share: a server that
-//! stalls for a moment (a fork, an fsync) times out every check in flight, and replacing the
-//! connection then would only add reconnects to the stall. A link that vanished without a reset
-//! (a cut cable, a dead proxy) times out every check, so a few in a row retire it.
+//! When a multiplexed connection is replaced: on an I/O error at once, and on a time-out only
+//! when nothing has come back on it for a while. One time-out says little about a connection
+//! that many checks share: a server that stalls for a moment (a fork, an fsync) times out every
+//! check in flight, and replacing the connection then would only add reconnects to the stall. A
+//! link that vanished without a reset (a cut cable, a dead proxy) answers nothing at all, so a
+//! time-out after a long silence retires it.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-/// Time-outs in a row after which a connection is replaced.
-pub(crate) const TIMEOUTS_BEFORE_REPLACING: u32 = 3;
+/// The shortest silence after which a time-out replaces a connection.
+pub(crate) const MIN_SILENCE: Duration = Duration::from_secs(1);
 
 /// The health of one multiplexed connection, shared by every check that uses it.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Health {
     broken: AtomicBool,
-    timeouts_in_a_row: AtomicU32,
+    origin: Instant,
+    /// Microseconds after `origin` when it last answered (it counts as answering when opened).
+    last_answer: AtomicU64,
+    /// How long it may stay silent before a time-out replaces it.
+    silence: u64,
 }
 
 impl Health {
+    /// A new connection, replaced on a time-out after `3 × response_timeout` (at least a second)
+    /// without an answer.
+    pub(crate) fn new(response_timeout: Duration) -> Self {
+        let silence = (response_timeout * 3).max(MIN_SILENCE);
+        Health {
+            broken: AtomicBool::new(false),
+            origin: Instant::now(),
+            last_answer: AtomicU64::new(0),
+            silence: u64::try_from(silence.as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// The connection answered.
     pub(crate) fn answered(&self) {
-        if self.timeouts_in_a_row.load(Ordering::Relaxed) != 0 {
-            self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-        }
+        self.answered_at(self.now());
+    }
+
+    fn answered_at(&self, now: u64) {
+        self.last_answer.fetch_max(now, Ordering::Relaxed);
     }
 
     /// A check on it ran out of time.
     pub(crate) fn timed_out(&self) {
-        let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if in_a_row >= TIMEOUTS_BEFORE_REPLACING {
+        self.timed_out_at(self.now());
+    }
+
+    fn timed_out_at(&self, now: u64) {
+        let silent_for = now.saturating_sub(self.last_answer.load(Ordering::Relaxed));
+        if silent_for >= self.silence {
             self.broken.store(true, Ordering::Relaxed);
         }
     }
 
-    /// Its stream failed: it must be replaced.
+    /// Its stream failed (or it no longer talks to a primary): it must be replaced.
     pub(crate) fn broke(&self) {
         self.broken.store(true, Ordering::Relaxed);
     }
@@ -48,17 +76,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_connection_is_replaced_after_time_outs_in_a_row_only() {
-        let health = Health::default();
-        health.timed_out();
-        health.timed_out();
-        health.answered();
-        health.timed_out();
-        health.timed_out();
-        assert!(!health.is_broken(), "an answer between time-outs keeps it");
-        health.timed_out();
+    fn a_connection_is_replaced_after_a_silence_not_after_a_stall() {
+        let health = Health::new(Duration::from_millis(100)); // silence: 1 s
+        // A stall of 200 ms times out many checks at once: kept.
+        for _ in 0..50 {
+            health.timed_out_at(200_000);
+        }
+        assert!(!health.is_broken());
+        health.answered_at(300_000);
+        health.timed_out_at(1_200_000);
+        assert!(!health.is_broken(), "it answered 0.9 s ago");
+        // Nothing back for a second: the link is gone.
+        health.timed_out_at(1_300_000);
         assert!(health.is_broken());
-        let health = Health::default();
+        let health = Health::new(Duration::from_millis(100));
         health.broke();
         assert!(health.is_broken());
     }

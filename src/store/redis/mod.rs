@@ -67,6 +67,9 @@ use crate::store::StoreError;
 use crate::store::breaker::CircuitBreaker;
 use crate::{ConfigError, Decision};
 
+/// The longest connect or response timeout.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// The future of a Redis check.
 pub(crate) type CheckFuture =
     Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
@@ -103,6 +106,12 @@ impl Settings {
             if value.is_zero() {
                 return Err(ConfigError::new(format!(
                     "Redis store: {name} is 0; use at least a millisecond"
+                )));
+            }
+            if value > MAX_TIMEOUT {
+                return Err(ConfigError::new(format!(
+                    "Redis store: {name} is {value:?}; use at most an hour (a rate limiter that \
+                     waits longer for its store has stopped limiting)"
                 )));
             }
         }

@@ -8,10 +8,10 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::{Cmd, RedisError, RedisResult, Value};
 use bb8_redis::RedisConnectionManager;
 
-use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
 use super::health::Health;
 use super::script::{self, Mode, Prepared, Script};
-use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Startup};
+use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, Settings, keys, redact};
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
@@ -174,48 +174,63 @@ impl RedisStoreBuilder {
 }
 
 impl Inner {
-    /// Starts the background connection, if there is a runtime to run it.
+    /// Starts the background connection until it has connected, if there is a runtime to run
+    /// it (again, if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        self.startup.spawn_once(|| connect_in_background(weak));
+        if !self.startup.is_connected() {
+            let weak = Arc::downgrade(self);
+            self.startup
+                .spawn(|running| connect_in_background(weak, running));
+        }
     }
 
-    /// The pool, made on first use (by the background task, on a runtime).
+    fn manager(&self) -> Result<Manager, StoreError> {
+        let manager = RedisConnectionManager::new(self.url.as_str())
+            .map_err(|e| store_error(&self.server, e))?;
+        Ok(Manager {
+            inner: manager,
+            connect_timeout: self.settings.connect_timeout,
+            response_timeout: self.settings.response_timeout,
+        })
+    }
+
+    /// The pool, made once the store has connected (bb8 needs a runtime).
     fn pool(&self) -> Result<&bb8::Pool<Manager>, StoreError> {
         if let Some(pool) = self.pool.get() {
             return Ok(pool);
         }
-        let manager = RedisConnectionManager::new(self.url.as_str())
-            .map_err(|e| store_error(&self.server, e))?;
-        let manager = Manager {
-            inner: manager,
-            connect_timeout: self.settings.connect_timeout,
-            response_timeout: self.settings.response_timeout,
-        };
         let pool = bb8::Pool::builder()
             .max_size(self.pool_size)
             .min_idle(self.pool_size)
             .test_on_check_out(false)
             .retry_connection(false)
             .connection_timeout(self.settings.connect_timeout)
-            .build_unchecked(manager);
+            .error_sink(Box::new(LogConnectErrors {
+                server: self.server.clone(),
+                every: Arc::default(),
+            }))
+            .build_unchecked(self.manager()?);
         Ok(self.pool.get_or_init(|| pool))
     }
 
-    /// One attempt to reach Redis and load the script, within the connect timeout.
+    /// One attempt to reach Redis and load the script, within the connect timeout: on a
+    /// connection of its own, so that its error says why (the pool's only say they timed out).
     async fn connect_once(&self) -> Result<(), StoreError> {
         let attempt = async {
-            let (mut conn, _) = self.connection().await?;
+            let manager = self.manager()?;
+            let mut pooled = bb8::ManageConnection::connect(&manager)
+                .await
+                .map_err(|e| store_error(&self.server, e))?;
             self.script
                 .load_command()
-                .query_async::<Value>(&mut conn)
+                .query_async::<Value>(&mut pooled.conn)
                 .await
-                .map_err(|e| store_error(&self.server, e))
+                .map_err(|e| store_error(&self.server, e))?;
+            self.pool().map(drop)
         };
         tokio::time::timeout(self.settings.connect_timeout, attempt)
             .await
             .unwrap_or(Err(StoreError::Timeout))
-            .map(drop)
     }
 
     /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
@@ -256,6 +271,12 @@ impl Inner {
                     false
                 }
                 Ok(_) => true,
+                Err(e) if is_demoted(e) => {
+                    // The server became a replica (a failover behind a DNS name or a proxy):
+                    // a new connection finds the primary.
+                    health.broke();
+                    true
+                }
                 Err(e) => is_server_answer(e),
             };
             if answered {
@@ -307,7 +328,7 @@ impl Inner {
 
 /// The background task: connects and loads the script, retrying until it succeeds or the store
 /// is dropped.
-async fn connect_in_background(store: Weak<Inner>) {
+async fn connect_in_background(store: Weak<Inner>, _running: Running) {
     let mut delay = FIRST_RETRY_DELAY;
     loop {
         let Some(inner) = store.upgrade() else {
@@ -321,8 +342,7 @@ async fn connect_in_background(store: Weak<Inner>) {
             }
             Err(error) => {
                 let first = inner.startup.failed(&error);
-                let now = inner.breaker_clock_micros();
-                if first || inner.warned.due(now, 60_000_000) {
+                if first || inner.warned.due(now_micros(), 60_000_000) {
                     tracing::warn!(
                         server = &*inner.server,
                         %error,
@@ -338,11 +358,33 @@ async fn connect_in_background(store: Weak<Inner>) {
     }
 }
 
-impl Inner {
-    fn breaker_clock_micros(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64)
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Connection errors of the pool (bb8 keeps them from the caller, who sees a time-out): logged,
+/// at most once a minute.
+#[derive(Debug, Clone)]
+struct LogConnectErrors {
+    server: Arc<str>,
+    every: Arc<Every>,
+}
+
+impl bb8::ErrorSink<RedisError> for LogConnectErrors {
+    fn sink(&self, error: RedisError) {
+        if self.every.due(now_micros(), 60_000_000) {
+            tracing::warn!(
+                server = &*self.server,
+                %error,
+                "tollgate: cannot open a connection to Redis (reported at most once a minute)"
+            );
+        }
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
     }
 }
 
@@ -450,7 +492,7 @@ impl bb8::ManageConnection for Manager {
         conn.set_response_timeout(self.response_timeout);
         Ok(Pooled {
             conn,
-            health: Arc::default(),
+            health: Arc::new(Health::new(self.response_timeout)),
         })
     }
 

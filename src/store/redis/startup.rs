@@ -2,8 +2,8 @@
 //! fail at once (each rule's `FailureMode` decides) until the first connection is made.
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -19,8 +19,8 @@ pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(2);
 /// Where a store is in starting up.
 #[derive(Debug, Default)]
 pub(crate) struct Startup {
-    /// The background task was spawned.
-    spawned: AtomicBool,
+    /// The background task is alive (false again if its runtime went away).
+    running: Arc<AtomicBool>,
     /// The store reached its server once (and loaded the script).
     connected: AtomicBool,
     /// Woken when it does.
@@ -29,21 +29,32 @@ pub(crate) struct Startup {
     last_error: Mutex<Option<String>>,
 }
 
+/// Held by the background task: when the task ends, or is dropped with its runtime, the store
+/// knows it has to start another.
+pub(crate) struct Running(Arc<AtomicBool>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
 impl Startup {
-    /// Spawns `task` once, on the current Tokio runtime; false when there is none yet (the
-    /// store was built outside a runtime: the first check, which runs on one, spawns it).
-    pub(crate) fn spawn_once<F>(&self, task: impl FnOnce() -> F) -> bool
+    /// Spawns `task` on the current Tokio runtime unless one is alive; false when there is no
+    /// runtime yet (the store was built outside one: the first check, which runs on one,
+    /// spawns it).
+    pub(crate) fn spawn<F>(&self, task: impl FnOnce(Running) -> F) -> bool
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        if self.spawned.load(Ordering::Acquire) {
+        if self.running.load(Ordering::Acquire) {
             return true;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        if !self.spawned.swap(true, Ordering::AcqRel) {
-            runtime.spawn(task());
+        if !self.running.swap(true, Ordering::AcqRel) {
+            runtime.spawn(task(Running(self.running.clone())));
         }
         true
     }

@@ -20,11 +20,12 @@ use self::node::Node;
 use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use super::script::{self, Mode, Prepared, Reply, Script};
-use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Startup};
+use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::{Charge, RuleRegistry, Store, StoreError};
+use crate::warn::Every;
 use crate::{ConfigError, Decision};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
@@ -32,6 +33,10 @@ const MAX_REDIRECTIONS: usize = 5;
 
 /// The shortest time between two reads of the slot map.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest time between two reads of the slot map that checks ask for: reads that find the
+/// same map space out up to this (a failover takes a second or two to show in the map).
+const MAX_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The Redis Cluster store: all rules of one caller share a hash slot, so one script checks them
 /// atomically; rules that count different callers across slots are handled as
@@ -86,6 +91,14 @@ struct Inner {
     refresh: Arc<Notify>,
     startup: Startup,
     registry: RuleRegistry,
+    warned: Every,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Wakes the background reader, which then finds the store gone and ends.
+        self.refresh.notify_one();
+    }
 }
 
 /// Configures a [`RedisClusterStore`].
@@ -176,6 +189,7 @@ impl RedisClusterStoreBuilder {
                 refresh: Arc::new(Notify::new()),
                 startup: Startup::default(),
                 registry: RuleRegistry::new(),
+                warned: Every::default(),
             }),
         };
         store.inner.start();
@@ -212,12 +226,13 @@ impl RedisClusterStoreBuilder {
 }
 
 impl Inner {
-    /// Starts the background reader of the slot map, if there is a runtime to run it.
+    /// Starts the background reader of the slot map, if there is a runtime to run it (again,
+    /// if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let refresh = self.refresh.clone();
         self.startup
-            .spawn_once(|| read_slot_map_in_background(weak, refresh));
+            .spawn(|running| read_slot_map_in_background(weak, refresh, running));
     }
 
     fn topology(&self) -> Option<Arc<Topology>> {
@@ -245,8 +260,8 @@ impl Inner {
     }
 
     /// Reads the slot map from the first node that answers: the known primaries whose breaker
-    /// is closed, then the nodes given to the builder.
-    async fn read_slot_map(&self) -> Result<(), StoreError> {
+    /// is closed, then the nodes given to the builder. True when the map changed.
+    async fn read_slot_map(&self) -> Result<bool, StoreError> {
         let mut candidates: Vec<String> = Vec::new();
         if let Some(topology) = self.topology() {
             let mut known: Vec<&Arc<Node>> = topology.primaries().iter().collect();
@@ -286,9 +301,10 @@ impl Inner {
             });
             match topology {
                 Ok(topology) => {
-                    *self.topology.write().unwrap_or_else(|p| p.into_inner()) =
-                        Some(Arc::new(topology));
-                    return Ok(());
+                    let mut current = self.topology.write().unwrap_or_else(|p| p.into_inner());
+                    let changed = !current.as_ref().is_some_and(|old| old.same_as(&topology));
+                    *current = Some(Arc::new(topology));
+                    return Ok(changed);
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -324,6 +340,11 @@ impl Inner {
         };
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
+            // A script queued on a multiplexed connection runs, whatever the caller does next:
+            // with no budget left it is not sent at all.
+            if deadline <= Instant::now() {
+                return Err(StoreError::Timeout);
+            }
             let Some(permit) = node.breaker().admit() else {
                 self.refresh_soon();
                 return Err(StoreError::CircuitOpen);
@@ -393,7 +414,9 @@ impl Inner {
                 }
                 Some(Redirection::TryAgain) => {
                     node.breaker().success(permit);
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    let pause = Duration::from_millis(10)
+                        .min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(pause).await;
                 }
                 None if is_server_answer(&error) => {
                     // The node answered at once (`CLUSTERDOWN` while a primary fails over,
@@ -483,17 +506,21 @@ impl Inner {
             .map(|(_, indices)| indices.iter().map(|&i| &prepared[i]).collect())
             .collect();
 
-        // 1. Check every group without charging: a denied request charges nothing.
-        let peeks = try_join_all(
+        // 1. Check every group without charging: a denied request charges nothing. A group that
+        // denies decides, even when another could not answer.
+        let peeks = join_all(
             groups
                 .iter()
                 .zip(&group_charges)
                 .map(|((slot, _), charges)| self.reply(*slot, Mode::Peek, now, charges, deadline)),
         )
-        .await?;
-        if !peeks.iter().all(Reply::allowed) {
-            return Ok(scatter(prepared.len(), &groups, &peeks));
+        .await;
+        if peeks.iter().any(|r| r.as_ref().is_ok_and(|r| !r.allowed())) {
+            return Ok(denial(prepared, &groups, &group_charges, peeks));
         }
+        let peeks = peeks
+            .into_iter()
+            .collect::<Result<Vec<Reply>, StoreError>>()?;
 
         // 2. Charge every group, each atomically.
         let charged = join_all(
@@ -533,17 +560,49 @@ impl Inner {
                 );
             }
         }
-        // The decision of a denied request reports every rule uncharged: the groups that were
-        // charged and refunded report what their peek saw.
-        let mut replies = Vec::with_capacity(charged.len());
-        for (reply, peek) in charged.into_iter().zip(peeks) {
-            replies.push(match reply? {
-                reply if reply.allowed() => peek,
-                denied => denied,
-            });
+        // Denied by a group: every rule reports its budget uncharged (the groups that were
+        // charged and refunded report what their peek saw). Without a denial, a failure.
+        if !charged
+            .iter()
+            .any(|r| r.as_ref().is_ok_and(|r| !r.allowed()))
+        {
+            let error = charged.into_iter().find_map(Result::err);
+            return Err(error.unwrap_or(StoreError::Timeout));
         }
-        Ok(scatter(prepared.len(), &groups, &replies))
+        let replies = charged
+            .into_iter()
+            .zip(peeks)
+            .map(|(reply, peek)| match reply {
+                Ok(reply) if reply.allowed() => Ok(peek),
+                other => other,
+            })
+            .collect();
+        Ok(denial(prepared, &groups, &group_charges, replies))
     }
+}
+
+/// The decision of a request that a group denied. A group that could not answer reports its
+/// rules as if their keys were new: the request is denied whatever they say.
+fn denial(
+    prepared: &[Prepared],
+    groups: &[(u16, Vec<usize>)],
+    group_charges: &[Vec<&Prepared>],
+    replies: Vec<Result<Reply, StoreError>>,
+) -> Decision {
+    let replies: Vec<Reply> = replies
+        .into_iter()
+        .zip(group_charges)
+        .map(|(reply, charges)| {
+            reply.unwrap_or_else(|_| Reply {
+                now: 0,
+                outcomes: charges
+                    .iter()
+                    .map(|p| p.algorithm.check(&p.limits, None, 0, 0))
+                    .collect(),
+            })
+        })
+        .collect();
+    scatter(prepared.len(), groups, &replies)
 }
 
 /// What an error answer asks of the client when the script did not run.
@@ -571,16 +630,17 @@ fn redirection(error: &RedisError) -> Option<Redirection> {
 }
 
 /// The background task: reads the slot map until it has one, then again whenever a check asks
-/// (a redirection, a failure), at most every 100 ms, until the store is dropped.
-async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>) {
+/// (a redirection, a failure): at most every 100 ms while the map changes, spacing out to every
+/// 500 ms while it does not. Ends when the store is dropped.
+async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _running: Running) {
     let mut delay = FIRST_RETRY_DELAY;
+    let mut pace = REFRESH_INTERVAL;
     loop {
         let Some(inner) = store.upgrade() else {
             return;
         };
-        let result = inner.read_slot_map().await;
-        let retry = match result {
-            Ok(()) => {
+        let retry = match inner.read_slot_map().await {
+            Ok(changed) => {
                 if !inner.startup.is_connected() {
                     inner.startup.connected();
                     tracing::info!(
@@ -589,15 +649,21 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>) {
                     );
                 }
                 delay = FIRST_RETRY_DELAY;
+                pace = if changed {
+                    REFRESH_INTERVAL
+                } else {
+                    (pace * 2).min(MAX_REFRESH_INTERVAL)
+                };
                 None
             }
             Err(error) => {
-                if inner.startup.failed(&error) || inner.startup.is_connected() {
+                let first = inner.startup.failed(&error);
+                if first || inner.warned.due(now_micros(), 60_000_000) {
                     tracing::warn!(
                         servers = &*inner.servers,
                         %error,
                         "tollgate: cannot read the Redis Cluster slot map; retrying in the \
-                         background"
+                         background (reported at most once a minute)"
                     );
                 }
                 let wait = delay;
@@ -610,8 +676,14 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>) {
             Some(wait) => tokio::time::sleep(wait).await,
             None => refresh.notified().await,
         }
-        tokio::time::sleep(REFRESH_INTERVAL).await;
+        tokio::time::sleep(pace).await;
     }
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The charges' indices grouped by slot, in slot order.

@@ -21,6 +21,7 @@ pub(crate) struct Node {
     client: Client,
     config: AsyncConnectionConfig,
     connect_timeout: Duration,
+    response_timeout: Duration,
     conn: Mutex<Option<(MultiplexedConnection, Arc<Health>)>>,
     /// One connection attempt at a time.
     connecting: tokio::sync::Mutex<()>,
@@ -54,6 +55,7 @@ impl Node {
                 .set_connection_timeout(Some(connect_timeout))
                 .set_response_timeout(Some(response_timeout)),
             connect_timeout,
+            response_timeout,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             breaker: Breaker::new(breaker),
@@ -96,7 +98,7 @@ impl Node {
                 ))));
             }
         };
-        let conn = (conn, Arc::new(Health::default()));
+        let conn = (conn, Arc::new(Health::new(self.response_timeout)));
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
         Ok(conn)
     }

@@ -33,6 +33,17 @@ impl Topology {
         &self.primaries
     }
 
+    /// Whether both maps give every slot to the same node.
+    pub(super) fn same_as(&self, other: &Topology) -> bool {
+        fn addr(topology: &Topology, index: u16) -> Option<&str> {
+            topology.primaries.get(usize::from(index)).map(|n| n.addr())
+        }
+        self.slots
+            .iter()
+            .zip(other.slots.iter())
+            .all(|(&a, &b)| addr(self, a) == addr(other, b))
+    }
+
     /// The map with `slot` served by `node` (after a `MOVED` that named it).
     pub(super) fn moved(&self, slot: u16, node: Arc<Node>) -> Topology {
         let mut primaries = self.primaries.clone();
