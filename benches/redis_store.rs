@@ -405,7 +405,7 @@ fn main() {
             .expect("cluster store")
     });
     row(
-        "RedisClusterStore (one multiplexed cluster connection)",
+        "RedisClusterStore (a multiplexed connection per primary)",
         rt.block_on(closed_loop(store, concurrency, seconds)),
     );
     row(
