@@ -1,7 +1,7 @@
 //! [`ResponseFuture`]: wait for the decision, then call the inner service or answer for it.
 //!
 //! When the decision needs no waiting (the memory store, see
-//! [`Store::check_now`](crate::store::Store::check_now); no rule applies), `call` decides and the
+//! [`Store::check_now`]; no rule applies), `call` decides and the
 //! future carries only the inner service's future or the answer. Otherwise it first waits for
 //! the decision (key extractors that need a lookup, then the store).
 //!

@@ -4,8 +4,6 @@
 //! Both stores read one shared `ManualClock` (the Redis stores pass its time to the script, which
 //! otherwise reads the server's `TIME`), so every decision can be compared field by field.
 
-#![cfg(feature = "redis")]
-
 mod support;
 
 use std::time::Duration;

@@ -81,7 +81,7 @@
 //! ## Keys and values
 //!
 //! Each rule of each caller is one key, `prefix:{identity}:rule`: the identity (the sanitized
-//! text of a [`Key`](crate::key::Key)) is the Redis Cluster hash tag, so all rules of one caller
+//! text of a [`Key`]) is the Redis Cluster hash tag, so all rules of one caller
 //! live in one slot and one script can check them all. The prefix (default `tollgate`) lets
 //! several applications or regions share one Redis. Every key expires when its budget is full
 //! again (`PEXPIRE`, rounded up to the millisecond), and a key whose state is the same as no state

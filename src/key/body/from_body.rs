@@ -3,6 +3,8 @@
 
 use http::request::Parts;
 
+#[cfg(doc)]
+use crate::key::BodyKeyLayer;
 use crate::key::{Extracted, Key, KeyExtractor};
 use crate::warn::Once;
 

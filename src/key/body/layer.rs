@@ -18,6 +18,8 @@ use tower_service::Service;
 use super::field::{Normalize, content_kind, declared_len, find};
 use super::from_body::{BodyFieldKey, BodyOutcome, BodyScan};
 use super::replay::{End, Held};
+#[cfg(doc)]
+use crate::key::{FromBody, Key, KeyExtractor};
 
 /// The default most bytes of a body [`BodyKeyLayer`] holds: 16 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
