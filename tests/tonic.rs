@@ -2,16 +2,37 @@
 #![cfg(feature = "tonic")]
 
 use tollgate::{Quota, RateLimitLayer, Rule};
+use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
+
+/// 2 calls per hour per peer.
+fn limits() -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .rule(Rule::new("grpc", Quota::per_hour(2)))
+        .build()
+        .unwrap()
+}
+
+async fn client(addr: std::net::SocketAddr) -> HealthClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+}
+
+fn request() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
 
 #[tokio::test]
 async fn server_builder_layer_wraps_a_generated_service_and_limits_by_peer_ip() {
     let (_reporter, health) = tonic_health::server::health_reporter();
-    let limits = RateLimitLayer::builder()
-        .rule(Rule::new("grpc", Quota::per_hour(2)))
-        .build()
-        .unwrap();
+    let limits = limits();
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -23,26 +44,13 @@ async fn server_builder_layer_wraps_a_generated_service_and_limits_by_peer_ip() 
             .serve_with_incoming(incoming),
     );
 
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
+    let mut client = client(addr).await;
     for _ in 0..2 {
-        let reply = client
-            .check(HealthCheckRequest {
-                service: String::new(),
-            })
-            .await;
+        let reply = client.check(request()).await;
         assert!(reply.is_ok(), "{reply:?}");
     }
     // The third call is over the limit: the client sees an error, never a success.
-    let denied = client
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await;
+    let denied = client.check(request()).await;
     assert!(denied.is_err(), "{denied:?}");
     server.abort();
 }
@@ -92,10 +100,7 @@ async fn a_server_that_records_no_peer_address_is_still_limited() {
     // Without a peer address the default key is missing: the calls share the "unidentified"
     // budget instead of going unlimited.
     let (_reporter, health) = tonic_health::server::health_reporter();
-    let limits = RateLimitLayer::builder()
-        .rule(Rule::new("grpc", Quota::per_hour(2)))
-        .build()
-        .unwrap();
+    let limits = limits();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let incoming = futures_util::stream::unfold(listener, |listener| async move {
@@ -111,15 +116,7 @@ async fn a_server_that_records_no_peer_address_is_still_limited() {
             .add_service(health)
             .serve_with_incoming(incoming),
     );
-    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
-    let request = || HealthCheckRequest {
-        service: String::new(),
-    };
+    let mut client = client(addr).await;
     for _ in 0..2 {
         assert!(client.check(request()).await.is_ok());
     }

@@ -22,7 +22,8 @@ use crate::{Algorithm, ConfigError};
 /// ```
 ///
 /// The name identifies the rule in headers, metrics and store keys: two layers that share a
-/// store share a budget under the same rule name. Names are 1 to 64 characters of
+/// store share a budget under the same rule name, and must give it the same quota and algorithm
+/// (the layer's `build()` refuses otherwise). Names are 1 to 64 characters of
 /// `A-Z a-z 0-9 - _ .`.
 ///
 /// Without [`key`](Rule::key) the rule uses the layer's default extractor (the client's peer IP).
