@@ -185,45 +185,7 @@ impl MemoryStore {
         if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
             self.make_room(&mut shard, now, 1);
         }
-        let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
-        let rule = charge.rule.id();
-        // `find_entry` rather than `entry`: a known key (the common case) costs one plain probe.
-        let found = shard
-            .table
-            .find_entry(hash, |e| e.rule == rule && e.key == *charge.key);
-        let outcome = match found {
-            Ok(mut occupied) => {
-                let entry = occupied.get_mut();
-                if entry.expires_at <= now {
-                    entry.state = None;
-                }
-                let outcome = algorithm.admit(limits, &mut entry.state, now, charge.cost);
-                if outcome.allowed {
-                    if entry.state.is_some() {
-                        entry.expires_at = now + outcome.reset;
-                    } else {
-                        occupied.remove();
-                    }
-                }
-                outcome
-            }
-            Err(absent) => {
-                let mut state = None;
-                let outcome = algorithm.admit(limits, &mut state, now, charge.cost);
-                if outcome.allowed && state.is_some() {
-                    let entry = Entry {
-                        rule,
-                        key: charge.key.clone(),
-                        expires_at: now + outcome.reset,
-                        state,
-                    };
-                    absent
-                        .into_table()
-                        .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
-                }
-                outcome
-            }
-        };
+        let outcome = self.charge::<false>(&mut shard, hash, charge, now, &mut None);
         Decision::single(outcome)
     }
 
@@ -301,7 +263,7 @@ impl MemoryStore {
 
         let mut decision = Decision::default();
         for (i, (charge, &(hash, _, guard))) in charges.iter().zip(located.iter()).enumerate() {
-            let outcome = self.charge(&mut guards[guard], hash, charge, now, &mut undo[i]);
+            let outcome = self.charge::<true>(&mut guards[guard], hash, charge, now, &mut undo[i]);
             decision.push(outcome);
             if !outcome.allowed {
                 return self.deny(charges, located, &mut guards, undo, now);
@@ -310,10 +272,11 @@ impl MemoryStore {
         decision
     }
 
-    /// Checks and, when it admits, charges one rule in `shard`, setting `undo` to how to put it
-    /// back.
+    /// Checks and, when it admits, charges one rule in `shard`; with `UNDO`, sets `undo` to how
+    /// to put it back (a single rule has nothing to put back). A known key (the common case)
+    /// costs one plain probe (`find_entry`, not `entry`).
     #[inline]
-    fn charge(
+    fn charge<const UNDO: bool>(
         &self,
         shard: &mut Shard,
         hash: u64,
@@ -338,29 +301,33 @@ impl MemoryStore {
                     // Only looks: nothing to charge, nothing to put back.
                     return algorithm.check(limits, live, now, 0);
                 }
-                let before = match live {
-                    // A log may hold thousands of entries: rather than a copy, what the charge
-                    // adds is taken back (the entries it drops had left the window anyway). Only
-                    // when this rule keeps a log: a rule that changed algorithm replaces it.
-                    Some(State::SlidingWindowLog(_))
-                        if algorithm == crate::Algorithm::SlidingWindowLog =>
-                    {
-                        Undo::Unlog {
-                            cost: charge.cost,
-                            expires_at: entry.expires_at,
+                let before = if !UNDO {
+                    None
+                } else {
+                    Some(match live {
+                        // A log may hold thousands of entries: rather than a copy, what the charge
+                        // adds is taken back (the entries it drops had left the window anyway). Only
+                        // when this rule keeps a log: a rule that changed algorithm replaces it.
+                        Some(State::SlidingWindowLog(_))
+                            if algorithm == crate::Algorithm::SlidingWindowLog =>
+                        {
+                            Undo::Unlog {
+                                cost: charge.cost,
+                                expires_at: entry.expires_at,
+                            }
                         }
-                    }
-                    _ => Undo::Restore {
-                        state: live.cloned(),
-                        expires_at: entry.expires_at,
-                    },
+                        _ => Undo::Restore {
+                            state: live.cloned(),
+                            expires_at: entry.expires_at,
+                        },
+                    })
                 };
                 if entry.expires_at <= now {
                     entry.state = None;
                 }
                 let outcome = algorithm.admit(limits, &mut entry.state, now, charge.cost);
                 if outcome.allowed {
-                    *undo = Some(before);
+                    *undo = before;
                     if entry.state.is_some() {
                         entry.expires_at = now + outcome.reset;
                     } else {
@@ -373,7 +340,9 @@ impl MemoryStore {
                 let mut state = None;
                 let outcome = algorithm.admit(limits, &mut state, now, charge.cost);
                 if outcome.allowed && state.is_some() {
-                    *undo = Some(Undo::Remove);
+                    if UNDO {
+                        *undo = Some(Undo::Remove);
+                    }
                     let entry = Entry {
                         rule,
                         key: charge.key.clone(),
