@@ -16,7 +16,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::Response;
@@ -28,7 +27,7 @@ use crate::key::{Extracted, Key, KeyFuture};
 use crate::policy::CompiledRule;
 use crate::response::{Answers, is_grpc};
 use crate::store::{Charge, MemoryStore, Store, StoreError};
-use crate::warn::{Every, Once};
+use crate::warn::{Every, Once, unix_micros};
 use crate::{Decision, FailureMode};
 
 /// Indices of the rules that applied to one request, in rule order.
@@ -351,10 +350,10 @@ impl<St> Shared<St> {
 
     /// Logs a store failure: at `error` at most once a minute, else at `debug`.
     fn report(&self, error: &StoreError) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
-        if !matches!(error, StoreError::CircuitOpen) && self.warned_store_error.due(now, 60_000_000)
+        // The clock is read only for a failure that may be logged: with the breaker open, every
+        // request comes here.
+        if !matches!(error, StoreError::CircuitOpen)
+            && self.warned_store_error.due(unix_micros(), 60_000_000)
         {
             tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");
         } else {

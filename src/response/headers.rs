@@ -1,5 +1,4 @@
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -7,6 +6,7 @@ use super::buffer::Buffer;
 use crate::Decision;
 use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 use crate::policy::CompiledRule;
+use crate::warn::unix_micros;
 
 /// Which budget headers to send.
 ///
@@ -191,12 +191,7 @@ pub(crate) fn write_budget(
         let reset = seconds_up(binding.reset);
         let reset = match format {
             ResetFormat::DeltaSeconds => reset,
-            ResetFormat::EpochSeconds => {
-                let now = SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map_or(0, |d| d.as_micros() as u64);
-                seconds_up(now + binding.reset)
-            }
+            ResetFormat::EpochSeconds => seconds_up(unix_micros().saturating_add(binding.reset)),
         };
         headers.insert(&X_LIMIT, HeaderValue::from(binding.limit));
         headers.insert(&X_REMAINING, HeaderValue::from(binding.remaining));

@@ -16,7 +16,7 @@ use super::{CheckFuture, Settings, keys, redact};
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
 use crate::store::{Charge, RuleRegistry, Store, StoreError};
-use crate::warn::Every;
+use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision};
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
@@ -342,7 +342,7 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
             }
             Err(error) => {
                 let first = inner.startup.failed(&error);
-                if first || inner.warned.due(now_micros(), 60_000_000) {
+                if first || inner.warned.due(unix_micros(), 60_000_000) {
                     tracing::warn!(
                         server = &*inner.server,
                         %error,
@@ -358,12 +358,6 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
     }
 }
 
-fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
-}
-
 /// Connection errors of the pool (bb8 keeps them from the caller, who sees a time-out): logged,
 /// at most once a minute.
 #[derive(Debug, Clone)]
@@ -374,7 +368,7 @@ struct LogConnectErrors {
 
 impl bb8::ErrorSink<RedisError> for LogConnectErrors {
     fn sink(&self, error: RedisError) {
-        if self.every.due(now_micros(), 60_000_000) {
+        if self.every.due(unix_micros(), 60_000_000) {
             tracing::warn!(
                 server = &*self.server,
                 %error,

@@ -25,7 +25,7 @@ use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::{Charge, RuleRegistry, Store, StoreError};
-use crate::warn::Every;
+use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
@@ -658,7 +658,7 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
             }
             Err(error) => {
                 let first = inner.startup.failed(&error);
-                if first || inner.warned.due(now_micros(), 60_000_000) {
+                if first || inner.warned.due(unix_micros(), 60_000_000) {
                     tracing::warn!(
                         servers = &*inner.servers,
                         %error,
@@ -678,12 +678,6 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
         }
         tokio::time::sleep(pace).await;
     }
-}
-
-fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The charges' indices grouped by slot, in slot order.
