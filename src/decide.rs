@@ -1,5 +1,7 @@
 //! The decision: from a request's head to what follows it.
 //!
+//! 0. The policy in force is taken (a [`Snapshot`]: no lock), the allow and deny lists are
+//!    checked, the tenant is found, and the policy resolves which rules apply.
 //! 1. Each rule's extractor finds the request's key ([`Shared::start`]); a rule whose extractor
 //!    finds none counts the request under the shared [`Key::unidentified`] key, unless the rule
 //!    skips such requests.
@@ -7,15 +9,18 @@
 //! 3. Its answer becomes what follows ([`Shared::after_check`]): call the inner service (and add
 //!    the budget to its response), or answer for it (429, gRPC `RESOURCE_EXHAUSTED`, or 503 when
 //!    the store failed and a rule fails closed). A store failure is decided by each rule's
-//!    [`FailureMode`].
+//!    [`FailureMode`]. A denial by shadow rules only admits the request (its enforced rules
+//!    are checked again alone), and one by delay rules waits and checks again ([`Next::Again`]).
 //!
 //! Nothing here knows about `Service` or futures of the inner service: `service.rs` calls
 //! [`Shared::start`], `future.rs` waits for what it could not decide at once.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::Response;
@@ -23,12 +28,14 @@ use http::request::Parts;
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 
-use crate::key::{Extracted, Key, KeyFuture};
-use crate::policy::CompiledRule;
-use crate::response::{Answers, is_grpc};
+use crate::key::{Extracted, Key, KeyFuture, SharedExtractor};
+use crate::policy::snapshot::{Listing, Snapshot};
+use crate::policy::{Found, Tenant, TenantFuture};
+use crate::policy::{Live, Registrar, SharedTenantExtractor};
+use crate::response::is_grpc;
 use crate::store::{Charge, MemoryStore, Store, StoreError};
-use crate::warn::{Every, Once, unix_micros};
-use crate::{Decision, FailureMode};
+use crate::warn::{Every, unix_micros};
+use crate::{ConfigError, Decision, FailureMode, RuleMode};
 
 /// Indices of the rules that applied to one request, in rule order.
 pub(crate) type Applied = SmallVec<[u16; 4]>;
@@ -39,34 +46,54 @@ pub(crate) type FoundKeys = SmallVec<[(u16, Key, u64); 2]>;
 /// Keys that need a lookup: the rule's index, the lookup, the cost.
 type PendingKeys = SmallVec<[(u16, KeyFuture, u64); 1]>;
 
-/// The check of a request whose keys needed asynchronous work: the rules that applied, their
-/// keys when a local fallback may need them, and the store's answer.
-pub(crate) type DeferredCheck = Pin<
-    Box<
-        dyn Future<
-                Output = (
-                    Applied,
-                    Option<Box<FoundKeys>>,
-                    Result<Decision, StoreError>,
-                ),
-            > + Send,
-    >,
->;
+/// The store's answer to a check that needed waiting: the rules that applied, their keys when
+/// they are kept (see [`Snapshot::keeps_keys`]), and the answer.
+pub(crate) struct Checked {
+    pub(crate) applied: Applied,
+    pub(crate) keys: Option<Box<FoundKeys>>,
+    pub(crate) result: Result<Decision, StoreError>,
+    /// A delayed request's last check: it is not delayed again.
+    pub(crate) settled: bool,
+}
+
+/// A check that needs asynchronous work: key lookups, or a second check.
+pub(crate) type DeferredCheck = Pin<Box<dyn Future<Output = Checked> + Send>>;
+
+/// The policy of a layer: fixed when it was built, or live (swapped by reloads).
+pub(crate) enum Policies {
+    Fixed(Arc<Snapshot>),
+    Live(Arc<Live>),
+}
 
 /// Everything the services of one layer share.
 pub(crate) struct Shared<St> {
-    pub(crate) rules: Box<[CompiledRule]>,
-    /// Per rule: whether the missing-key hint was given, for HTTP and for gRPC requests.
-    pub(crate) missing_key_hints: Box<[[Once; 2]]>,
-    /// Every answer the layer writes.
-    pub(crate) answers: Answers,
+    pub(crate) policy: Policies,
     pub(crate) store: St,
-    /// The local limiter of rules that fall back to one when the store fails.
-    pub(crate) fallback: Option<MemoryStore>,
+    /// The layer's key: rules without their own count by it, and lists match it.
+    pub(crate) layer_key: SharedExtractor,
+    /// Finds each request's tenant, when the layer has tenants.
+    pub(crate) tenant: Option<SharedTenantExtractor>,
+    /// The local limiter of rules that fall back to one when the store fails, made when first
+    /// needed.
+    pub(crate) fallback: OnceLock<MemoryStore>,
     pub(crate) warned_store_error: Every,
-    /// Holds this layer's registration of its rules on the store: while it lives, no other
-    /// layer may give one of these rule names another quota on the same store.
-    pub(crate) _registration: Option<Arc<()>>,
+    /// Requests waiting for a delay rule's budget, and how many may.
+    pub(crate) waiting: AtomicUsize,
+    pub(crate) max_waiting: usize,
+    /// This layer's registration of its rules on the store: while it lives, no other layer may
+    /// give one of these rule names another quota on the same store.
+    pub(crate) registration: Arc<()>,
+}
+
+impl<St: Store> Registrar for Shared<St> {
+    fn register(&self, snapshot: &Snapshot) -> Result<(), ConfigError> {
+        match self.store.registry() {
+            Some(registry) => {
+                registry.replace(snapshot.rules.iter().map(|r| &*r.spec), &self.registration)
+            }
+            None => Ok(()),
+        }
+    }
 }
 
 /// What follows a request's check.
@@ -76,6 +103,9 @@ pub(crate) enum Next {
     Call(Option<Decision>),
     /// Answer for the inner service: a denial, or a refusal when the store failed.
     Answer(Response<Bytes>),
+    /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
+    /// delay rule's wait.
+    Again(DeferredCheck),
 }
 
 /// How far [`Shared::start`] got.
@@ -86,11 +116,13 @@ pub(crate) enum Start<C> {
     Checking {
         check: Check<C>,
         applied: Applied,
-        /// The keys, kept only when a rule may fall back to the local limiter.
+        /// The keys, kept only when they may be needed again.
         keys: Option<Box<FoundKeys>>,
     },
     /// Some keys need a lookup before the store can be asked.
     Deferred(DeferredCheck),
+    /// The tenant needs a lookup; then [`Shared::with_tenant`] goes on.
+    Tenant(TenantFuture),
 }
 
 pin_project! {
@@ -150,22 +182,97 @@ where
     }
 }
 
+impl<St> Shared<St> {
+    /// The policy in force.
+    pub(crate) fn snapshot(&self) -> Arc<Snapshot> {
+        match &self.policy {
+            Policies::Fixed(snapshot) => snapshot.clone(),
+            Policies::Live(live) => live.current.load_full(),
+        }
+    }
+}
+
 impl<St: Store> Shared<St> {
-    /// Finds the request's keys and asks the store, deciding at once when it can.
-    pub(crate) fn start(self: &Arc<Self>, parts: &Parts) -> Start<St::Future> {
-        if let [rule] = &*self.rules {
+    /// Takes the policy in force, finds the request's tenant, rules and keys, and asks the
+    /// store, deciding at once when it can. The request finishes under this policy.
+    pub(crate) fn start(self: &Arc<Self>, parts: &mut Parts) -> (Arc<Snapshot>, Start<St::Future>) {
+        let snapshot = self.snapshot();
+        let start = self.begin(&snapshot, parts);
+        (snapshot, start)
+    }
+
+    fn begin(self: &Arc<Self>, snapshot: &Arc<Snapshot>, parts: &mut Parts) -> Start<St::Future> {
+        if snapshot.lists.has_key_entries() {
+            // A key that needs a lookup is not listed: lists are for keys known at once.
+            if let Some(key) = self.layer_key.extract(parts).found() {
+                match snapshot.lists.key(&key) {
+                    Listing::Denied => return self.forbidden(snapshot, parts),
+                    Listing::Allowed => return nothing_applies(),
+                    Listing::Unlisted => {}
+                }
+            }
+        }
+        let tenant = match &self.tenant {
+            None => None,
+            Some(extractor) => match extractor.tenant(parts) {
+                Found::Tenant(tenant) => Some(tenant),
+                Found::None => None,
+                Found::Pending(future) => return Start::Tenant(future),
+            },
+        };
+        self.with_tenant(snapshot, tenant, parts)
+    }
+
+    /// Goes on once the tenant is known: its lists, then the rules the policy resolves for it.
+    pub(crate) fn with_tenant(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        tenant: Option<Tenant>,
+        parts: &mut Parts,
+    ) -> Start<St::Future> {
+        if let Some(tenant) = &tenant {
+            if snapshot.lists.has_tenant_entries() {
+                match snapshot.lists.tenant(tenant) {
+                    Listing::Denied => return self.forbidden(snapshot, parts),
+                    Listing::Allowed => return nothing_applies(),
+                    Listing::Unlisted => {}
+                }
+            }
+            // For the tenant's key, and for handlers.
+            if parts.extensions.get::<Tenant>() != Some(tenant) {
+                parts.extensions.insert(tenant.clone());
+            }
+        }
+        let rules = snapshot.resolver.resolve(tenant.as_ref(), parts).rules;
+        self.check_rules(snapshot, rules, parts)
+    }
+
+    /// Finds the keys of `rules` and asks the store.
+    fn check_rules(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        rules: &[u16],
+        parts: &Parts,
+    ) -> Start<St::Future> {
+        if let [index] = *rules {
             // The common case, one rule: no lists to build.
+            let rule = &snapshot.rules[usize::from(index)];
             let cost = rule.cost.of(parts);
             let key = match rule.key.extract(parts) {
                 Extracted::Found(key) => key,
-                Extracted::Missing => match self.missing_key(0, parts) {
+                Extracted::Missing => match missing_key(snapshot, index, RequestKind::of(parts)) {
                     Some(key) => key,
-                    None => return self.nothing_applies(),
+                    None => return nothing_applies(),
                 },
                 Extracted::Pending(future) => {
                     let mut pending = PendingKeys::new();
-                    pending.push((0, future, cost));
-                    return Start::Deferred(self.deferred(FoundKeys::new(), pending, parts));
+                    pending.push((index, future, cost));
+                    return Start::Deferred(self.deferred(
+                        snapshot,
+                        FoundKeys::new(),
+                        pending,
+                        parts,
+                    ));
                 }
             };
             let check = Check::ask(
@@ -176,23 +283,23 @@ impl<St: Store> Shared<St> {
                     cost,
                 }],
             );
-            let applied = Applied::from_buf_and_len([0; 4], 1);
-            let keys = self.fallback.as_ref().map(|_| {
+            let applied = Applied::from_buf_and_len([index, 0, 0, 0], 1);
+            let keys = snapshot.keeps_keys().then(|| {
                 let mut keys = FoundKeys::new();
-                keys.push((0, key, cost));
+                keys.push((index, key, cost));
                 keys
             });
-            return self.respond(check, applied, keys, parts);
+            return self.respond(snapshot, check, applied, keys, parts);
         }
 
         let mut keys = FoundKeys::new();
         let mut pending = PendingKeys::new();
-        for (i, rule) in self.rules.iter().enumerate() {
-            let index = i as u16;
+        for &index in rules {
+            let rule = &snapshot.rules[usize::from(index)];
             match rule.key.extract(parts) {
                 Extracted::Found(key) => keys.push((index, key, rule.cost.of(parts))),
                 Extracted::Missing => {
-                    if let Some(key) = self.missing_key(i, parts) {
+                    if let Some(key) = missing_key(snapshot, index, RequestKind::of(parts)) {
                         keys.push((index, key, rule.cost.of(parts)));
                     }
                 }
@@ -200,24 +307,26 @@ impl<St: Store> Shared<St> {
             }
         }
         if !pending.is_empty() {
-            return Start::Deferred(self.deferred(keys, pending, parts));
+            return Start::Deferred(self.deferred(snapshot, keys, pending, parts));
         }
-        let (check, applied) = self.ask(&keys);
-        let keys = self.fallback.is_some().then_some(keys);
-        self.respond(check, applied, keys, parts)
+        let (check, applied) = self.ask(snapshot, &keys);
+        let keys = snapshot.keeps_keys().then_some(keys);
+        self.respond(snapshot, check, applied, keys, parts)
     }
 
-    /// No rule applies to this request: it goes through, with no budget to report.
-    fn nothing_applies(&self) -> Start<St::Future> {
+    /// A listed request refused: 403 (gRPC `PERMISSION_DENIED`).
+    fn forbidden(&self, snapshot: &Snapshot, parts: &Parts) -> Start<St::Future> {
+        tracing::debug!("tollgate: request refused by the deny list");
         Start::Decided {
-            next: Next::Call(None),
+            next: Next::Answer(snapshot.answers.forbidden(is_grpc(&parts.headers))),
             applied: Applied::new(),
         }
     }
 
     /// Decides at once when the store answered without waiting.
     fn respond(
-        &self,
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
         check: Check<St::Future>,
         mut applied: Applied,
         keys: Option<FoundKeys>,
@@ -226,7 +335,8 @@ impl<St: Store> Shared<St> {
         match check.into_decided() {
             Ok(result) => {
                 let grpc = || is_grpc(&parts.headers);
-                let next = self.after_check(&mut applied, keys.as_ref(), result, grpc);
+                let next =
+                    self.after_check(snapshot, &mut applied, keys.as_ref(), result, grpc, false);
                 Start::Decided { next, applied }
             }
             Err(check) => Start::Checking {
@@ -240,11 +350,13 @@ impl<St: Store> Shared<St> {
     /// Waits for the keys that need a lookup, then asks the store.
     fn deferred(
         self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
         mut keys: FoundKeys,
         pending: PendingKeys,
         parts: &Parts,
     ) -> DeferredCheck {
         let shared = self.clone();
+        let snapshot = snapshot.clone();
         // What a missing key's hint needs to know of the request, copied: the future cannot
         // borrow it.
         let kind = RequestKind::of(parts);
@@ -252,26 +364,31 @@ impl<St: Store> Shared<St> {
             for (index, future, cost) in pending {
                 let key = match future.await {
                     Some(key) => Some(key),
-                    None => shared.missing_key_of(usize::from(index), kind),
+                    None => missing_key(&snapshot, index, kind),
                 };
                 if let Some(key) = key {
                     keys.push((index, key, cost));
                 }
             }
             keys.sort_unstable_by_key(|(i, _, _)| *i);
-            let (check, applied) = shared.ask(&keys);
+            let (check, applied) = shared.ask(&snapshot, &keys);
             let result = check.await;
-            let keys = shared.fallback.as_ref().map(|_| Box::new(keys));
-            (applied, keys, result)
+            let keys = snapshot.keeps_keys().then(|| Box::new(keys));
+            Checked {
+                applied,
+                keys,
+                result,
+                settled: false,
+            }
         })
     }
 
     /// Asks the store about every rule that has a key, in rule order.
-    fn ask(&self, keys: &FoundKeys) -> (Check<St::Future>, Applied) {
+    fn ask(&self, snapshot: &Snapshot, keys: &FoundKeys) -> (Check<St::Future>, Applied) {
         let charges: SmallVec<[Charge<'_>; 2]> = keys
             .iter()
             .map(|(i, key, cost)| Charge {
-                rule: &self.rules[usize::from(*i)].spec,
+                rule: &snapshot.rules[usize::from(*i)].spec,
                 key,
                 cost: *cost,
             })
@@ -279,73 +396,149 @@ impl<St: Store> Shared<St> {
         let applied = keys.iter().map(|(i, _, _)| *i).collect();
         (Check::ask(&self.store, &charges), applied)
     }
-}
 
-impl<St> Shared<St> {
-    /// The key of a request whose extractor found none for rule `rule`: the shared
-    /// "unidentified" key, or none when the rule skips such requests. Says so once.
-    fn missing_key(&self, rule: usize, parts: &Parts) -> Option<Key> {
-        self.missing_key_of(rule, RequestKind::of(parts))
-    }
-
-    fn missing_key_of(&self, rule: usize, kind: RequestKind) -> Option<Key> {
-        let compiled = &self.rules[rule];
-        let hint = &self.missing_key_hints[rule][kind as usize];
-        if hint.first() {
-            let counted = if compiled.skip_unidentified {
-                "this rule does not limit such requests (Rule::skip_unidentified)"
-            } else {
-                "such requests share one budget under the key \"unidentified\" \
-                 (Rule::skip_unidentified() lets them through instead)"
-            };
-            tracing::warn!(
-                rule = compiled.spec.name(),
-                "tollgate: the key extractor found no key for a request; {counted}. If the rule \
-                 counts by the peer or client IP: {} Otherwise chain a fallback extractor with \
-                 .or(..). Reported once per rule.",
-                kind.fix()
-            );
-        }
-        (!compiled.skip_unidentified).then(Key::unidentified)
-    }
-
-    /// Turns the store's answer into what follows: a denial becomes the answer, and a store
-    /// failure is decided by each applied rule's [`FailureMode`]. `grpc` tells whether the
-    /// request is a gRPC call (asked only to answer).
+    /// Turns the store's answer into what follows: a denial becomes the answer (or a second
+    /// check, for shadow and delay rules), and a store failure is decided by each applied rule's
+    /// [`FailureMode`]. `grpc` tells whether the request is a gRPC call (asked only to answer);
+    /// `settled` is true for the last check of a delayed request.
     pub(crate) fn after_check(
-        &self,
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
         applied: &mut Applied,
         keys: Option<&FoundKeys>,
         result: Result<Decision, StoreError>,
         grpc: impl Fn() -> bool,
+        settled: bool,
     ) -> Next {
         match result {
-            Ok(decision) if decision.allowed() => Next::Call(Some(decision)),
-            Ok(decision) => self.deny(applied, &decision, grpc()),
+            Ok(decision) if decision.allowed() => {
+                Next::Call(Some(visible(snapshot, applied, decision)))
+            }
+            Ok(decision) if snapshot.watches => {
+                self.watched_denial(snapshot, applied, keys, decision, grpc, settled)
+            }
+            Ok(decision) => deny(snapshot, applied, decision, grpc()),
             Err(error) => {
                 self.report(&error);
-                match self.without_store(applied, keys) {
-                    WithoutStore::Refuse => {
-                        Next::Answer(self.answers.unavailable(&self.rules, applied, grpc()))
-                    }
+                match self.without_store(snapshot, applied, keys) {
+                    WithoutStore::Refuse => Next::Answer(snapshot.answers.unavailable(
+                        &snapshot.rules,
+                        applied,
+                        grpc(),
+                    )),
                     WithoutStore::Decided(decision) if !decision.allowed() => {
-                        self.deny(applied, &decision, grpc())
+                        deny(snapshot, applied, decision, grpc())
                     }
-                    WithoutStore::Decided(decision) => Next::Call(Some(decision)),
+                    WithoutStore::Decided(decision) => {
+                        Next::Call(Some(visible(snapshot, applied, decision)))
+                    }
                     WithoutStore::Unlimited => Next::Call(None),
                 }
             }
         }
     }
 
-    fn deny(&self, applied: &[u16], decision: &Decision, grpc: bool) -> Next {
-        tracing::debug!(
-            violated = %self.answers.violated(&self.rules, applied, decision),
-            retry_after_s = decision.retry_after_seconds(),
-            grpc,
-            "tollgate: request denied"
-        );
-        Next::Answer(self.answers.denied(&self.rules, applied, decision, grpc))
+    /// A denial in a policy with shadow or delay rules.
+    fn watched_denial(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        grpc: impl Fn() -> bool,
+        settled: bool,
+    ) -> Next {
+        let mode = |i: u16| snapshot.rules[usize::from(i)].mode;
+        let denying = || {
+            applied
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(_, o)| !o.allowed)
+        };
+        let enforced_denial = denying().any(|(i, _)| mode(*i) != RuleMode::Shadow);
+        let Some(keys) = keys else {
+            // Keys are kept for every policy with shadow or delay rules: not reached.
+            return deny(snapshot, applied, decision, grpc());
+        };
+        if !enforced_denial {
+            for (&i, outcome) in denying().filter(|(i, _)| mode(**i) == RuleMode::Shadow) {
+                tracing::info!(
+                    target: "tollgate::shadow",
+                    rule = snapshot.rules[usize::from(i)].spec.name(),
+                    retry_after_s = outcome.retry_after.div_ceil(1_000_000),
+                    "tollgate: a shadow rule would deny this request; admitted"
+                );
+            }
+            // Only shadow rules denied, so nothing was charged: the other rules are checked
+            // again, alone, as if the shadow rules were not there.
+            if applied.iter().all(|&i| mode(i) == RuleMode::Shadow) {
+                return Next::Call(None);
+            }
+            let enforced: FoundKeys = keys
+                .iter()
+                .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
+                .cloned()
+                .collect();
+            return Next::Again(self.check_again(snapshot, enforced, None));
+        }
+        if !settled && let Some(wait) = delay_of(snapshot, applied, &decision) {
+            return Next::Again(self.check_again(snapshot, keys.clone(), Some((wait, decision))));
+        }
+        deny(snapshot, applied, decision, grpc())
+    }
+
+    /// Checks `keys` again: at once (`delay` is `None`), or after waiting for a delay rule's
+    /// budget, as long as the delay allows, in a bounded number of waiting requests.
+    fn check_again(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        keys: FoundKeys,
+        delay: Option<(Delay, Decision)>,
+    ) -> DeferredCheck {
+        let shared = self.clone();
+        let snapshot = snapshot.clone();
+        Box::pin(async move {
+            let Some((mut delay, denied)) = delay else {
+                let (check, applied) = shared.ask(&snapshot, &keys);
+                let result = check.await;
+                return Checked {
+                    applied,
+                    keys: Some(Box::new(keys)),
+                    result,
+                    settled: false,
+                };
+            };
+            let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
+            let Some(_slot) = WaitSlot::take(&shared.waiting, shared.max_waiting) else {
+                tracing::debug!("tollgate: too many requests wait for a delay rule; denied");
+                return Checked {
+                    applied,
+                    keys: Some(Box::new(keys)),
+                    result: Ok(denied),
+                    settled: true,
+                };
+            };
+            let deadline = tokio::time::Instant::now() + delay.max;
+            loop {
+                tokio::time::sleep(delay.wait).await;
+                let (check, applied) = shared.ask(&snapshot, &keys);
+                let result = check.await;
+                if let Ok(decision) = &result
+                    && !decision.allowed()
+                    && let Some(next) = delay_of(&snapshot, &applied, decision)
+                    && tokio::time::Instant::now() + next.wait <= deadline
+                {
+                    delay.wait = next.wait;
+                    continue;
+                }
+                return Checked {
+                    applied,
+                    keys: Some(Box::new(keys)),
+                    result,
+                    settled: true,
+                };
+            }
+        })
     }
 
     /// Logs a store failure: at `error` at most once a minute, else at `debug`.
@@ -363,19 +556,24 @@ impl<St> Shared<St> {
 
     /// Decides by each applied rule's [`FailureMode`]; on a local decision, `applied` becomes the
     /// rules it covers.
-    fn without_store(&self, applied: &mut Applied, keys: Option<&FoundKeys>) -> WithoutStore {
-        let mode = |i: &u16| self.rules[usize::from(*i)].on_store_error;
+    fn without_store(
+        &self,
+        snapshot: &Snapshot,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+    ) -> WithoutStore {
+        let mode = |i: &u16| snapshot.rules[usize::from(*i)].on_store_error;
         if applied.iter().any(|i| mode(i) == FailureMode::Closed) {
             return WithoutStore::Refuse;
         }
-        let (Some(fallback), Some(keys)) = (&self.fallback, keys) else {
+        let Some(keys) = keys.filter(|_| snapshot.uses_fallback) else {
             return WithoutStore::Unlimited;
         };
         let local: SmallVec<[Charge<'_>; 2]> = keys
             .iter()
             .filter(|(i, _, _)| mode(i) == FailureMode::Local)
             .map(|(i, key, cost)| Charge {
-                rule: &self.rules[usize::from(*i)].spec,
+                rule: &snapshot.rules[usize::from(*i)].spec,
                 key,
                 cost: *cost,
             })
@@ -388,8 +586,128 @@ impl<St> Shared<St> {
             .filter(|(i, _, _)| mode(i) == FailureMode::Local)
             .map(|(i, _, _)| *i)
             .collect();
+        let fallback = self.fallback.get_or_init(MemoryStore::new);
         WithoutStore::Decided(fallback.decide(&local))
     }
+}
+
+/// No rule applies to this request: it goes through, with no budget to report.
+fn nothing_applies<C>() -> Start<C> {
+    Start::Decided {
+        next: Next::Call(None),
+        applied: Applied::new(),
+    }
+}
+
+/// The answer to a denied request (shadow rules left out of it).
+fn deny(snapshot: &Snapshot, applied: &mut Applied, decision: Decision, grpc: bool) -> Next {
+    let decision = visible(snapshot, applied, decision);
+    tracing::debug!(
+        violated = %snapshot.answers.violated(&snapshot.rules, applied, &decision),
+        retry_after_s = decision.retry_after_seconds(),
+        grpc,
+        "tollgate: request denied"
+    );
+    Next::Answer(
+        snapshot
+            .answers
+            .denied(&snapshot.rules, applied, &decision, grpc),
+    )
+}
+
+/// The decision without its shadow rules, which add nothing to answers; `applied` alike.
+fn visible(snapshot: &Snapshot, applied: &mut Applied, decision: Decision) -> Decision {
+    if !snapshot.watches {
+        return decision;
+    }
+    let shadow = |i: u16| snapshot.rules[usize::from(i)].mode == RuleMode::Shadow;
+    if !applied.iter().any(|&i| shadow(i)) {
+        return decision;
+    }
+    let kept = Decision::from_outcomes(
+        applied
+            .iter()
+            .zip(decision.outcomes())
+            .filter(|(i, _)| !shadow(**i))
+            .map(|(_, o)| *o),
+    );
+    applied.retain(|i| !shadow(*i));
+    kept
+}
+
+/// How long a denied request may wait for the budget of the delay rules that denied it.
+#[derive(Clone, Copy, Debug)]
+struct Delay {
+    wait: Duration,
+    max: Duration,
+}
+
+/// The wait of a request that only delay rules denied (shadow rules aside), when it fits within
+/// the shortest maximum of those rules; `None` otherwise (it is denied).
+fn delay_of(snapshot: &Snapshot, applied: &[u16], decision: &Decision) -> Option<Delay> {
+    let mut wait = 0;
+    let mut max = Duration::MAX;
+    for (&i, outcome) in applied.iter().zip(decision.outcomes()) {
+        if outcome.allowed {
+            continue;
+        }
+        match snapshot.rules[usize::from(i)].mode {
+            RuleMode::Shadow => {}
+            RuleMode::Delay { max: rule_max } => {
+                if outcome.retry_after == u64::MAX {
+                    return None;
+                }
+                wait = wait.max(outcome.retry_after);
+                max = max.min(rule_max);
+            }
+            _ => return None,
+        }
+    }
+    let wait = Duration::from_micros(wait);
+    (max != Duration::MAX && wait <= max).then_some(Delay { wait, max })
+}
+
+/// One of the bounded places of requests waiting for a delay rule; given back when dropped.
+struct WaitSlot<'a>(&'a AtomicUsize);
+
+impl<'a> WaitSlot<'a> {
+    fn take(waiting: &'a AtomicUsize, max: usize) -> Option<Self> {
+        waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| WaitSlot(waiting))
+    }
+}
+
+impl Drop for WaitSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The key of a request whose extractor found none for rule `rule`: the shared
+/// "unidentified" key, or none when the rule skips such requests. Says so once.
+fn missing_key(snapshot: &Snapshot, rule: u16, kind: RequestKind) -> Option<Key> {
+    let compiled = &snapshot.rules[usize::from(rule)];
+    let hint = &snapshot.missing_key_hints[usize::from(rule)][kind as usize];
+    if hint.first() {
+        let counted = if compiled.skip_unidentified {
+            "this rule does not limit such requests (Rule::skip_unidentified)"
+        } else {
+            "such requests share one budget under the key \"unidentified\" \
+             (Rule::skip_unidentified() lets them through instead)"
+        };
+        tracing::warn!(
+            rule = compiled.spec.name(),
+            "tollgate: the key extractor found no key for a request; {counted}. If the rule \
+             counts by the peer or client IP: {} Otherwise chain a fallback extractor with \
+             .or(..). Reported once per rule.",
+            kind.fix()
+        );
+    }
+    (!compiled.skip_unidentified).then(Key::unidentified)
 }
 
 /// How a request is decided when the store failed.

@@ -24,6 +24,22 @@ impl ConfigError {
         }
     }
 
+    /// The message, without the crate's prefix.
+    #[cfg_attr(not(feature = "toml"), allow(dead_code))]
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The error, placed at a line and column of a file.
+    pub(crate) fn at(self, file: &str, line: usize, column: usize) -> Self {
+        ConfigError::new(format!("{file}:{line}:{column}: {}", self.message))
+    }
+
+    /// The error, placed in a file.
+    pub(crate) fn at_file(self, file: &str) -> Self {
+        ConfigError::new(format!("{file}: {}", self.message))
+    }
+
     pub(crate) fn in_rule(rule: &str, problem: impl fmt::Display) -> Self {
         ConfigError::new(format!("rule \"{rule}\": {problem}"))
     }

@@ -35,8 +35,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::Decision;
-use crate::decide::{Applied, Check, DeferredCheck, FoundKeys, Next, Shared, Start};
+use crate::decide::{Applied, Check, Checked, DeferredCheck, FoundKeys, Next, Shared, Start};
+use crate::policy::TenantFuture;
+use crate::policy::snapshot::Snapshot;
 use crate::response::{ResponseBody, is_grpc};
 use crate::store::Store;
 
@@ -50,8 +51,11 @@ pin_project! {
         #[pin]
         state: State<S, Request<ReqBody>, S::Future, Check<St::Future>>,
         applied: Applied,
-        // The keys, kept only when a rule may fall back to the local limiter.
+        // The keys, kept only when they may be needed again (local fallback, shadow and delay
+        // rules).
         keys: Option<Box<FoundKeys>>,
+        // The policy the request started under: it finishes under it.
+        snapshot: Arc<Snapshot>,
         shared: Arc<Shared<St>>,
     }
 }
@@ -59,10 +63,12 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<S, R, F, C> {
+        // The tenant is looked up; the ready inner service and the request wait here.
+        Tenant { future: TenantFuture, call: Option<(S, R)> },
         // The ready inner service and the request wait here for the decision.
         Checking { #[pin] check: C, call: Option<(S, R)> },
         Deferred { check: DeferredCheck, call: Option<(S, R)> },
-        Calling { #[pin] future: F, decision: Option<Decision> },
+        Calling { #[pin] future: F, decision: Option<crate::Decision> },
         // Decided in `call`: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
         Done,
@@ -78,59 +84,76 @@ where
     /// was decided, else the future waits for the decision first.
     pub(crate) fn new(
         start: Start<St::Future>,
-        mut service: S,
+        snapshot: Arc<Snapshot>,
+        service: S,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
     ) -> Self {
-        let (state, applied, keys) = match start {
-            Start::Decided {
-                next: Next::Call(decision),
-                applied,
-            } => (
-                State::Calling {
-                    future: service.call(request),
-                    decision,
-                },
-                applied,
-                None,
-            ),
-            Start::Decided {
-                next: Next::Answer(response),
-                applied,
-            } => (
-                State::Answered {
-                    response: Some(response),
-                },
-                applied,
-                None,
-            ),
-            Start::Checking {
-                check,
-                applied,
-                keys,
-            } => (
-                State::Checking {
-                    check,
-                    call: Some((service, request)),
-                },
-                applied,
-                keys,
-            ),
-            Start::Deferred(check) => (
-                State::Deferred {
-                    check,
-                    call: Some((service, request)),
-                },
-                Applied::new(),
-                None,
-            ),
-        };
+        let mut applied = Applied::new();
+        let mut keys = None;
+        let state = enter(start, service, request, &mut applied, &mut keys);
         ResponseFuture {
             state,
             applied,
             keys,
+            snapshot,
             shared,
         }
+    }
+}
+
+/// The state in which a request waits after `start`.
+#[allow(clippy::type_complexity)]
+fn enter<S, ReqBody, C>(
+    start: Start<C>,
+    mut service: S,
+    request: Request<ReqBody>,
+    applied: &mut Applied,
+    keys: &mut Option<Box<FoundKeys>>,
+) -> State<S, Request<ReqBody>, S::Future, Check<C>>
+where
+    S: Service<Request<ReqBody>>,
+{
+    match start {
+        Start::Decided {
+            next,
+            applied: decided,
+        } => {
+            *applied = decided;
+            match next {
+                Next::Call(decision) => State::Calling {
+                    future: service.call(request),
+                    decision,
+                },
+                Next::Answer(response) => State::Answered {
+                    response: Some(response),
+                },
+                Next::Again(check) => State::Deferred {
+                    check,
+                    call: Some((service, request)),
+                },
+            }
+        }
+        Start::Checking {
+            check,
+            applied: checking,
+            keys: kept,
+        } => {
+            *applied = checking;
+            *keys = kept;
+            State::Checking {
+                check,
+                call: Some((service, request)),
+            }
+        }
+        Start::Deferred(check) => State::Deferred {
+            check,
+            call: Some((service, request)),
+        },
+        Start::Tenant(future) => State::Tenant {
+            future,
+            call: Some((service, request)),
+        },
     }
 }
 
@@ -144,26 +167,43 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let (result, call) = match this.state.as_mut().project() {
+            let (result, call, settled) = match this.state.as_mut().project() {
+                StateProj::Tenant { future, call } => {
+                    let tenant = ready!(future.as_mut().poll(cx));
+                    let Some((service, request)) = call.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let (mut parts, body) = request.into_parts();
+                    let start = this.shared.with_tenant(this.snapshot, tenant, &mut parts);
+                    let request = Request::from_parts(parts, body);
+                    let state = enter(start, service, request, this.applied, this.keys);
+                    this.state.set(state);
+                    continue;
+                }
                 StateProj::Checking { check, call } => {
                     let result = ready!(check.poll(cx));
-                    (result, call.take())
+                    (result, call.take(), false)
                 }
                 StateProj::Deferred { check, call } => {
-                    let (applied, keys, result) = ready!(check.as_mut().poll(cx));
+                    let Checked {
+                        applied,
+                        keys,
+                        result,
+                        settled,
+                    } = ready!(check.as_mut().poll(cx));
                     *this.applied = applied;
                     *this.keys = keys;
-                    (result, call.take())
+                    (result, call.take(), settled)
                 }
                 StateProj::Calling { future, decision } => {
                     let mut response = ready!(future.poll(cx))?;
                     let decision = decision.take();
                     this.state.set(State::Done);
                     if let Some(decision) = decision {
-                        let shared = &**this.shared;
-                        shared.answers.write_budget(
+                        let snapshot = &**this.snapshot;
+                        snapshot.answers.write_budget(
                             response.headers_mut(),
-                            &shared.rules,
+                            &snapshot.rules,
                             this.applied,
                             &decision,
                         );
@@ -184,9 +224,14 @@ where
                 panic!("ResponseFuture polled after completion");
             };
             let grpc = || is_grpc(request.headers());
-            let next = this
-                .shared
-                .after_check(this.applied, this.keys.as_deref(), result, grpc);
+            let next = this.shared.after_check(
+                this.snapshot,
+                this.applied,
+                this.keys.as_deref(),
+                result,
+                grpc,
+                settled,
+            );
             match next {
                 Next::Call(decision) => this.state.set(State::Calling {
                     future: service.call(request),
@@ -196,6 +241,10 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
+                Next::Again(check) => this.state.set(State::Deferred {
+                    check,
+                    call: Some((service, request)),
+                }),
             }
         }
     }

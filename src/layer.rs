@@ -7,13 +7,20 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tower_layer::Layer;
 
-use crate::decide::Shared;
-use crate::key::{KeyExtractor, PeerIp, SharedExtractor};
-use crate::response::{Answers, DeniedHandler, Headers, RateLimited};
+use crate::decide::{Policies, Shared};
+use crate::key::{FirstOfShared, KeyExtractor, PeerIp, SharedExtractor};
+use crate::policy::snapshot::{Compiler, Snapshot};
+use crate::policy::{
+    Live, Policy, PolicyHandle, PolicySource, Registrar, TenantExtractor, TenantKey, Tier,
+};
+use crate::response::{DeniedHandler, Headers, RateLimited};
 use crate::service::RateLimit;
 use crate::store::{MemoryStore, Store};
-use crate::warn::{Every, Once};
+use crate::warn::Every;
 use crate::{ConfigError, FailureMode, Quota, Rule};
+
+/// How many requests of one layer may wait for a delay rule at once, by default.
+pub const DEFAULT_MAX_WAITING: usize = 1024;
 
 /// The most rules one layer may hold.
 ///
@@ -62,11 +69,14 @@ impl RateLimitLayer<MemoryStore> {
     pub fn builder() -> RateLimitLayerBuilder<MemoryStore> {
         RateLimitLayerBuilder {
             rules: Vec::new(),
+            policy: None,
+            tenant: None,
             key: Arc::new(PeerIp::new()),
             store: StoreChoice::Default(MemoryStore::new),
             headers: Headers::default(),
             on_denied: None,
             on_store_error: FailureMode::default(),
+            max_waiting: DEFAULT_MAX_WAITING,
         }
     }
 }
@@ -75,6 +85,16 @@ impl<St> RateLimitLayer<St> {
     /// The store the layer checks.
     pub fn store(&self) -> &St {
         &self.shared.store
+    }
+
+    /// The handle of a layer built with a
+    /// [`policy_source`](RateLimitLayerBuilder::policy_source): the version in force, reload
+    /// counts, and installing a policy from code. `None` for a layer whose rules are fixed.
+    pub fn policy_handle(&self) -> Option<PolicyHandle> {
+        match &self.shared.policy {
+            Policies::Live(live) => Some(PolicyHandle { live: live.clone() }),
+            Policies::Fixed(_) => None,
+        }
     }
 }
 
@@ -88,17 +108,18 @@ impl<St> Clone for RateLimitLayer<St> {
 
 impl<St> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let snapshot = self.shared.snapshot();
         f.debug_struct("RateLimitLayer")
+            .field("version", &&*snapshot.version)
             .field(
                 "rules",
-                &self
-                    .shared
+                &snapshot
                     .rules
                     .iter()
                     .map(|r| r.spec.name())
                     .collect::<Vec<_>>(),
             )
-            .field("headers", &self.shared.answers.headers())
+            .field("headers", &snapshot.answers.headers())
             .finish_non_exhaustive()
     }
 }
@@ -132,11 +153,20 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
 #[must_use]
 pub struct RateLimitLayerBuilder<St> {
     rules: Vec<Rule>,
+    policy: Option<PolicyChoice>,
+    tenant: Option<Arc<dyn TenantExtractor>>,
     key: SharedExtractor,
     store: StoreChoice<St>,
     headers: Headers,
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
+    max_waiting: usize,
+}
+
+/// Where the layer's policy comes from.
+enum PolicyChoice {
+    Fixed(Policy),
+    Source(Box<dyn PolicySource>),
 }
 
 /// The store given to the builder, or how to make the default one (only if it is needed).
@@ -159,6 +189,36 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// Rules by tier, tenant and route (see [`Policy`]), fixed for the life of the layer,
+    /// instead of [`rule`](Self::rule)s.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(PolicyChoice::Fixed(policy));
+        self
+    }
+
+    /// A live policy: read from `source` now (an error fails [`build`](Self::build)), then
+    /// polled for changes and swapped in while serving (see [`PolicySource`]); the layer's
+    /// [`policy_handle`](RateLimitLayer::policy_handle) tells which version is in force.
+    pub fn policy_source<P: PolicySource>(mut self, source: P) -> Self {
+        self.policy = Some(PolicyChoice::Source(Box::new(source)));
+        self
+    }
+
+    /// Finds each request's tenant, which decides its tier and exceptions in the policy. With a
+    /// tenant extractor, rules without a key of their own count per tenant, and requests
+    /// without a tenant by the layer's [`key`](Self::key).
+    pub fn tenant<T: TenantExtractor>(mut self, extractor: T) -> Self {
+        self.tenant = Some(Arc::new(extractor));
+        self
+    }
+
+    /// How many requests may wait at once for a delay rule's budget (default
+    /// [`DEFAULT_MAX_WAITING`]); past it, such requests are denied at once.
+    pub fn max_waiting(mut self, max: usize) -> Self {
+        self.max_waiting = max;
+        self
+    }
+
     /// The extractor of rules that do not name their own (default: [`PeerIp`]).
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
         self.key = Arc::new(extractor);
@@ -173,11 +233,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     pub fn store<T: Store>(self, store: T) -> RateLimitLayerBuilder<T> {
         RateLimitLayerBuilder {
             rules: self.rules,
+            policy: self.policy,
+            tenant: self.tenant,
             key: self.key,
             store: StoreChoice::Given(store),
             headers: self.headers,
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
+            max_waiting: self.max_waiting,
         }
     }
 
@@ -207,58 +270,89 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        if self.rules.is_empty() {
-            return Err(ConfigError::new(
-                "no rules; add one with .rule(Rule::new(name, quota))",
-            ));
-        }
-        if self.rules.len() > MAX_RULES {
-            return Err(ConfigError::new(format!(
-                "{} rules in one layer; use at most {MAX_RULES} (stack layers for more, \
-                 knowing that stacked layers are not all-or-nothing)",
-                self.rules.len()
-            )));
-        }
-        let mut names = HashSet::new();
-        for rule in &self.rules {
-            if !names.insert(rule.name()) {
-                return Err(ConfigError::new(format!(
-                    "two rules are named \"{}\"; give each rule of a layer its own name",
-                    rule.name()
-                )));
+        let layer_key = self.key;
+        let default_key: SharedExtractor = match &self.tenant {
+            Some(_) => Arc::new(FirstOfShared(vec![Arc::new(TenantKey), layer_key.clone()])),
+            None => layer_key.clone(),
+        };
+        let compiler = Compiler {
+            default_key,
+            layer_key: layer_key.clone(),
+            on_store_error: self.on_store_error,
+            headers: self.headers,
+            on_denied: self.on_denied,
+        };
+        let (policy, source) = match (self.policy, self.rules.is_empty()) {
+            (Some(_), false) => {
+                return Err(ConfigError::new(
+                    "both rules and a policy; put the rules in the policy's default tier",
+                ));
             }
-        }
-        let rules = self
-            .rules
-            .into_iter()
-            .map(|rule| rule.compile(&self.key, self.on_store_error))
-            .collect::<Result<Box<[_]>, _>>()?;
+            (None, _) => (rules_policy(self.rules)?, None),
+            (Some(PolicyChoice::Fixed(policy)), true) => (policy, None),
+            (Some(PolicyChoice::Source(mut source)), true) => {
+                let policy = source
+                    .load()
+                    .map_err(|e| ConfigError::new(format!("the policy source failed: {e}")))?;
+                (policy, Some(source))
+            }
+        };
+        let snapshot = Snapshot::compile(&policy, &compiler)?;
+        let policy = match source {
+            None => Policies::Fixed(Arc::new(snapshot)),
+            Some(_) => Policies::Live(Arc::new(Live::new(snapshot, compiler))),
+        };
         let store = match self.store {
             StoreChoice::Given(store) => store,
             StoreChoice::Default(make) => make(),
         };
-        let registration = match store.registry() {
-            Some(registry) => {
-                let token = Arc::new(());
-                registry.register(rules.iter().map(|rule| &*rule.spec), &token)?;
-                Some(token)
+        let shared = Arc::new(Shared {
+            policy,
+            store,
+            layer_key,
+            tenant: self.tenant,
+            fallback: Default::default(),
+            warned_store_error: Every::default(),
+            waiting: Default::default(),
+            max_waiting: self.max_waiting,
+            registration: Arc::new(()),
+        });
+        shared.register(&shared.snapshot())?;
+        if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {
+            let registrar: Arc<dyn Registrar> = shared.clone();
+            live.connect(Arc::downgrade(&registrar));
+            if let Some(interval) = source.interval() {
+                live.watch(source, interval);
             }
-            None => None,
-        };
-        let fallback = rules
-            .iter()
-            .any(|rule| rule.on_store_error == FailureMode::Local)
-            .then(MemoryStore::new);
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
-                answers: Answers::new(&rules, self.headers, self.on_denied),
-                rules,
-                store,
-                fallback,
-                warned_store_error: Every::default(),
-                _registration: registration,
-            }),
-        })
+        }
+        Ok(RateLimitLayer { shared })
     }
+}
+
+/// The rules of [`RateLimitLayerBuilder::rule`] as a policy of one tier.
+fn rules_policy(rules: Vec<Rule>) -> Result<Policy, ConfigError> {
+    if rules.is_empty() {
+        return Err(ConfigError::new(
+            "no rules; add one with .rule(Rule::new(name, quota)), or give a policy",
+        ));
+    }
+    if rules.len() > MAX_RULES {
+        return Err(ConfigError::new(format!(
+            "{} rules in one layer; use at most {MAX_RULES} (stack layers for more, \
+             knowing that stacked layers are not all-or-nothing)",
+            rules.len()
+        )));
+    }
+    let mut names = HashSet::new();
+    for rule in &rules {
+        if !names.insert(rule.name()) {
+            return Err(ConfigError::new(format!(
+                "two rules are named \"{}\"; give each rule of a layer its own name",
+                rule.name()
+            )));
+        }
+    }
+    Ok(Policy::new("rules")
+        .tier(Tier::new("default").rules(rules))
+        .default_tier("default"))
 }

@@ -98,10 +98,11 @@ where
         // The ready service goes with this request; a fresh clone waits for the next poll_ready.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = request.into_parts();
-        let start = self.shared.start(&parts);
+        let (mut parts, body) = request.into_parts();
+        let (snapshot, start) = self.shared.start(&mut parts);
         ResponseFuture::new(
             start,
+            snapshot,
             ready,
             Request::from_parts(parts, body),
             self.shared.clone(),

@@ -183,6 +183,26 @@ fn tag(i: usize, key: Key) -> Key {
     }
 }
 
+/// Shared extractors whose keys are joined into one (as [`combine`] does).
+pub(crate) struct CombineShared(pub(crate) Vec<super::SharedExtractor>);
+
+/// Shared extractors tried in order (as [`first_of`] does).
+pub(crate) struct FirstOfShared(pub(crate) Vec<super::SharedExtractor>);
+
+impl KeyExtractor for CombineShared {
+    fn extract(&self, parts: &Parts) -> Extracted {
+        let members: SmallVec<[&dyn KeyExtractor; 4]> = self.0.iter().map(|e| &**e).collect();
+        combine_all(&members, parts)
+    }
+}
+
+impl KeyExtractor for FirstOfShared {
+    fn extract(&self, parts: &Parts) -> Extracted {
+        let members: SmallVec<[&dyn KeyExtractor; 4]> = self.0.iter().map(|e| &**e).collect();
+        first_of_all(&members, parts)
+    }
+}
+
 macro_rules! tuples {
     ($($name:ident $idx:tt),+) => {
         impl<$($name: KeyExtractor),+> KeyExtractor for Combine<($($name,)+)> {

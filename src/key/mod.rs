@@ -61,6 +61,7 @@ pub use body::{
 };
 pub use client_ip::{ClientIp, MAX_HOPS, ProxyHeader};
 pub use compose::{Combine, FirstOf, KeyExtractorExt, combine, first_of};
+pub(crate) use compose::{CombineShared, FirstOfShared};
 pub use extension::FromExtension;
 pub use global::Global;
 pub use header::FromHeader;

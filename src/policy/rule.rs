@@ -1,7 +1,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::{Cost, FailureMode, Quota};
+use std::time::Duration;
+
+use super::key_spec::KeySpec;
+use super::{Cost, FailureMode, Quota, RuleMode};
 use crate::algorithm::Limits;
 use crate::key::{KeyExtractor, SharedExtractor};
 use crate::store::RuleSpec;
@@ -35,9 +38,12 @@ pub struct Rule {
     pub(crate) quota: Quota,
     pub(crate) algorithm: Algorithm,
     pub(crate) key: Option<SharedExtractor>,
+    /// The key as a rules file names it (wins over `key`).
+    pub(crate) key_spec: Option<KeySpec>,
     pub(crate) cost: Cost,
     pub(crate) on_store_error: Option<FailureMode>,
     pub(crate) skip_unidentified: bool,
+    pub(crate) mode: RuleMode,
 }
 
 impl Rule {
@@ -48,9 +54,11 @@ impl Rule {
             quota,
             algorithm: Algorithm::default(),
             key: None,
+            key_spec: None,
             cost: Cost::default(),
             on_store_error: None,
             skip_unidentified: false,
+            mode: RuleMode::Enforce,
         }
     }
 
@@ -63,6 +71,7 @@ impl Rule {
     /// Chooses who the rule counts.
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
         self.key = Some(Arc::new(extractor));
+        self.key_spec = None;
         self
     }
 
@@ -92,6 +101,25 @@ impl Rule {
         self
     }
 
+    /// Checks and charges the rule as if it were enforced, but admits what it would deny and
+    /// says so instead (see [`RuleMode::Shadow`]).
+    pub fn shadow(mut self) -> Self {
+        self.mode = RuleMode::Shadow;
+        self
+    }
+
+    /// Makes a request over the limit wait for its budget, up to `max`, instead of denying it
+    /// (see [`RuleMode::Delay`]).
+    pub fn delay(mut self, max: Duration) -> Self {
+        self.mode = RuleMode::Delay { max };
+        self
+    }
+
+    /// What the rule does with a request over its limit (default [`RuleMode::Enforce`]).
+    pub fn mode(&self) -> RuleMode {
+        self.mode
+    }
+
     /// The rule's name.
     pub fn name(&self) -> &str {
         &self.name
@@ -102,10 +130,35 @@ impl Rule {
         &self.quota
     }
 
+    /// Whether `other` is the same rule: the same name, numbers, algorithm, mode and failure
+    /// mode, and the same key extractor and cost function (the same values, cloned).
+    pub(crate) fn same_as(&self, other: &Rule) -> bool {
+        let same_key = match (&self.key, &other.key) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        let same_cost = match (&self.cost, &other.cost) {
+            (Cost::Fixed(a), Cost::Fixed(b)) => a == b,
+            (Cost::Dynamic(a), Cost::Dynamic(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        self.name == other.name
+            && self.quota == other.quota
+            && self.algorithm == other.algorithm
+            && self.on_store_error == other.on_store_error
+            && self.skip_unidentified == other.skip_unidentified
+            && self.mode == other.mode
+            && same_key
+            && self.key_spec == other.key_spec
+            && same_cost
+    }
+
     /// Validates the rule and fixes its key extractor.
     pub(crate) fn compile(
         self,
         default_key: &SharedExtractor,
+        layer_key: &SharedExtractor,
         default_failure: FailureMode,
     ) -> Result<CompiledRule, ConfigError> {
         let name = self.name;
@@ -143,13 +196,29 @@ impl Rule {
                 ));
             }
         }
+        if let RuleMode::Delay { max } = self.mode
+            && (max.is_zero() || max > MAX_DELAY)
+        {
+            return Err(ConfigError::in_rule(
+                &name,
+                format_args!(
+                    "a delay rule waits at most {max:?}; give it a maximum between 1 ms and {} s",
+                    MAX_DELAY.as_secs()
+                ),
+            ));
+        }
         let spec = RuleSpec::new(name, self.algorithm, limits)?;
         Ok(CompiledRule {
             spec: Arc::new(spec),
-            key: self.key.unwrap_or_else(|| default_key.clone()),
+            key: match (self.key_spec, self.key) {
+                (Some(spec), _) => spec.extractor(layer_key),
+                (None, Some(key)) => key,
+                (None, None) => default_key.clone(),
+            },
             cost: self.cost,
             on_store_error: self.on_store_error.unwrap_or(default_failure),
             skip_unidentified: self.skip_unidentified,
+            mode: self.mode,
         })
     }
 }
@@ -161,6 +230,7 @@ impl fmt::Debug for Rule {
             .field("quota", &self.quota)
             .field("algorithm", &self.algorithm)
             .field("cost", &self.cost)
+            .field("mode", &self.mode)
             .finish_non_exhaustive()
     }
 }
@@ -173,4 +243,8 @@ pub(crate) struct CompiledRule {
     pub(crate) cost: Cost,
     pub(crate) on_store_error: FailureMode,
     pub(crate) skip_unidentified: bool,
+    pub(crate) mode: RuleMode,
 }
+
+/// The longest a [`RuleMode::Delay`] rule may make a request wait.
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(60);

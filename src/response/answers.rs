@@ -8,7 +8,7 @@ use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::denied::{PROBLEM_JSON, ProblemBodies, RateLimited};
-use super::grpc::{grpc_denied, grpc_unavailable};
+use super::grpc::{grpc_denied, grpc_forbidden, grpc_unavailable};
 use super::headers::{Headers, PolicyItems, write_budget};
 use crate::Decision;
 use crate::policy::CompiledRule;
@@ -102,6 +102,22 @@ impl Answers {
         let headers = response.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
         headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+    }
+
+    /// The answer to a request on the deny list: `403 Forbidden` with a problem document, or
+    /// gRPC `PERMISSION_DENIED`.
+    pub(crate) fn forbidden(&self, grpc: bool) -> Response<Bytes> {
+        if grpc {
+            return grpc_forbidden();
+        }
+        let mut response = Response::new(Bytes::from_static(
+            br#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"This client may not use this service."}"#,
+        ));
+        *response.status_mut() = StatusCode::FORBIDDEN;
+        response
+            .headers_mut()
+            .insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
         response
     }
 

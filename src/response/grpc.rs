@@ -23,6 +23,8 @@ static GRPC_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-b
 const RESOURCE_EXHAUSTED: i32 = 8;
 /// `UNAVAILABLE`.
 const UNAVAILABLE: i32 = 14;
+/// `PERMISSION_DENIED`.
+const PERMISSION_DENIED: i32 = 7;
 
 /// Whether a request is a gRPC call.
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
@@ -47,6 +49,15 @@ pub(crate) fn grpc_unavailable() -> Response<Bytes> {
         UNAVAILABLE,
         "the rate limiter cannot decide right now; retry shortly",
         Some(1_000_000),
+    )
+}
+
+/// The answer to a gRPC call from a client on the deny list.
+pub(crate) fn grpc_forbidden() -> Response<Bytes> {
+    grpc_answer(
+        PERMISSION_DENIED,
+        "this client may not call this service",
+        None,
     )
 }
 

@@ -39,6 +39,40 @@ impl RuleRegistry {
         Self::default()
     }
 
+    /// Replaces the rules that `holder` registered with `rules`, all or none (a layer whose
+    /// policy was reloaded): names it no longer uses are released, and the numbers of the names
+    /// only it uses may change.
+    ///
+    /// # Errors
+    ///
+    /// A rule whose name another living layer uses with another algorithm or other numbers.
+    pub fn replace<'a>(
+        &self,
+        rules: impl IntoIterator<Item = &'a RuleSpec> + Clone,
+        holder: &Arc<()>,
+    ) -> Result<(), ConfigError> {
+        let mut registered = self.rules.lock().unwrap_or_else(|p| p.into_inner());
+        let is_holder = |h: &Weak<()>| std::ptr::eq(h.as_ptr(), Arc::as_ptr(holder));
+        for rule in rules.clone() {
+            let Some(entry) = registered.get_mut(rule.name()) else {
+                continue;
+            };
+            entry.holders.retain(|h| h.strong_count() > 0);
+            let others = entry.holders.iter().any(|h| !is_holder(h));
+            if others && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits()) {
+                return Err(conflict(rule.name()));
+            }
+        }
+        for entry in registered.values_mut() {
+            entry
+                .holders
+                .retain(|h| h.strong_count() > 0 && !is_holder(h));
+        }
+        registered.retain(|_, entry| !entry.holders.is_empty());
+        insert(&mut registered, rules, holder);
+        Ok(())
+    }
+
     /// Registers `rules` for the layer that holds `holder`, all or none.
     ///
     /// # Errors
@@ -58,29 +92,41 @@ impl RuleRegistry {
             if !entry.holders.is_empty()
                 && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits())
             {
-                return Err(ConfigError::in_rule(
-                    rule.name(),
-                    "another layer of the same store uses this name with another quota or \
-                     algorithm, and one name is one budget in a store; give this rule another \
-                     name, or both the same quota",
-                ));
+                return Err(conflict(rule.name()));
             }
         }
-        for rule in rules {
-            let entry = registered
-                .entry(rule.name().into())
-                .or_insert_with(|| Entry {
-                    algorithm: rule.algorithm(),
-                    limits: *rule.limits(),
-                    holders: Vec::new(),
-                });
-            entry.holders.retain(|h| h.strong_count() > 0);
-            if entry.holders.is_empty() {
-                entry.algorithm = rule.algorithm();
-                entry.limits = *rule.limits();
-            }
-            entry.holders.push(Arc::downgrade(holder));
-        }
+        insert(&mut registered, rules, holder);
         Ok(())
+    }
+}
+
+fn conflict(name: &str) -> ConfigError {
+    ConfigError::in_rule(
+        name,
+        "another layer of the same store uses this name with another quota or algorithm, and \
+         one name is one budget in a store; give this rule another name, or both the same quota",
+    )
+}
+
+/// Adds `holder` to the entries of `rules` (their numbers are set when no one else holds them).
+fn insert<'a>(
+    registered: &mut HashMap<Arc<str>, Entry>,
+    rules: impl IntoIterator<Item = &'a RuleSpec>,
+    holder: &Arc<()>,
+) {
+    for rule in rules {
+        let entry = registered
+            .entry(rule.name().into())
+            .or_insert_with(|| Entry {
+                algorithm: rule.algorithm(),
+                limits: *rule.limits(),
+                holders: Vec::new(),
+            });
+        entry.holders.retain(|h| h.strong_count() > 0);
+        if entry.holders.is_empty() {
+            entry.algorithm = rule.algorithm();
+            entry.limits = *rule.limits();
+        }
+        entry.holders.push(Arc::downgrade(holder));
     }
 }

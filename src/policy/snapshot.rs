@@ -1,0 +1,592 @@
+//! [`Snapshot`]: a policy compiled for the request path, immutable, and how it resolves the rules
+//! of a request.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::Method;
+use http::request::Parts;
+use ipnet::IpNet;
+
+use super::model::{Listed, Policy, Region, Subject};
+use super::{CompiledRule, Quota, Rule, RuleMode, Tenant};
+use crate::key::{Key, Route, SharedExtractor};
+use crate::layer::MAX_RULES;
+use crate::response::{Answers, DeniedHandler, Headers};
+use crate::warn::Once;
+use crate::{ConfigError, FailureMode};
+
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// A rule set: indices into [`Snapshot::rules`], in the order they were given.
+type RuleSet = Box<[u16]>;
+
+/// What a layer needs to compile a policy: its defaults and its answers.
+#[derive(Clone)]
+pub(crate) struct Compiler {
+    /// The key of rules without their own: the tenant, else the layer's key, when the layer
+    /// finds tenants; else the layer's key.
+    pub(crate) default_key: SharedExtractor,
+    /// The layer's key (`ip` in a rules file).
+    pub(crate) layer_key: SharedExtractor,
+    pub(crate) on_store_error: FailureMode,
+    pub(crate) headers: Headers,
+    pub(crate) on_denied: Option<DeniedHandler>,
+}
+
+/// A policy ready for the request path.
+pub(crate) struct Snapshot {
+    pub(crate) version: Arc<str>,
+    /// Every rule of the policy, once per name.
+    pub(crate) rules: Box<[CompiledRule]>,
+    /// Per rule: whether the missing-key hint was given, for HTTP and for gRPC requests.
+    pub(crate) missing_key_hints: Box<[[Once; 2]]>,
+    pub(crate) answers: Answers,
+    pub(crate) resolver: Resolver,
+    pub(crate) lists: Lists,
+    /// Whether a rule falls back to the local limiter when the store fails.
+    pub(crate) uses_fallback: bool,
+    /// Whether a rule is in shadow or delay mode (its decisions may need a second check).
+    pub(crate) watches: bool,
+}
+
+impl Snapshot {
+    /// Whether a request's keys must be kept after its check: for the local fallback, or for a
+    /// second check of shadow and delay rules.
+    pub(crate) fn keeps_keys(&self) -> bool {
+        self.uses_fallback || self.watches
+    }
+
+    /// Compiles and checks a policy; errors name where they are when the policy was read from
+    /// a file.
+    pub(crate) fn compile(policy: &Policy, compiler: &Compiler) -> Result<Self, ConfigError> {
+        Self::compile_placed(policy, compiler).map_err(|(subject, error)| {
+            match (&policy.origin, subject) {
+                (Some(origin), Some(subject)) => origin.place(&subject, error),
+                (Some(origin), None) => error.at_file(&origin.name),
+                (None, _) => error,
+            }
+        })
+    }
+
+    fn compile_placed(
+        policy: &Policy,
+        compiler: &Compiler,
+    ) -> Result<Self, (Option<Subject>, ConfigError)> {
+        let at = |subject: Subject| move |error: ConfigError| (Some(subject.clone()), error);
+        let version = policy.version.trim();
+        if version.is_empty()
+            || version.len() > 128
+            || !version.chars().all(|c| c.is_ascii_graphic() || c == ' ')
+        {
+            return Err(at(Subject::Version)(ConfigError::new(format!(
+                "policy version {:?} is not allowed; give it 1 to 128 printable ASCII characters \
+                 (a date or a release number)",
+                policy.version
+            ))));
+        }
+        if let Some(region) = &policy.region {
+            check_region(region).map_err(at(Subject::Region))?;
+        }
+        let mut rules = RuleTable::new(compiler, policy.region.as_ref());
+
+        let mut tiers = Vec::with_capacity(policy.tiers.len());
+        let mut tier_index: Map<Box<str>, u16> = Map::default();
+        for tier in &policy.tiers {
+            let place = format!("tier \"{}\"", tier.name);
+            let here = at(Subject::Tier(tier.name.clone()));
+            if tier.name.is_empty() {
+                return Err(here(ConfigError::new("a tier has an empty name; name it")));
+            }
+            if tier_index
+                .insert(tier.name.as_str().into(), tiers.len() as u16)
+                .is_some()
+            {
+                return Err(here(ConfigError::new(format!(
+                    "two tiers are named \"{}\"; give each its own name",
+                    tier.name
+                ))));
+            }
+            if u16::try_from(tiers.len()).is_err() {
+                return Err(here(ConfigError::new("a policy holds at most 65535 tiers")));
+            }
+            let defaults = if tier.rules.is_empty() {
+                RuleSet::default()
+            } else {
+                rules
+                    .set(&tier.rules, &place)
+                    .map_err(|e| e.or_at(Subject::Tier(tier.name.clone())))?
+            };
+            let routes = RouteTable::new(&tier.routes, &mut rules, &place)
+                .map_err(|e| e.or_at(Subject::Tier(tier.name.clone())))?;
+            tiers.push(TierTable { defaults, routes });
+        }
+        let Some(default_name) = &policy.default_tier else {
+            return Err(at(Subject::Version)(ConfigError::new(
+                "the policy has no default tier, so requests without a known tenant would be \
+                 unlimited; name one with Policy::default_tier (default_tier = \"…\" in a file)",
+            )));
+        };
+        let Some(&default_tier) = tier_index.get(default_name.as_str()) else {
+            return Err(at(Subject::DefaultTier)(ConfigError::new(format!(
+                "the default tier \"{default_name}\" is not a tier of the policy; add it or name \
+                 another"
+            ))));
+        };
+        if tiers[usize::from(default_tier)].defaults.is_empty() {
+            return Err(at(Subject::Tier(default_name.clone()))(ConfigError::new(
+                format!(
+                    "the default tier \"{default_name}\" has no rules of its own, so requests on \
+                 routes it does not list would be unlimited; give it at least one rule"
+                ),
+            )));
+        }
+
+        let mut tenants: Map<Box<str>, TenantTable> = Map::default();
+        for tenant in &policy.tenants {
+            let place = format!("tenant \"{}\"", tenant.id);
+            let here = at(Subject::Tenant(tenant.id.clone()));
+            if tenant.id.is_empty() {
+                return Err(here(ConfigError::new(
+                    "a tenant has an empty id; give its id",
+                )));
+            }
+            let tier = match &tenant.tier {
+                None => None,
+                Some(name) => Some(*tier_index.get(name.as_str()).ok_or_else(|| {
+                    here(ConfigError::new(format!(
+                        "{place} has the tier \"{name}\", which the policy does not have; add the \
+                         tier or fix the name"
+                    )))
+                })?),
+            };
+            let routes = RouteTable::new(&tenant.routes, &mut rules, &place)
+                .map_err(|e| e.or_at(Subject::Tenant(tenant.id.clone())))?;
+            if tenants
+                .insert(tenant.id.as_str().into(), TenantTable { tier, routes })
+                .is_some()
+            {
+                return Err(here(ConfigError::new(format!(
+                    "the tenant \"{}\" is listed twice; merge its entries",
+                    tenant.id
+                ))));
+            }
+        }
+
+        let rules = rules.finish();
+        let routed = tiers.iter().any(|t| !t.routes.is_empty())
+            || tenants.values().any(|t| !t.routes.is_empty());
+        Ok(Snapshot {
+            version: version.into(),
+            missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
+            answers: Answers::new(&rules, compiler.headers, compiler.on_denied.clone()),
+            uses_fallback: rules
+                .iter()
+                .any(|rule| rule.on_store_error == FailureMode::Local),
+            watches: rules.iter().any(|rule| rule.mode != RuleMode::Enforce),
+            rules,
+            resolver: Resolver {
+                default_tier,
+                tiers: tiers.into(),
+                tier_index,
+                tenants,
+                routed,
+            },
+            lists: Lists::new(&policy.allow, &policy.deny),
+        })
+    }
+}
+
+/// An error and the part of the policy it is about, when known.
+type Placed = (Option<Subject>, ConfigError);
+
+trait PlacedExt {
+    fn unplaced(error: ConfigError) -> Self;
+    /// Placed at `subject` unless placed already.
+    fn or_at(self, subject: Subject) -> Self;
+}
+
+impl PlacedExt for Placed {
+    fn unplaced(error: ConfigError) -> Self {
+        (None, error)
+    }
+
+    fn or_at(self, subject: Subject) -> Self {
+        (self.0.or(Some(subject)), self.1)
+    }
+}
+
+/// The rules of a policy, once per name.
+struct RuleTable<'a> {
+    compiler: &'a Compiler,
+    region: Option<&'a Region>,
+    given: Vec<Rule>,
+    compiled: Vec<CompiledRule>,
+    by_name: Map<String, u16>,
+}
+
+impl<'a> RuleTable<'a> {
+    fn new(compiler: &'a Compiler, region: Option<&'a Region>) -> Self {
+        RuleTable {
+            compiler,
+            region,
+            given: Vec::new(),
+            compiled: Vec::new(),
+            by_name: Map::default(),
+        }
+    }
+
+    /// The set of `rules`, found in `place` (for errors).
+    fn set(&mut self, rules: &[Rule], place: &str) -> Result<RuleSet, Placed> {
+        if rules.is_empty() {
+            return Err(Placed::unplaced(ConfigError::new(format!(
+                "{place} has an empty rule list; give it rules or remove it"
+            ))));
+        }
+        if rules.len() > MAX_RULES {
+            return Err(Placed::unplaced(ConfigError::new(format!(
+                "{place} has {} rules; one request is checked against at most {MAX_RULES}",
+                rules.len()
+            ))));
+        }
+        let mut set = Vec::with_capacity(rules.len());
+        for rule in rules {
+            let index = self
+                .index(rule)
+                .map_err(|e| (Some(Subject::Rule(rule.name().to_owned())), e))?;
+            if set.contains(&index) {
+                return Err(Placed::unplaced(ConfigError::new(format!(
+                    "{place} lists the rule \"{}\" twice",
+                    rule.name()
+                ))));
+            }
+            set.push(index);
+        }
+        Ok(set.into())
+    }
+
+    fn index(&mut self, rule: &Rule) -> Result<u16, ConfigError> {
+        if let Some(&index) = self.by_name.get(rule.name()) {
+            if !self.given[usize::from(index)].same_as(rule) {
+                return Err(ConfigError::in_rule(
+                    rule.name(),
+                    "defined twice with different settings; a rule's name is its budget, so \
+                     give one of them another name (or reuse the same rule, cloned)",
+                ));
+            }
+            return Ok(index);
+        }
+        let index = u16::try_from(self.compiled.len())
+            .ok()
+            .filter(|&i| i < u16::MAX)
+            .ok_or_else(|| ConfigError::new("a policy holds at most 65535 distinct rules"))?;
+        let mut scaled = rule.clone();
+        if let Some(region) = self.region {
+            scaled.quota = scale(rule.quota, region.share);
+        }
+        let compiled = scaled.compile(
+            &self.compiler.default_key,
+            &self.compiler.layer_key,
+            self.compiler.on_store_error,
+        )?;
+        self.given.push(rule.clone());
+        self.compiled.push(compiled);
+        self.by_name.insert(rule.name().to_owned(), index);
+        Ok(index)
+    }
+
+    fn finish(self) -> Box<[CompiledRule]> {
+        self.compiled.into()
+    }
+}
+
+/// A quota times a region's share: rounded down, at least 1.
+fn scale(quota: Quota, share: f64) -> Quota {
+    let times = |n: u64| ((n as f64 * share).floor() as u64).max(1);
+    let scaled = Quota::new(times(quota.limit()), quota.period());
+    match quota.burst_size() {
+        Some(burst) => scaled.burst(times(burst)),
+        None => scaled,
+    }
+}
+
+fn check_region(region: &Region) -> Result<(), ConfigError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if region.name.is_empty() || region.name.len() > 64 || !region.name.chars().all(ok_char) {
+        return Err(ConfigError::new(format!(
+            "region name {:?} is not allowed; use 1 to 64 characters of A-Z a-z 0-9 - _ .",
+            region.name
+        )));
+    }
+    if !(region.share > 0.0 && region.share <= 1.0) {
+        return Err(ConfigError::new(format!(
+            "region \"{}\" has the share {}; give it a share greater than 0 and at most 1",
+            region.name, region.share
+        )));
+    }
+    Ok(())
+}
+
+/// Which rules apply to a request.
+pub(crate) struct Resolver {
+    default_tier: u16,
+    tiers: Box<[TierTable]>,
+    tier_index: Map<Box<str>, u16>,
+    tenants: Map<Box<str>, TenantTable>,
+    /// Whether any rule set is for a route (else the route is never looked at).
+    routed: bool,
+}
+
+struct TierTable {
+    defaults: RuleSet,
+    routes: RouteTable,
+}
+
+struct TenantTable {
+    tier: Option<u16>,
+    routes: RouteTable,
+}
+
+/// Rule sets by route pattern, then by method.
+#[derive(Default)]
+struct RouteTable {
+    routes: Map<Box<str>, RouteEntry>,
+}
+
+#[derive(Default)]
+struct RouteEntry {
+    any_method: Option<RuleSet>,
+    methods: Vec<(Method, RuleSet)>,
+}
+
+impl RouteTable {
+    fn new(
+        routes: &[(String, Vec<Rule>)],
+        rules: &mut RuleTable<'_>,
+        place: &str,
+    ) -> Result<Self, Placed> {
+        let mut table = RouteTable::default();
+        for (route, route_rules) in routes {
+            let (method, pattern) = parse_route(route).map_err(|problem| {
+                Placed::unplaced(ConfigError::new(format!(
+                    "{place}: route {route:?} {problem}"
+                )))
+            })?;
+            let set = rules.set(route_rules, &format!("{place}, route \"{route}\""))?;
+            let entry = table.routes.entry(pattern.into()).or_default();
+            let taken = match method {
+                None => entry.any_method.replace(set).is_some(),
+                Some(method) => {
+                    let taken = entry.methods.iter().any(|(m, _)| *m == method);
+                    entry.methods.push((method, set));
+                    taken
+                }
+            };
+            if taken {
+                return Err(Placed::unplaced(ConfigError::new(format!(
+                    "{place} lists the route \"{route}\" twice; merge its rules"
+                ))));
+            }
+        }
+        Ok(table)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    fn get(&self, route: &str, method: &Method) -> Option<&[u16]> {
+        let entry = self.routes.get(route)?;
+        entry
+            .methods
+            .iter()
+            .find(|(m, _)| m == method)
+            .map(|(_, set)| &**set)
+            .or(entry.any_method.as_deref())
+    }
+}
+
+/// `/search`, `GET /users/{id}` or `/package.Service/Method`: the method, if any, and the
+/// pattern.
+fn parse_route(route: &str) -> Result<(Option<Method>, &str), &'static str> {
+    let (method, pattern) = match route.split_once(' ') {
+        Some((method, pattern)) => (Some(method), pattern.trim_start()),
+        None => (None, route),
+    };
+    if !pattern.starts_with('/') || pattern.contains(char::is_whitespace) {
+        return Err(
+            "is not a route: write a pattern that starts with / (\"/users/{id}\"), \
+                    optionally after a method (\"GET /users/{id}\")",
+        );
+    }
+    let method = match method {
+        None => None,
+        Some(name) => Some(match name {
+            "GET" => Method::GET,
+            "POST" => Method::POST,
+            "PUT" => Method::PUT,
+            "DELETE" => Method::DELETE,
+            "PATCH" => Method::PATCH,
+            "HEAD" => Method::HEAD,
+            "OPTIONS" => Method::OPTIONS,
+            "CONNECT" => Method::CONNECT,
+            "TRACE" => Method::TRACE,
+            _ => {
+                return Err(
+                    "has a method that is not one of GET POST PUT DELETE PATCH HEAD OPTIONS CONNECT TRACE",
+                );
+            }
+        }),
+    };
+    Ok((method, pattern))
+}
+
+/// The rules that apply to one request, and the tier they came from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Resolved<'a> {
+    pub(crate) rules: &'a [u16],
+}
+
+impl Resolver {
+    /// The most specific rule set for a request of `tenant` (see [`Policy`]).
+    pub(crate) fn resolve<'a>(&'a self, tenant: Option<&Tenant>, parts: &Parts) -> Resolved<'a> {
+        let listed = tenant.and_then(|t| self.tenants.get(t.id()));
+        let tier = listed
+            .and_then(|t| t.tier)
+            .or_else(|| {
+                tenant
+                    .and_then(Tenant::tier)
+                    .and_then(|name| self.tier_index.get(name).copied())
+            })
+            .unwrap_or(self.default_tier);
+        let route = if self.routed {
+            Route::route(parts)
+        } else {
+            None
+        };
+        let method = &parts.method;
+        if let (Some(listed), Some(route)) = (listed, route)
+            && let Some(rules) = listed.routes.get(route, method)
+        {
+            return Resolved { rules };
+        }
+        let table = &self.tiers[usize::from(tier)];
+        if let Some(rules) = route.and_then(|route| table.routes.get(route, method)) {
+            return Resolved { rules };
+        }
+        if !table.defaults.is_empty() {
+            return Resolved {
+                rules: &table.defaults,
+            };
+        }
+        let default = &self.tiers[usize::from(self.default_tier)];
+        if let Some(rules) = route.and_then(|route| default.routes.get(route, method)) {
+            return Resolved { rules };
+        }
+        Resolved {
+            rules: &default.defaults,
+        }
+    }
+}
+
+/// The allow and deny lists of a policy.
+#[derive(Default)]
+pub(crate) struct Lists {
+    allow: ListSet,
+    deny: ListSet,
+}
+
+#[derive(Default)]
+struct ListSet {
+    addresses: std::collections::HashSet<IpAddr, foldhash::fast::RandomState>,
+    networks: Vec<IpNet>,
+    tenants: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
+    keys: std::collections::HashSet<Key, foldhash::fast::RandomState>,
+}
+
+impl ListSet {
+    fn new(entries: &[Listed]) -> Self {
+        let mut set = ListSet::default();
+        for entry in entries {
+            match entry {
+                Listed::Network(net) if net.prefix_len() == net.max_prefix_len() => {
+                    set.addresses.insert(net.addr());
+                }
+                Listed::Network(net) => set.networks.push(*net),
+                Listed::Tenant(id) => {
+                    set.tenants.insert(id.clone());
+                }
+                Listed::Key(key) => {
+                    set.keys.insert(key.clone());
+                }
+            }
+        }
+        set
+    }
+
+    fn has_key_entries(&self) -> bool {
+        !self.addresses.is_empty() || !self.networks.is_empty() || !self.keys.is_empty()
+    }
+
+    fn holds_key(&self, key: &Key) -> bool {
+        if let Some(ip) = key.as_ip()
+            && (self.addresses.contains(&ip) || self.networks.iter().any(|n| n.contains(&ip)))
+        {
+            return true;
+        }
+        self.keys.contains(key)
+    }
+}
+
+/// What the lists say of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Listing {
+    /// On the deny list: refused.
+    Denied,
+    /// On the allow list: not limited.
+    Allowed,
+    /// On neither.
+    Unlisted,
+}
+
+impl Lists {
+    fn new(allow: &[Listed], deny: &[Listed]) -> Self {
+        Lists {
+            allow: ListSet::new(allow),
+            deny: ListSet::new(deny),
+        }
+    }
+
+    /// Whether the lists name keys or networks (then the layer's key is extracted for them).
+    pub(crate) fn has_key_entries(&self) -> bool {
+        self.allow.has_key_entries() || self.deny.has_key_entries()
+    }
+
+    /// Whether the lists name tenants.
+    pub(crate) fn has_tenant_entries(&self) -> bool {
+        !self.allow.tenants.is_empty() || !self.deny.tenants.is_empty()
+    }
+
+    /// The listing of the layer's key of a request.
+    pub(crate) fn key(&self, key: &Key) -> Listing {
+        if self.deny.holds_key(key) {
+            Listing::Denied
+        } else if self.allow.holds_key(key) {
+            Listing::Allowed
+        } else {
+            Listing::Unlisted
+        }
+    }
+
+    /// The listing of a tenant.
+    pub(crate) fn tenant(&self, tenant: &Tenant) -> Listing {
+        if self.deny.tenants.contains(tenant.id()) {
+            Listing::Denied
+        } else if self.allow.tenants.contains(tenant.id()) {
+            Listing::Allowed
+        } else {
+            Listing::Unlisted
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! Live policies: [`PolicySource`], [`FileSource`] and [`PolicyHandle`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tollgate::RateLimitLayer;
+//! use tollgate::policy::FileSource;
+//!
+//! // Reads tiers.toml now (a bad file fails the build), then checks it for changes every second.
+//! let layer = RateLimitLayer::builder()
+//!     .policy_source(FileSource::new("tiers.toml").interval(Duration::from_secs(1)))
+//!     .build()?;
+//! let handle = layer.policy_handle().expect("a layer with a source has a handle");
+//! println!("policy {} in force", handle.version());
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+//!
+//! A layer reads its policy through a handle that is swapped atomically: a request takes the
+//! policy in force when it arrives (no lock) and finishes under it, whatever happens meanwhile.
+//! A policy that does not build (a syntax error, a rule that breaks one of the checks, a missing
+//! file) is never installed: the policy in force stays, the error is logged once per bad version
+//! (at `error`, target `tollgate::policy`), and [`PolicyHandle::rejected`] counts it.
+//!
+//! Budgets live in the store under each rule's name, so a reload keeps the state of every rule
+//! whose name and algorithm it keeps, and reads it with the new numbers at once. The window
+//! algorithms keep counts: a client that used 40 of 50 this hour has 10 left, and none when the
+//! quota is lowered to 30. Token bucket and GCRA keep the time at which the bucket is full again:
+//! the client owes the same refill time under the new numbers (40 of 50 per minute is 48 s to
+//! refill; at 30 per minute, a bucket of 30 that is full again in 48 s holds 6). A renamed rule
+//! starts from a full budget; a rule whose algorithm changed starts again from no state (the
+//! store cannot read the old algorithm's state).
+
+use std::error::Error;
+use std::fmt;
+#[cfg(feature = "toml")]
+use std::hash::{BuildHasher, Hasher};
+#[cfg(feature = "toml")]
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+#[cfg(feature = "toml")]
+use std::time::SystemTime;
+
+use arc_swap::ArcSwap;
+
+use super::Policy;
+use super::snapshot::{Compiler, Snapshot};
+use crate::ConfigError;
+
+/// Where a live policy comes from: a file ([`FileSource`]), a configuration service, a
+/// database. The layer asks it once when it is built, then every [`interval`](Self::interval)
+/// on a thread of its own (so a source may block), for as long as the layer lives.
+///
+/// A [`Policy`] is a source too: it never changes by itself, and
+/// [`PolicyHandle::install`] replaces it from your code.
+pub trait PolicySource: Send + 'static {
+    /// The first policy. An error here fails the layer's `build()`.
+    fn load(&mut self) -> Result<Policy, Box<dyn Error + Send + Sync>>;
+
+    /// A new policy, `Ok(None)` when nothing changed, or an error (the policy in force stays).
+    fn poll(&mut self) -> Result<Option<Policy>, Box<dyn Error + Send + Sync>>;
+
+    /// How often to [`poll`](Self::poll); `None` (the default of [`Policy`]) never does.
+    fn interval(&self) -> Option<Duration> {
+        Some(Duration::from_secs(1))
+    }
+}
+
+impl PolicySource for Policy {
+    fn load(&mut self) -> Result<Policy, Box<dyn Error + Send + Sync>> {
+        Ok(self.clone())
+    }
+
+    fn poll(&mut self) -> Result<Option<Policy>, Box<dyn Error + Send + Sync>> {
+        Ok(None)
+    }
+
+    fn interval(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A rules file in TOML (see [`Policy::from_toml`]), checked for changes every second by
+/// default.
+///
+/// It polls rather than watches: one `stat` per interval costs nothing, needs no platform
+/// notification API, and sees every way a file changes, including the symlink swaps with which
+/// Kubernetes updates a mounted ConfigMap, which file watches miss. A change is read when the
+/// file's modification time or size changed, and installed when its content did.
+#[cfg(feature = "toml")]
+#[derive(Debug)]
+pub struct FileSource {
+    path: PathBuf,
+    interval: Duration,
+    /// Modification time and length at the last read.
+    seen: Option<(SystemTime, u64)>,
+    /// Hash of the last content read.
+    content: Option<u64>,
+}
+
+#[cfg(feature = "toml")]
+impl FileSource {
+    /// The file at `path`.
+    pub fn new(path: impl AsRef<Path>) -> Self {
+        FileSource {
+            path: path.as_ref().to_owned(),
+            interval: Duration::from_secs(1),
+            seen: None,
+            content: None,
+        }
+    }
+
+    /// How often to check the file (default 1 s; at least 10 ms).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    fn read(&mut self, force: bool) -> Result<Option<Policy>, Box<dyn Error + Send + Sync>> {
+        let name = self.path.display().to_string();
+        let metadata = std::fs::metadata(&self.path)
+            .map_err(|e| ConfigError::new(format!("cannot read the rules file {name}: {e}")))?;
+        let seen = (
+            metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            metadata.len(),
+        );
+        if !force && self.seen == Some(seen) {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&self.path)
+            .map_err(|e| ConfigError::new(format!("cannot read the rules file {name}: {e}")))?;
+        self.seen = Some(seen);
+        let mut hasher = foldhash::fast::FixedState::with_seed(1).build_hasher();
+        hasher.write(text.as_bytes());
+        let content = hasher.finish();
+        if !force && self.content == Some(content) {
+            return Ok(None);
+        }
+        self.content = Some(content);
+        Ok(Some(Policy::from_toml(&text, &name)?))
+    }
+}
+
+#[cfg(feature = "toml")]
+impl PolicySource for FileSource {
+    fn load(&mut self) -> Result<Policy, Box<dyn Error + Send + Sync>> {
+        match self.read(true)? {
+            Some(policy) => Ok(policy),
+            None => unreachable!("a forced read always reads"),
+        }
+    }
+
+    fn poll(&mut self) -> Result<Option<Policy>, Box<dyn Error + Send + Sync>> {
+        self.read(false)
+    }
+
+    fn interval(&self) -> Option<Duration> {
+        Some(self.interval)
+    }
+}
+
+/// Registers a snapshot's rules on the layer's store (the layer implements it).
+pub(crate) trait Registrar: Send + Sync {
+    fn register(&self, snapshot: &Snapshot) -> Result<(), ConfigError>;
+}
+
+/// The live policy of a layer.
+pub(crate) struct Live {
+    pub(crate) current: ArcSwap<Snapshot>,
+    compiler: Compiler,
+    registrar: Mutex<Option<Weak<dyn Registrar>>>,
+    installed: AtomicU64,
+    rejected: AtomicU64,
+    /// The last error logged, so that a bad version is logged once.
+    last_error: Mutex<Option<String>>,
+}
+
+impl Live {
+    pub(crate) fn new(snapshot: Snapshot, compiler: Compiler) -> Self {
+        Live {
+            current: ArcSwap::from_pointee(snapshot),
+            compiler,
+            registrar: Mutex::new(None),
+            installed: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    /// Connects the live policy to the layer that registers its rules.
+    pub(crate) fn connect(&self, registrar: Weak<dyn Registrar>) {
+        *self.registrar.lock().unwrap_or_else(|p| p.into_inner()) = Some(registrar);
+    }
+
+    fn registrar(&self) -> Option<Arc<dyn Registrar>> {
+        self.registrar
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade)
+    }
+
+    /// Compiles, registers and installs `policy`, or keeps the one in force.
+    fn install(&self, policy: &Policy) -> Result<(), ConfigError> {
+        let result = Snapshot::compile(policy, &self.compiler).and_then(|snapshot| {
+            let registrar = self
+                .registrar()
+                .ok_or_else(|| ConfigError::new("the layer of this policy was dropped"))?;
+            registrar.register(&snapshot)?;
+            self.current.store(Arc::new(snapshot));
+            Ok(())
+        });
+        match &result {
+            Ok(()) => {
+                self.installed.fetch_add(1, Ordering::Relaxed);
+                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                tracing::info!(
+                    target: "tollgate::policy",
+                    version = policy.version(),
+                    "tollgate: policy installed"
+                );
+            }
+            Err(error) => self.reject(&error.to_string()),
+        }
+        result
+    }
+
+    /// Counts a policy that was not installed, and logs it unless it was the last one logged.
+    fn reject(&self, error: &str) {
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        if last.as_deref() != Some(error) {
+            tracing::error!(
+                target: "tollgate::policy",
+                version_in_force = &*self.current.load().version,
+                "tollgate: policy not installed, the one in force stays: {error}"
+            );
+            *last = Some(error.to_owned());
+        }
+    }
+
+    /// Polls `source` every `interval` on a thread of its own, until the layer is dropped.
+    pub(crate) fn watch(self: &Arc<Self>, mut source: Box<dyn PolicySource>, interval: Duration) {
+        let live = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("tollgate-policy".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(live) = live.upgrade() else { return };
+                    if live.registrar().is_none() {
+                        return;
+                    }
+                    match source.poll() {
+                        Ok(None) => {}
+                        Ok(Some(policy)) => {
+                            let _ = live.install(&policy);
+                        }
+                        Err(error) => live.reject(&error.to_string()),
+                    }
+                }
+            });
+        if let Err(error) = spawned {
+            tracing::error!(
+                target: "tollgate::policy",
+                %error,
+                "tollgate: cannot start the thread that reloads the policy; it stays as it is"
+            );
+        }
+    }
+}
+
+/// The live policy of a layer built with a
+/// [`policy_source`](crate::RateLimitLayerBuilder::policy_source): which version is in force,
+/// how many reloads failed, and [`install`](Self::install) to replace it from code.
+#[derive(Clone)]
+pub struct PolicyHandle {
+    pub(crate) live: Arc<Live>,
+}
+
+impl PolicyHandle {
+    /// The version of the policy in force.
+    pub fn version(&self) -> String {
+        self.live.current.load().version.to_string()
+    }
+
+    /// Installs `policy` if it builds; otherwise the policy in force stays, and the error says
+    /// why (it is also logged and counted as the source's errors are).
+    pub fn install(&self, policy: Policy) -> Result<(), ConfigError> {
+        self.live.install(&policy)
+    }
+
+    /// How many policies were installed after the first.
+    pub fn installed(&self) -> u64 {
+        self.live.installed.load(Ordering::Relaxed)
+    }
+
+    /// How many policies (or reads of the source) failed and left the policy in force.
+    pub fn rejected(&self) -> u64 {
+        self.live.rejected.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Debug for PolicyHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PolicyHandle")
+            .field("version", &self.version())
+            .field("installed", &self.installed())
+            .field("rejected", &self.rejected())
+            .finish()
+    }
+}
