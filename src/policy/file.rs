@@ -158,6 +158,13 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
 
     let mut places = HashMap::new();
     let mut place = |subject: Subject, span: Range<usize>| {
+        let subject = match subject {
+            // A name defined again: where a conflict between the two is shown.
+            Subject::Rule(name) if places.contains_key(&Subject::Rule(name.clone())) => {
+                Subject::RuleAgain(name)
+            }
+            subject => subject,
+        };
         places
             .entry(subject)
             .or_insert_with(|| lines.place(span.start));

@@ -51,7 +51,7 @@ mod tenant;
 
 pub use model::{Listed, Policy, Region, TenantRules, Tier};
 #[cfg(feature = "toml")]
-pub use source::FileSource;
+pub use source::{FileSource, MAX_FILE_LEN};
 pub use source::{PolicyHandle, PolicySource};
 pub use tenant::{
     FixedTenant, Found, MAX_HEADER_VALUE_LEN, Tenant, TenantExtractor, TenantFromExtension,

@@ -24,11 +24,15 @@ pub enum RuleMode {
     /// its budget is what it would be in force; it adds no budget fields to answers, and never
     /// makes another rule's charge fail. How teams roll out a new limit.
     Shadow,
-    /// Makes it wait for its budget, up to `max`, then lets it through (a leaky bucket that
-    /// smooths bursts at the cost of latency). A request that would wait longer is denied at
-    /// once, as by [`Enforce`](RuleMode::Enforce). The wait holds no lock and no store
-    /// connection, ends when the request is cancelled, and the number of requests waiting in
-    /// one layer is bounded ([`max_waiting`](crate::RateLimitLayerBuilder::max_waiting)).
+    /// Makes it wait until its budget should be there, then checks it again, and lets it
+    /// through when admitted: bursts are smoothed at the cost of latency. A request that would
+    /// wait longer than `max` (counted from its first denial) is denied at once, as by
+    /// [`Enforce`](RuleMode::Enforce). Waiting requests hold no reservation: several that wait
+    /// for the same unit wake together and one takes it, the others wait again while `max`
+    /// allows, and are denied when it runs out. The wait holds no lock and no store connection,
+    /// ends when the request is cancelled, needs tokio's timer (without a runtime the request is
+    /// denied), and the number of requests waiting in one layer is bounded
+    /// ([`max_waiting`](crate::RateLimitLayerBuilder::max_waiting)).
     Delay {
         /// The longest a request waits.
         max: Duration,

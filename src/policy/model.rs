@@ -87,6 +87,8 @@ pub(crate) enum Subject {
     Tier(String),
     Tenant(String),
     Rule(String),
+    /// The second definition of a rule's name.
+    RuleAgain(String),
 }
 
 impl Origin {

@@ -123,7 +123,7 @@ impl Snapshot {
             tiers.push(TierTable { defaults, routes });
         }
         let Some(default_name) = &policy.default_tier else {
-            return Err(at(Subject::Version)(ConfigError::new(
+            return Err(Placed::unplaced(ConfigError::new(
                 "the policy has no default tier, so requests without a known tenant would be \
                  unlimited; name one with Policy::default_tier (default_tier = \"…\" in a file)",
             )));
@@ -174,6 +174,9 @@ impl Snapshot {
             }
         }
 
+        for entry in policy.allow.iter().chain(&policy.deny) {
+            check_listed(entry).map_err(|e| (None, e))?;
+        }
         let rules = rules.finish();
         let routed = tiers.iter().any(|t| !t.routes.is_empty())
             || tenants.values().any(|t| !t.routes.is_empty());
@@ -252,9 +255,7 @@ impl<'a> RuleTable<'a> {
         }
         let mut set = Vec::with_capacity(rules.len());
         for rule in rules {
-            let index = self
-                .index(rule)
-                .map_err(|e| (Some(Subject::Rule(rule.name().to_owned())), e))?;
+            let index = self.index(rule)?;
             if set.contains(&index) {
                 return Err(Placed::unplaced(ConfigError::new(format!(
                     "{place} lists the rule \"{}\" twice",
@@ -266,30 +267,40 @@ impl<'a> RuleTable<'a> {
         Ok(set.into())
     }
 
-    fn index(&mut self, rule: &Rule) -> Result<u16, ConfigError> {
+    fn index(&mut self, rule: &Rule) -> Result<u16, Placed> {
+        let here = |subject: fn(String) -> Subject| {
+            let name = rule.name().to_owned();
+            move |error: ConfigError| (Some(subject(name)), error)
+        };
         if let Some(&index) = self.by_name.get(rule.name()) {
             if !self.given[usize::from(index)].same_as(rule) {
-                return Err(ConfigError::in_rule(
+                return Err(here(Subject::RuleAgain)(ConfigError::in_rule(
                     rule.name(),
                     "defined twice with different settings; a rule's name is its budget, so \
                      give one of them another name (or reuse the same rule, cloned)",
-                ));
+                )));
             }
             return Ok(index);
         }
         let index = u16::try_from(self.compiled.len())
             .ok()
             .filter(|&i| i < u16::MAX)
-            .ok_or_else(|| ConfigError::new("a policy holds at most 65535 distinct rules"))?;
+            .ok_or_else(|| {
+                Placed::unplaced(ConfigError::new(
+                    "a policy holds at most 65535 distinct rules",
+                ))
+            })?;
         let mut scaled = rule.clone();
         if let Some(region) = self.region {
             scaled.quota = scale(rule.quota, region.share);
         }
-        let compiled = scaled.compile(
-            &self.compiler.default_key,
-            &self.compiler.layer_key,
-            self.compiler.on_store_error,
-        )?;
+        let compiled = scaled
+            .compile(
+                &self.compiler.default_key,
+                &self.compiler.layer_key,
+                self.compiler.on_store_error,
+            )
+            .map_err(here(Subject::Rule))?;
         self.given.push(rule.clone());
         self.compiled.push(compiled);
         self.by_name.insert(rule.name().to_owned(), index);
@@ -309,6 +320,26 @@ fn scale(quota: Quota, share: f64) -> Quota {
         Some(burst) => scaled.burst(times(burst)),
         None => scaled,
     }
+}
+
+/// Lists are matched against the layer's key, which counts an IPv6 client by its /64: a longer
+/// IPv6 entry could never match.
+fn check_listed(entry: &Listed) -> Result<(), ConfigError> {
+    match entry {
+        Listed::Network(IpNet::V6(net)) if net.prefix_len() > 64 && !is_mapped(net) => {
+            Err(ConfigError::new(format!(
+                "list entry {net}: IPv6 clients are counted by their /64 (one host can use all \
+                 of it), so list /64 networks or shorter ({})",
+                ipnet::Ipv6Net::new(net.addr(), 64).map_or(*net, |n| n.trunc())
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether an IPv6 network is an IPv4-mapped one (`::ffff:a.b.c.d/128`), listed as its IPv4.
+fn is_mapped(net: &ipnet::Ipv6Net) -> bool {
+    net.addr().to_ipv4_mapped().is_some()
 }
 
 fn check_region(region: &Region) -> Result<(), ConfigError> {
@@ -396,13 +427,23 @@ impl RouteTable {
         self.routes.is_empty()
     }
 
+    /// The rules for `method` on `route`: its own, else (for `HEAD`, which axum serves with the
+    /// `GET` handler) those of `GET`, else those of the route for any method.
     fn get(&self, route: &str, method: &Method) -> Option<&[u16]> {
         let entry = self.routes.get(route)?;
-        entry
-            .methods
-            .iter()
-            .find(|(m, _)| m == method)
-            .map(|(_, set)| &**set)
+        let of = |method: &Method| {
+            entry
+                .methods
+                .iter()
+                .find(|(m, _)| m == method)
+                .map(|(_, set)| &**set)
+        };
+        of(method)
+            .or_else(|| {
+                (*method == Method::HEAD)
+                    .then(|| of(&Method::GET))
+                    .flatten()
+            })
             .or(entry.any_method.as_deref())
     }
 }
@@ -511,7 +552,8 @@ impl ListSet {
         for entry in entries {
             match entry {
                 Listed::Network(net) if net.prefix_len() == net.max_prefix_len() => {
-                    set.addresses.insert(net.addr());
+                    // As keys hold them: an IPv4-mapped address is its IPv4 address.
+                    set.addresses.insert(crate::key::canonical_ip(net.addr()));
                 }
                 Listed::Network(net) => set.networks.push(*net),
                 Listed::Tenant(id) => {

@@ -80,13 +80,19 @@ impl PolicySource for Policy {
     }
 }
 
+/// The largest rules file [`FileSource`] reads.
+#[cfg(feature = "toml")]
+pub const MAX_FILE_LEN: u64 = 16 * 1024 * 1024;
+
 /// A rules file in TOML (see [`Policy::from_toml`]), checked for changes every second by
 /// default.
 ///
 /// It polls rather than watches: one `stat` per interval costs nothing, needs no platform
 /// notification API, and sees every way a file changes, including the symlink swaps with which
 /// Kubernetes updates a mounted ConfigMap, which file watches miss. A change is read when the
-/// file's modification time or size changed, and installed when its content did.
+/// file's modification time or size changed, and installed when its content did. Replace the
+/// file by renaming a complete one over it (as deployments and most editors do): a file caught
+/// while it is being written is read again at the next poll.
 #[cfg(feature = "toml")]
 #[derive(Debug)]
 pub struct FileSource {
@@ -127,8 +133,30 @@ impl FileSource {
         if !force && self.seen == Some(seen) {
             return Ok(None);
         }
+        if metadata.len() > MAX_FILE_LEN {
+            return Err(ConfigError::new(format!(
+                "the rules file {name} holds {} bytes; a rules file holds at most {MAX_FILE_LEN}",
+                metadata.len()
+            ))
+            .into());
+        }
         let text = std::fs::read_to_string(&self.path)
             .map_err(|e| ConfigError::new(format!("cannot read the rules file {name}: {e}")))?;
+        // A file still being written: read it again at the next poll (replace files by renaming
+        // a complete one over them, and this never happens).
+        let after = std::fs::metadata(&self.path)
+            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+            .ok();
+        if after != Some(seen) || text.len() as u64 != seen.1 {
+            if force {
+                return Err(ConfigError::new(format!(
+                    "the rules file {name} changed while it was read; replace it by renaming a \
+                     complete file over it"
+                ))
+                .into());
+            }
+            return Ok(None);
+        }
         self.seen = Some(seen);
         let mut hasher = foldhash::fast::FixedState::with_seed(1).build_hasher();
         hasher.write(text.as_bytes());
@@ -144,10 +172,8 @@ impl FileSource {
 #[cfg(feature = "toml")]
 impl PolicySource for FileSource {
     fn load(&mut self) -> Result<Policy, Box<dyn Error + Send + Sync>> {
-        match self.read(true)? {
-            Some(policy) => Ok(policy),
-            None => unreachable!("a forced read always reads"),
-        }
+        self.read(true)?
+            .ok_or_else(|| ConfigError::new("the rules file was not read").into())
     }
 
     fn poll(&mut self) -> Result<Option<Policy>, Box<dyn Error + Send + Sync>> {
@@ -169,6 +195,11 @@ pub(crate) struct Live {
     pub(crate) current: ArcSwap<Snapshot>,
     compiler: Compiler,
     registrar: Mutex<Option<Weak<dyn Registrar>>>,
+    /// Held while a policy is compiled, registered and swapped in: two installs at once could
+    /// otherwise leave in force a policy other than the one the store's registry holds.
+    installing: Mutex<()>,
+    /// The thread that polls the source, woken to stop when the layer is dropped.
+    watcher: Mutex<Option<std::thread::Thread>>,
     installed: AtomicU64,
     rejected: AtomicU64,
     /// The last error logged, so that a bad version is logged once.
@@ -181,6 +212,8 @@ impl Live {
             current: ArcSwap::from_pointee(snapshot),
             compiler,
             registrar: Mutex::new(None),
+            installing: Mutex::new(()),
+            watcher: Mutex::new(None),
             installed: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             last_error: Mutex::new(None),
@@ -202,6 +235,7 @@ impl Live {
 
     /// Compiles, registers and installs `policy`, or keeps the one in force.
     fn install(&self, policy: &Policy) -> Result<(), ConfigError> {
+        let installing = self.installing.lock().unwrap_or_else(|p| p.into_inner());
         let result = Snapshot::compile(policy, &self.compiler).and_then(|snapshot| {
             let registrar = self
                 .registrar()
@@ -210,6 +244,7 @@ impl Live {
             self.current.store(Arc::new(snapshot));
             Ok(())
         });
+        drop(installing);
         match &result {
             Ok(()) => {
                 self.installed.fetch_add(1, Ordering::Relaxed);
@@ -239,33 +274,50 @@ impl Live {
         }
     }
 
-    /// Polls `source` every `interval` on a thread of its own, until the layer is dropped.
+    /// Polls `source` every `interval` (at least 10 ms) on a thread of its own, until the layer
+    /// is dropped.
     pub(crate) fn watch(self: &Arc<Self>, mut source: Box<dyn PolicySource>, interval: Duration) {
+        let interval = interval.max(Duration::from_millis(10));
         let live = Arc::downgrade(self);
         let spawned = std::thread::Builder::new()
             .name("tollgate-policy".into())
             .spawn(move || {
                 loop {
-                    std::thread::sleep(interval);
+                    // Woken early when the layer is dropped (see `stop`).
+                    std::thread::park_timeout(interval);
                     let Some(live) = live.upgrade() else { return };
                     if live.registrar().is_none() {
                         return;
                     }
-                    match source.poll() {
-                        Ok(None) => {}
-                        Ok(Some(policy)) => {
+                    let polled =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| source.poll()));
+                    match polled {
+                        Ok(Ok(None)) => {}
+                        Ok(Ok(Some(policy))) => {
                             let _ = live.install(&policy);
                         }
-                        Err(error) => live.reject(&error.to_string()),
+                        Ok(Err(error)) => live.reject(&error.to_string()),
+                        Err(_) => live.reject("the policy source panicked"),
                     }
                 }
             });
-        if let Err(error) = spawned {
-            tracing::error!(
+        match spawned {
+            Ok(handle) => {
+                *self.watcher.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(handle.thread().clone());
+            }
+            Err(error) => tracing::error!(
                 target: "tollgate::policy",
                 %error,
                 "tollgate: cannot start the thread that reloads the policy; it stays as it is"
-            );
+            ),
+        }
+    }
+
+    /// Wakes the polling thread, which stops once the layer is gone.
+    pub(crate) fn stop(&self) {
+        if let Some(thread) = &*self.watcher.lock().unwrap_or_else(|p| p.into_inner()) {
+            thread.unpark();
         }
     }
 }

@@ -26,6 +26,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::HeaderName;
 use http::request::Parts;
@@ -166,6 +167,7 @@ type Lookup = Arc<dyn Fn(&str) -> Found + Send + Sync>;
 pub struct TenantFromHeader {
     name: HeaderName,
     lookup: Lookup,
+    timeout: Duration,
 }
 
 /// The longest header value [`TenantFromHeader`] looks up.
@@ -182,6 +184,7 @@ impl TenantFromHeader {
         TenantFromHeader {
             name: HeaderName::from_static(name),
             lookup: Arc::new(|value| Found::Tenant(Tenant::new(value))),
+            timeout: Duration::from_secs(1),
         }
     }
 
@@ -195,13 +198,24 @@ impl TenantFromHeader {
     }
 
     /// Maps the header's value to a tenant with an asynchronous lookup; the request waits for
-    /// it before it is checked (without holding anything of the layer).
+    /// it before it is checked (without holding anything of the layer), at most
+    /// [`timeout`](Self::timeout), after which it has no tenant. The lookup runs for every
+    /// request that sends the header, before any limit applies: cache what it finds.
     pub fn lookup_async<F, Fut>(mut self, f: F) -> Self
     where
         F: Fn(String) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Option<Tenant>> + Send + 'static,
     {
         self.lookup = Arc::new(move |value| Found::Pending(Box::pin(f(value.to_owned()))));
+        self
+    }
+}
+
+impl TenantFromHeader {
+    /// The longest an asynchronous lookup may take (default 1 s); a request whose lookup takes
+    /// longer has no tenant (the default tier, by the layer's key).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 }
@@ -223,7 +237,16 @@ impl TenantExtractor for TenantFromHeader {
             return Found::None;
         }
         match value.to_str() {
-            Ok(value) if !value.is_empty() => (self.lookup)(value),
+            Ok(value) if !value.is_empty() => match (self.lookup)(value) {
+                // The timer needs tokio's runtime, as the lookups of servers have.
+                Found::Pending(lookup) if tokio::runtime::Handle::try_current().is_ok() => {
+                    let timeout = self.timeout;
+                    Found::Pending(Box::pin(async move {
+                        tokio::time::timeout(timeout, lookup).await.ok().flatten()
+                    }))
+                }
+                found => found,
+            },
             _ => Found::None,
         }
     }
