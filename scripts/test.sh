@@ -31,8 +31,30 @@ ensure_redis() {
     fi
 }
 
+ensure_promtool() {
+    if command -v promtool >/dev/null 2>&1; then
+        return 0
+    fi
+    say "promtool not found: installing it (Debian package prometheus)"
+    if command -v apt-get >/dev/null 2>&1; then
+        local sudo=""
+        if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+        $sudo apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true
+    fi
+    if ! command -v promtool >/dev/null 2>&1; then
+        echo "error: checking examples/metrics/alerts.yml needs promtool (Prometheus) on PATH." >&2
+        echo "       Install it (Debian/Ubuntu: apt-get install prometheus) and run again." >&2
+        exit 1
+    fi
+}
+
 ensure_redis
 echo "using $(redis-server --version)"
+ensure_promtool
+
+say "promtool check rules examples/metrics/alerts.yml"
+promtool check rules examples/metrics/alerts.yml
 
 say "cargo fmt --check"
 cargo fmt --all -- --check

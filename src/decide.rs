@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Response;
@@ -29,6 +29,7 @@ use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 
 use crate::key::{Extracted, Key, KeyFuture, SharedExtractor};
+use crate::observe::{Decided, Head, Observer, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant, TenantFuture};
 use crate::policy::{Live, Registrar, SharedTenantExtractor};
@@ -52,8 +53,32 @@ pub(crate) struct Checked {
     pub(crate) applied: Applied,
     pub(crate) keys: Option<Box<FoundKeys>>,
     pub(crate) result: Result<Decision, StoreError>,
-    /// A delayed request's last check: it is not delayed again.
-    pub(crate) settled: bool,
+    /// How the request got to this check.
+    pub(crate) phase: Phase,
+    /// How long the store took, when measured.
+    pub(crate) latency: Option<Duration>,
+}
+
+/// How a request got to a check: after a delay rule's wait (it is not delayed again), or
+/// after a shadow rule would have denied it.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Phase {
+    pub(crate) delayed: bool,
+    pub(crate) shadowed: bool,
+}
+
+/// What [`Shared::after_check`] knows of a request besides the store's answer.
+pub(crate) struct Ctx<'a> {
+    pub(crate) head: Head<'a>,
+    pub(crate) span: &'a tracing::Span,
+    pub(crate) latency: Option<Duration>,
+    pub(crate) phase: Phase,
+}
+
+/// The start of a store check, when its latency is measured: with the feature `metrics`, or
+/// when the request's span is recorded.
+pub(crate) fn stopwatch(span: &tracing::Span) -> Option<Instant> {
+    (cfg!(feature = "metrics") || !span.is_disabled()).then(Instant::now)
 }
 
 /// A check that needs asynchronous work: key lookups, or a second check.
@@ -80,6 +105,8 @@ pub(crate) struct Shared<St> {
     /// Requests waiting for a delay rule's budget, and how many may.
     pub(crate) waiting: AtomicUsize,
     pub(crate) max_waiting: usize,
+    /// Metrics, the span, the rejection log and the decision hook.
+    pub(crate) observer: Observer,
     /// This layer's registration of its rules on the store: while it lives, no other layer may
     /// give one of these rule names another quota on the same store.
     pub(crate) registration: Arc<()>,
@@ -127,6 +154,8 @@ pub(crate) enum Start<C> {
         applied: Applied,
         /// The keys, kept only when they may be needed again.
         keys: Option<Box<FoundKeys>>,
+        /// When the store was asked, when the latency is measured.
+        asked_at: Option<Instant>,
     },
     /// Some keys need a lookup before the store can be asked.
     Deferred(DeferredCheck),
@@ -208,20 +237,29 @@ impl<St> Shared<St> {
 impl<St: Store> Shared<St> {
     /// Takes the policy in force, finds the request's tenant, rules and keys, and asks the
     /// store, deciding at once when it can. The request finishes under this policy.
-    pub(crate) fn start(self: &Arc<Self>, parts: &mut Parts) -> (Arc<Snapshot>, Start<St::Future>) {
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        span: &tracing::Span,
+    ) -> (Arc<Snapshot>, Start<St::Future>) {
         let snapshot = self.snapshot();
-        let start = self.begin(&snapshot, parts);
+        let start = self.begin(&snapshot, parts, span);
         (snapshot, start)
     }
 
-    fn begin(self: &Arc<Self>, snapshot: &Arc<Snapshot>, parts: &mut Parts) -> Start<St::Future> {
+    fn begin(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        parts: &mut Parts,
+        span: &tracing::Span,
+    ) -> Start<St::Future> {
         let mut listing = Listing::Unlisted;
         if snapshot.lists.has_key_entries() {
             // A key that needs a lookup is not listed: lists are for keys known at once.
             if let Some(key) = self.layer_key.extract(parts).found() {
                 listing = snapshot.lists.key(&key);
                 if listing == Listing::Denied {
-                    return self.forbidden(snapshot, parts);
+                    return self.forbidden(snapshot, parts, span);
                 }
             }
         }
@@ -233,7 +271,7 @@ impl<St: Store> Shared<St> {
                 Found::Pending(future) => return Start::Tenant { future, listing },
             },
         };
-        self.with_tenant(snapshot, tenant, listing, parts)
+        self.with_tenant(snapshot, tenant, listing, parts, span)
     }
 
     /// Goes on once the tenant is known: its lists (a denied tenant is refused even from an
@@ -245,11 +283,12 @@ impl<St: Store> Shared<St> {
         tenant: Option<Tenant>,
         mut listing: Listing,
         parts: &mut Parts,
+        span: &tracing::Span,
     ) -> Start<St::Future> {
         if let Some(tenant) = &tenant {
             if snapshot.lists.has_tenant_entries() {
                 match snapshot.lists.tenant(tenant) {
-                    Listing::Denied => return self.forbidden(snapshot, parts),
+                    Listing::Denied => return self.forbidden(snapshot, parts, span),
                     Listing::Allowed => listing = Listing::Allowed,
                     Listing::Unlisted => {}
                 }
@@ -260,10 +299,11 @@ impl<St: Store> Shared<St> {
             }
         }
         if listing == Listing::Allowed {
+            self.emit_listed(snapshot, parts, span, Verdict::ListedAllowed);
             return nothing_applies();
         }
         let rules = snapshot.resolver.resolve(tenant.as_ref(), parts).rules;
-        self.check_rules(snapshot, rules, parts)
+        self.check_rules(snapshot, rules, parts, span)
     }
 
     /// Finds the keys of `rules` and asks the store.
@@ -272,6 +312,7 @@ impl<St: Store> Shared<St> {
         snapshot: &Arc<Snapshot>,
         rules: &[u16],
         parts: &Parts,
+        span: &tracing::Span,
     ) -> Start<St::Future> {
         if let [index] = *rules {
             // The common case, one rule: no lists to build.
@@ -294,6 +335,7 @@ impl<St: Store> Shared<St> {
                     ));
                 }
             };
+            let asked_at = stopwatch(span);
             let check = Check::ask(
                 &self.store,
                 &[Charge {
@@ -303,12 +345,9 @@ impl<St: Store> Shared<St> {
                 }],
             );
             let applied = Applied::from_buf_and_len([index, 0, 0, 0], 1);
-            let keys = snapshot.keeps_keys().then(|| {
-                let mut keys = FoundKeys::new();
-                keys.push((index, key, cost));
-                keys
-            });
-            return self.respond(snapshot, check, applied, keys, parts);
+            let mut keys = FoundKeys::new();
+            keys.push((index, key, cost));
+            return self.respond(snapshot, check, applied, keys, parts, span, asked_at);
         }
 
         let mut keys = FoundKeys::new();
@@ -328,42 +367,99 @@ impl<St: Store> Shared<St> {
         if !pending.is_empty() {
             return Start::Deferred(self.deferred(snapshot, keys, pending, parts));
         }
+        let asked_at = stopwatch(span);
         let (check, applied) = self.ask(snapshot, &keys);
-        let keys = snapshot.keeps_keys().then_some(keys);
-        self.respond(snapshot, check, applied, keys, parts)
+        self.respond(snapshot, check, applied, keys, parts, span, asked_at)
     }
 
     /// A listed request refused: 403 (gRPC `PERMISSION_DENIED`).
-    fn forbidden(&self, snapshot: &Snapshot, parts: &Parts) -> Start<St::Future> {
+    fn forbidden(
+        &self,
+        snapshot: &Snapshot,
+        parts: &Parts,
+        span: &tracing::Span,
+    ) -> Start<St::Future> {
         tracing::debug!("tollgate: request refused by the deny list");
+        self.emit_listed(snapshot, parts, span, Verdict::ListedDenied);
         Start::Decided {
-            next: Next::Answer(snapshot.answers.forbidden(is_grpc(&parts.headers))),
+            next: Next::Answer(snapshot.answers.forbidden(Head::of_parts(parts).is_grpc())),
             applied: Applied::new(),
         }
     }
 
     /// Decides at once when the store answered without waiting.
+    #[allow(clippy::too_many_arguments)]
     fn respond(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         check: Check<St::Future>,
         mut applied: Applied,
-        keys: Option<FoundKeys>,
+        keys: FoundKeys,
         parts: &Parts,
+        span: &tracing::Span,
+        asked_at: Option<Instant>,
     ) -> Start<St::Future> {
         match check.into_decided() {
             Ok(result) => {
-                let grpc = || is_grpc(&parts.headers);
-                let next =
-                    self.after_check(snapshot, &mut applied, keys.as_ref(), result, grpc, false);
+                let ctx = Ctx {
+                    head: Head::of_parts(parts),
+                    span,
+                    latency: asked_at.map(|at| at.elapsed()),
+                    phase: Phase::default(),
+                };
+                let next = self.after_check(snapshot, &mut applied, Some(&keys), result, &ctx);
                 Start::Decided { next, applied }
             }
             Err(check) => Start::Checking {
                 check,
                 applied,
-                keys: keys.map(Box::new),
+                // Kept for a second check, and for the rejection log's digest.
+                keys: (snapshot.keeps_keys() || self.observer.log.enabled())
+                    .then(|| Box::new(keys)),
+                asked_at,
             },
         }
+    }
+
+    /// A listed request, to events.
+    fn emit_listed(
+        &self,
+        snapshot: &Snapshot,
+        parts: &Parts,
+        span: &tracing::Span,
+        verdict: Verdict,
+    ) {
+        let ctx = Ctx {
+            head: Head::of_parts(parts),
+            span,
+            latency: None,
+            phase: Phase::default(),
+        };
+        self.emit(snapshot, &ctx, &[], None, None, verdict);
+    }
+
+    /// A decided request, to events.
+    fn emit(
+        &self,
+        snapshot: &Snapshot,
+        ctx: &Ctx<'_>,
+        applied: &[u16],
+        decision: Option<&Decision>,
+        keys: Option<&FoundKeys>,
+        verdict: Verdict,
+    ) {
+        self.observer.decided(
+            &Decided {
+                snapshot,
+                head: ctx.head,
+                applied,
+                decision,
+                keys,
+                verdict,
+                store_latency: ctx.latency,
+            },
+            ctx.span,
+        );
     }
 
     /// Waits for the keys that need a lookup, then asks the store.
@@ -379,6 +475,9 @@ impl<St: Store> Shared<St> {
         // What a missing key's hint needs to know of the request, copied: the future cannot
         // borrow it.
         let kind = RequestKind::of(parts);
+        let measure = cfg!(feature = "metrics")
+            || tracing::enabled!(target: "tollgate", tracing::Level::DEBUG);
+        let log = self.observer.log.enabled();
         Box::pin(async move {
             for (index, future, cost) in pending {
                 let key = match future.await {
@@ -390,14 +489,16 @@ impl<St: Store> Shared<St> {
                 }
             }
             keys.sort_unstable_by_key(|(i, _, _)| *i);
+            let asked_at = measure.then(Instant::now);
             let (check, applied) = shared.ask(&snapshot, &keys);
             let result = check.await;
-            let keys = snapshot.keeps_keys().then(|| Box::new(keys));
+            let keys = (snapshot.keeps_keys() || log).then(|| Box::new(keys));
             Checked {
                 applied,
                 keys,
                 result,
-                settled: false,
+                phase: Phase::default(),
+                latency: asked_at.map(|at| at.elapsed()),
             }
         })
     }
@@ -418,40 +519,79 @@ impl<St: Store> Shared<St> {
 
     /// Turns the store's answer into what follows: a denial becomes the answer (or a second
     /// check, for shadow and delay rules), and a store failure is decided by each applied rule's
-    /// [`FailureMode`]. `grpc` tells whether the request is a gRPC call (asked only to answer);
-    /// `settled` is true for the last check of a delayed request.
+    /// [`FailureMode`]. Every final decision is told to the layer's events.
     pub(crate) fn after_check(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         applied: &mut Applied,
         keys: Option<&FoundKeys>,
         result: Result<Decision, StoreError>,
-        grpc: impl Fn() -> bool,
-        settled: bool,
+        ctx: &Ctx<'_>,
     ) -> Next {
+        let grpc = || ctx.head.is_grpc();
         match result {
             Ok(decision) if decision.allowed() => {
+                let verdict = if ctx.phase.shadowed {
+                    Verdict::ShadowDenied
+                } else if ctx.phase.delayed {
+                    Verdict::Delayed
+                } else {
+                    Verdict::Allowed
+                };
+                self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
                 Next::Call(Some(visible(snapshot, applied, decision)))
             }
             Ok(decision) if snapshot.watches => {
-                self.watched_denial(snapshot, applied, keys, decision, grpc, settled)
+                self.watched_denial(snapshot, applied, keys, decision, ctx)
             }
-            Ok(decision) => deny(snapshot, applied, decision, grpc()),
+            Ok(decision) => {
+                self.emit(
+                    snapshot,
+                    ctx,
+                    applied,
+                    Some(&decision),
+                    keys,
+                    Verdict::Denied,
+                );
+                deny(snapshot, applied, decision, grpc())
+            }
             Err(error) => {
                 self.report(&error);
                 match self.without_store(snapshot, applied, keys) {
-                    WithoutStore::Refuse => Next::Answer(snapshot.answers.unavailable(
-                        &snapshot.rules,
-                        applied,
-                        grpc(),
-                    )),
+                    WithoutStore::Refuse => {
+                        self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedClosed);
+                        Next::Answer(
+                            snapshot
+                                .answers
+                                .unavailable(&snapshot.rules, applied, grpc()),
+                        )
+                    }
                     WithoutStore::Decided(decision) if !decision.allowed() => {
+                        self.emit(
+                            snapshot,
+                            ctx,
+                            applied,
+                            Some(&decision),
+                            keys,
+                            Verdict::LocalDenied,
+                        );
                         deny(snapshot, applied, decision, grpc())
                     }
                     WithoutStore::Decided(decision) => {
+                        self.emit(
+                            snapshot,
+                            ctx,
+                            applied,
+                            Some(&decision),
+                            keys,
+                            Verdict::LocalAllowed,
+                        );
                         Next::Call(Some(visible(snapshot, applied, decision)))
                     }
-                    WithoutStore::Unlimited => Next::Call(None),
+                    WithoutStore::Unlimited => {
+                        self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
+                        Next::Call(None)
+                    }
                 }
             }
         }
@@ -464,8 +604,7 @@ impl<St: Store> Shared<St> {
         applied: &mut Applied,
         keys: Option<&FoundKeys>,
         decision: Decision,
-        grpc: impl Fn() -> bool,
-        settled: bool,
+        ctx: &Ctx<'_>,
     ) -> Next {
         let mode = |i: u16| snapshot.rules[usize::from(i)].mode;
         let denying = || {
@@ -476,10 +615,22 @@ impl<St: Store> Shared<St> {
         };
         let enforced_denial = denying().any(|(i, _)| mode(*i) != RuleMode::Shadow);
         let Some(keys) = keys else {
-            // Keys are kept for every policy with shadow or delay rules: not reached.
-            return deny(snapshot, applied, decision, grpc());
+            // Kept for every policy with shadow or delay rules: not reached.
+            self.emit(
+                snapshot,
+                ctx,
+                applied,
+                Some(&decision),
+                keys,
+                Verdict::Denied,
+            );
+            return deny(snapshot, applied, decision, ctx.head.is_grpc());
         };
         if !enforced_denial {
+            let shadow: SmallVec<[u16; 2]> = denying()
+                .filter(|(i, _)| mode(**i) == RuleMode::Shadow)
+                .map(|(&i, _)| i)
+                .collect();
             for (&i, outcome) in denying().filter(|(i, _)| mode(**i) == RuleMode::Shadow) {
                 tracing::info!(
                     target: "tollgate::shadow",
@@ -491,25 +642,52 @@ impl<St: Store> Shared<St> {
             // Only shadow rules denied, so nothing was charged: the other rules are checked
             // again, alone, as if the shadow rules were not there.
             if applied.iter().all(|&i| mode(i) == RuleMode::Shadow) {
+                self.emit(
+                    snapshot,
+                    ctx,
+                    applied,
+                    Some(&decision),
+                    Some(keys),
+                    Verdict::ShadowDenied,
+                );
                 return Next::Call(None);
             }
+            self.observer.shadowed(snapshot, ctx.head, &shadow);
             let enforced: FoundKeys = keys
                 .iter()
                 .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
                 .cloned()
                 .collect();
             // A delayed request stays settled: it is never delayed twice.
-            return Next::Again(self.check_again(snapshot, enforced, None, settled));
+            let phase = Phase {
+                shadowed: true,
+                ..ctx.phase
+            };
+            return Next::Again(self.check_again(snapshot, enforced, None, phase));
         }
-        if !settled && let Some(wait) = delay_of(snapshot, applied, &decision) {
+        if !ctx.phase.delayed
+            && let Some(wait) = delay_of(snapshot, applied, &decision)
+        {
+            let phase = Phase {
+                delayed: true,
+                ..ctx.phase
+            };
             return Next::Again(self.check_again(
                 snapshot,
                 keys.clone(),
                 Some((wait, decision)),
-                false,
+                phase,
             ));
         }
-        deny(snapshot, applied, decision, grpc())
+        self.emit(
+            snapshot,
+            ctx,
+            applied,
+            Some(&decision),
+            Some(keys),
+            Verdict::Denied,
+        );
+        deny(snapshot, applied, decision, ctx.head.is_grpc())
     }
 
     /// Checks `keys` again: at once (`delay` is `None`), or after waiting for a delay rule's
@@ -519,19 +697,23 @@ impl<St: Store> Shared<St> {
         snapshot: &Arc<Snapshot>,
         keys: FoundKeys,
         delay: Option<(Delay, Decision)>,
-        settled: bool,
+        phase: Phase,
     ) -> DeferredCheck {
         let shared = self.clone();
         let snapshot = snapshot.clone();
+        let measure = cfg!(feature = "metrics")
+            || tracing::enabled!(target: "tollgate", tracing::Level::DEBUG);
         Box::pin(async move {
             let Some((mut delay, denied)) = delay else {
+                let asked_at = measure.then(Instant::now);
                 let (check, applied) = shared.ask(&snapshot, &keys);
                 let result = check.await;
                 return Checked {
                     applied,
                     keys: Some(Box::new(keys)),
                     result,
-                    settled,
+                    phase,
+                    latency: asked_at.map(|at| at.elapsed()),
                 };
             };
             let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
@@ -539,7 +721,8 @@ impl<St: Store> Shared<St> {
                 applied,
                 keys: Some(Box::new(keys)),
                 result: Ok(denied),
-                settled: true,
+                phase,
+                latency: None,
             };
             // Waiting needs tokio's timer; without a runtime the request is denied, not a panic.
             if tokio::runtime::Handle::try_current().is_err() {
@@ -554,6 +737,7 @@ impl<St: Store> Shared<St> {
             let mut deadline = start + delay.max;
             loop {
                 tokio::time::sleep(delay.wait).await;
+                let asked_at = measure.then(Instant::now);
                 let (check, applied) = shared.ask(&snapshot, &keys);
                 let result = check.await;
                 if let Ok(decision) = &result
@@ -571,7 +755,8 @@ impl<St: Store> Shared<St> {
                     applied,
                     keys: Some(Box::new(keys)),
                     result,
-                    settled: true,
+                    phase,
+                    latency: asked_at.map(|at| at.elapsed()),
                 };
             }
         })
@@ -581,6 +766,16 @@ impl<St: Store> Shared<St> {
     fn report(&self, error: &StoreError) {
         // The clock is read only for a failure that may be logged: with the breaker open, every
         // request comes here.
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::store_error(
+            self.observer.store,
+            match error {
+                StoreError::Timeout => "timeout",
+                StoreError::Unavailable(_) => "unavailable",
+                StoreError::Protocol(_) => "protocol",
+                StoreError::CircuitOpen => "circuit_open",
+            },
+        );
         if !matches!(error, StoreError::CircuitOpen)
             && self.warned_store_error.due(unix_micros(), 60_000_000)
         {
@@ -645,13 +840,8 @@ fn nothing_applies<C>() -> Start<C> {
 
 /// The answer to a denied request (shadow rules left out of it).
 fn deny(snapshot: &Snapshot, applied: &mut Applied, decision: Decision, grpc: bool) -> Next {
+    // Told to the rejection log (target `tollgate::denied`) by `Shared::emit`.
     let decision = visible(snapshot, applied, decision);
-    tracing::debug!(
-        violated = %snapshot.answers.violated(&snapshot.rules, applied, &decision),
-        retry_after_s = decision.retry_after_seconds(),
-        grpc,
-        "tollgate: request denied"
-    );
     Next::Answer(
         snapshot
             .answers
@@ -717,18 +907,24 @@ struct WaitSlot<'a>(&'a AtomicUsize);
 
 impl<'a> WaitSlot<'a> {
     fn take(waiting: &'a AtomicUsize, max: usize) -> Option<Self> {
-        waiting
+        let before = waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < max).then_some(n + 1)
             })
-            .ok()
-            .map(|_| WaitSlot(waiting))
+            .ok()?;
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::waiting(before + 1);
+        let _ = before;
+        Some(WaitSlot(waiting))
     }
 }
 
 impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::waiting(before.saturating_sub(1));
+        let _ = before;
     }
 }
 

@@ -12,7 +12,7 @@ use std::fmt;
 /// let error = RateLimitLayer::new(Quota::per_second(0)).unwrap_err();
 /// assert!(error.to_string().contains("use at least 1"));
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct ConfigError {
     message: String,
 }
@@ -48,6 +48,14 @@ impl ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tollgate configuration: {}", self.message)
+    }
+}
+
+/// The message, as `Display` writes it: `main` returning a `ConfigError` prints what to change,
+/// not a struct.
+impl fmt::Debug for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

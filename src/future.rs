@@ -35,10 +35,13 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::decide::{Applied, Check, Checked, DeferredCheck, FoundKeys, Next, Shared, Start};
+use crate::decide::{
+    Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Shared, Start,
+};
+use crate::observe::Head;
 use crate::policy::TenantFuture;
 use crate::policy::snapshot::{Listing, Snapshot};
-use crate::response::{ResponseBody, is_grpc};
+use crate::response::ResponseBody;
 use crate::store::Store;
 
 pin_project! {
@@ -56,6 +59,10 @@ pin_project! {
         keys: Option<Box<FoundKeys>>,
         // The policy the request started under: it finishes under it.
         snapshot: Arc<Snapshot>,
+        // Open until the request is decided.
+        span: tracing::Span,
+        // When the store was asked, when the latency is measured.
+        asked_at: Option<std::time::Instant>,
         shared: Arc<Shared<St>>,
     }
 }
@@ -85,18 +92,34 @@ where
     pub(crate) fn new(
         start: Start<St::Future>,
         snapshot: Arc<Snapshot>,
+        span: tracing::Span,
         service: S,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
     ) -> Self {
         let mut applied = Applied::new();
         let mut keys = None;
-        let state = enter(start, service, request, &mut applied, &mut keys);
+        let mut asked_at = None;
+        let state = enter(
+            start,
+            service,
+            request,
+            &mut applied,
+            &mut keys,
+            &mut asked_at,
+        );
+        // Decided already: the span is closed now, not with the response.
+        let span = match state {
+            State::Calling { .. } | State::Answered { .. } => tracing::Span::none(),
+            _ => span,
+        };
         ResponseFuture {
             state,
             applied,
             keys,
             snapshot,
+            span,
+            asked_at,
             shared,
         }
     }
@@ -110,6 +133,7 @@ fn enter<S, ReqBody, C>(
     request: Request<ReqBody>,
     applied: &mut Applied,
     keys: &mut Option<Box<FoundKeys>>,
+    asked_at: &mut Option<std::time::Instant>,
 ) -> State<S, Request<ReqBody>, S::Future, Check<C>>
 where
     S: Service<Request<ReqBody>>,
@@ -138,9 +162,11 @@ where
             check,
             applied: checking,
             keys: kept,
+            asked_at: asked,
         } => {
             *applied = checking;
             *keys = kept;
+            *asked_at = asked;
             State::Checking {
                 check,
                 call: Some((service, request)),
@@ -168,7 +194,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let (result, call, settled) = match this.state.as_mut().project() {
+            let (result, call, phase, latency) = match this.state.as_mut().project() {
                 StateProj::Tenant {
                     future,
                     listing,
@@ -179,28 +205,41 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     let (mut parts, body) = request.into_parts();
-                    let start =
-                        this.shared
-                            .with_tenant(this.snapshot, tenant, *listing, &mut parts);
+                    let start = this.shared.with_tenant(
+                        this.snapshot,
+                        tenant,
+                        *listing,
+                        &mut parts,
+                        this.span,
+                    );
                     let request = Request::from_parts(parts, body);
-                    let state = enter(start, service, request, this.applied, this.keys);
+                    let state = enter(
+                        start,
+                        service,
+                        request,
+                        this.applied,
+                        this.keys,
+                        this.asked_at,
+                    );
                     this.state.set(state);
                     continue;
                 }
                 StateProj::Checking { check, call } => {
                     let result = ready!(check.poll(cx));
-                    (result, call.take(), false)
+                    let latency = this.asked_at.take().map(|at| at.elapsed());
+                    (result, call.take(), Phase::default(), latency)
                 }
                 StateProj::Deferred { check, call } => {
                     let Checked {
                         applied,
                         keys,
                         result,
-                        settled,
+                        phase,
+                        latency,
                     } = ready!(check.as_mut().poll(cx));
                     *this.applied = applied;
                     *this.keys = keys;
-                    (result, call.take(), settled)
+                    (result, call.take(), phase, latency)
                 }
                 StateProj::Calling { future, decision } => {
                     let mut response = ready!(future.poll(cx))?;
@@ -230,15 +269,23 @@ where
             let Some((mut service, request)) = call else {
                 panic!("ResponseFuture polled after completion");
             };
-            let grpc = || is_grpc(request.headers());
+            let ctx = Ctx {
+                head: Head::of_request(&request),
+                span: this.span,
+                latency,
+                phase,
+            };
             let next = this.shared.after_check(
                 this.snapshot,
                 this.applied,
                 this.keys.as_deref(),
                 result,
-                grpc,
-                settled,
+                &ctx,
             );
+            if !matches!(next, Next::Again(_)) {
+                // Decided: the span closes.
+                *this.span = tracing::Span::none();
+            }
             match next {
                 Next::Call(decision) => this.state.set(State::Calling {
                     future: service.call(request),

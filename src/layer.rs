@@ -9,6 +9,7 @@ use tower_layer::Layer;
 
 use crate::decide::{Policies, Shared};
 use crate::key::{FirstOfShared, KeyExtractor, PeerIp, SharedExtractor};
+use crate::observe::{DecisionHook, DenialLog, Observer, RouteLabels};
 use crate::policy::snapshot::{Compiler, Snapshot};
 use crate::policy::{
     Live, Policy, PolicyHandle, PolicySource, Registrar, TenantExtractor, TenantKey, Tier,
@@ -77,6 +78,9 @@ impl RateLimitLayer<MemoryStore> {
             on_denied: None,
             on_store_error: FailureMode::default(),
             max_waiting: DEFAULT_MAX_WAITING,
+            hook: None,
+            log_raw_keys: false,
+            denial_log_per_second: 10,
         }
     }
 }
@@ -161,6 +165,9 @@ pub struct RateLimitLayerBuilder<St> {
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
     max_waiting: usize,
+    hook: Option<DecisionHook>,
+    log_raw_keys: bool,
+    denial_log_per_second: u32,
 }
 
 /// Where the layer's policy comes from.
@@ -219,6 +226,27 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// Sends every decision to `hook`'s channel, never waiting: when it is full, the event is
+    /// dropped and counted (see [`DecisionHook`]).
+    pub fn decision_hook(mut self, hook: DecisionHook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    /// Puts the raw key (an IP address, an email) in the rejection log instead of its keyed
+    /// digest. Off by default: logs travel further than the service.
+    pub fn log_raw_keys(mut self, raw: bool) -> Self {
+        self.log_raw_keys = raw;
+        self
+    }
+
+    /// How many denials the rejection log (target `tollgate::denied`, level `info`) writes a
+    /// second at most (default 10); then one line counts those it did not write.
+    pub fn denial_log_per_second(mut self, lines: u32) -> Self {
+        self.denial_log_per_second = lines;
+        self
+    }
+
     /// The extractor of rules that do not name their own (default: [`PeerIp`]).
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
         self.key = Arc::new(extractor);
@@ -241,6 +269,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
             max_waiting: self.max_waiting,
+            hook: self.hook,
+            log_raw_keys: self.log_raw_keys,
+            denial_log_per_second: self.denial_log_per_second,
         }
     }
 
@@ -306,8 +337,17 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             StoreChoice::Given(store) => store,
             StoreChoice::Default(make) => make(),
         };
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::describe();
+        let observer = Observer {
+            routes: RouteLabels::default(),
+            log: DenialLog::new(self.denial_log_per_second, self.log_raw_keys),
+            hook: self.hook,
+            store: store.kind(),
+        };
         let shared = Arc::new(Shared {
             policy,
+            observer,
             store,
             layer_key,
             tenant: self.tenant,

@@ -63,6 +63,7 @@ mod error;
 pub mod future;
 pub mod key;
 mod layer;
+pub mod observe;
 pub mod policy;
 mod response;
 mod service;

@@ -99,10 +99,12 @@ where
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let (mut parts, body) = request.into_parts();
-        let (snapshot, start) = self.shared.start(&mut parts);
+        let span = crate::observe::span();
+        let (snapshot, start) = self.shared.start(&mut parts, &span);
         ResponseFuture::new(
             start,
             snapshot,
+            span,
             ready,
             Request::from_parts(parts, body),
             self.shared.clone(),

@@ -1,4 +1,4 @@
-//! What the layer says through `tracing`: every denial at `debug`, a missing key once, with the
+//! What the layer says through `tracing`: every denial at `info` (target `tollgate::denied`), a missing key once, with the
 //! fix for the server in use, and what a shadow rule would have denied.
 //!
 //! Every test here installs its collector first: a callsite first reached with no collector can
@@ -17,9 +17,12 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
-/// Collects every event: its level, target and fields.
+/// Collects every event: its level, target and fields; and the fields of every span.
 #[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(Level, String, String)>>>);
+struct Events(
+    Arc<Mutex<Vec<(Level, String, String)>>>,
+    Arc<Mutex<Vec<(String, String)>>>,
+);
 
 struct Text(String);
 
@@ -33,10 +36,21 @@ impl Subscriber for Events {
     fn enabled(&self, _: &Metadata<'_>) -> bool {
         true
     }
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
+    fn new_span(&self, attributes: &Attributes<'_>) -> Id {
+        let mut text = Text(String::new());
+        attributes.record(&mut text);
+        let mut spans = self.1.lock().unwrap();
+        spans.push((attributes.metadata().name().to_owned(), text.0));
+        Id::from_u64(spans.len() as u64)
     }
-    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record(&self, id: &Id, values: &Record<'_>) {
+        let mut text = Text(String::new());
+        values.record(&mut text);
+        let mut spans = self.1.lock().unwrap();
+        if let Some(span) = spans.get_mut(id.into_u64() as usize - 1) {
+            span.1.push_str(&text.0);
+        }
+    }
     fn record_follows_from(&self, _: &Id, _: &Id) {}
     fn event(&self, event: &Event<'_>) {
         let mut text = Text(String::new());
@@ -83,7 +97,7 @@ fn from(ip: [u8; 4]) -> Request<Body> {
 }
 
 #[tokio::test]
-async fn every_denial_leaves_a_debug_line_naming_the_rule() {
+async fn every_denial_leaves_an_info_line_naming_the_rule() {
     let events = Events::default();
     let _guard = tracing::subscriber::set_default(events.clone());
     let layer = RateLimitLayer::builder()
@@ -96,9 +110,9 @@ async fn every_denial_leaves_a_debug_line_naming_the_rule() {
     assert_eq!(send(&mut app, from([9, 9, 9, 9])).await, StatusCode::OK);
     assert!(
         events
-            .at(Level::DEBUG)
+            .at(Level::INFO)
             .iter()
-            .all(|e| !e.contains("denied"))
+            .all(|e| !e.contains("request denied"))
     );
     for _ in 0..3 {
         assert_eq!(
@@ -107,9 +121,9 @@ async fn every_denial_leaves_a_debug_line_naming_the_rule() {
         );
     }
     let denials: Vec<String> = events
-        .at(Level::DEBUG)
+        .at(Level::INFO)
         .into_iter()
-        .filter(|e| e.contains("denied"))
+        .filter(|e| e.starts_with("tollgate::denied: ") && e.contains("request denied"))
         .collect();
     assert_eq!(denials.len(), 3, "{denials:#?}");
     assert!(denials[0].contains("per-minute"), "{}", denials[0]);
@@ -206,4 +220,140 @@ async fn shadow_rules_never_deny_are_charged_and_add_no_fields() {
         .collect();
     assert_eq!(would_deny.len(), 2, "{would_deny:#?}");
     assert!(would_deny[0].contains("rule=\"dark\""), "{}", would_deny[0]);
+}
+
+#[tokio::test]
+async fn every_checked_request_has_a_span_with_its_rules_verdict_and_retry_after() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(1)))
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(send(&mut app, from([9, 9, 9, 9])).await, StatusCode::OK);
+    assert_eq!(
+        send(&mut app, from([9, 9, 9, 9])).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let spans: Vec<(String, String)> = events
+        .1
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name == "tollgate.check")
+        .cloned()
+        .collect();
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert!(
+        spans[0].1.contains("rules=per-minute") && spans[0].1.contains("verdict=\"allowed\""),
+        "{spans:?}"
+    );
+    assert!(
+        spans[1].1.contains("verdict=\"denied\"") && spans[1].1.contains("retry_after_s=60"),
+        "{spans:?}"
+    );
+    assert!(
+        spans.iter().all(|(_, f)| f.contains("store_latency_us=")),
+        "{spans:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_rejection_log_writes_at_most_n_lines_a_second_and_counts_the_rest() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(1)))
+        .denial_log_per_second(5)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let second = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    let first_second = second();
+    send(&mut app, from([9, 9, 9, 9])).await;
+    let flood = 2_000;
+    for _ in 0..flood {
+        send(&mut app, from([9, 9, 9, 9])).await;
+    }
+    let seconds = second() - first_second + 1;
+    let lines = |events: &Events| -> Vec<String> {
+        events
+            .at(Level::INFO)
+            .into_iter()
+            .filter(|e| e.starts_with("tollgate::denied: "))
+            .collect()
+    };
+    let denials = lines(&events)
+        .into_iter()
+        .filter(|l| l.contains("request denied"))
+        .count() as u64;
+    assert!(
+        denials >= 5 && denials <= 5 * seconds,
+        "{denials} lines in {seconds} s"
+    );
+    // The next second: one line says how many were not logged.
+    while second() < first_second + seconds {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    send(&mut app, from([9, 9, 9, 9])).await;
+    let logged = lines(&events);
+    let suppressed: u64 = logged
+        .iter()
+        .filter_map(|l| l.split("suppressed=").nth(1))
+        .map(|n| n.split_whitespace().next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    let denied_lines = logged
+        .iter()
+        .filter(|l| l.contains("request denied"))
+        .count() as u64;
+    // Every denial is a line or counted as suppressed.
+    assert_eq!(denied_lines + suppressed, flood + 1, "{logged:#?}");
+    // A digest, never the client's address.
+    let line = logged
+        .iter()
+        .find(|l| l.contains("request denied"))
+        .unwrap();
+    assert!(line.contains("rules=per-minute"), "{line}");
+    assert!(!line.contains("9.9.9.9"), "{line}");
+    let digest = line
+        .split("key=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert_eq!(digest.len(), 16, "{line}");
+}
+
+#[tokio::test]
+async fn the_rejection_log_names_the_raw_key_only_when_asked() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(1)))
+        .log_raw_keys(true)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    send(&mut app, from([9, 9, 9, 9])).await;
+    send(&mut app, from([9, 9, 9, 9])).await;
+    let logged = events.at(Level::INFO);
+    assert!(
+        logged
+            .iter()
+            .any(|l| l.starts_with("tollgate::denied: ") && l.contains("key=9.9.9.9")),
+        "{logged:#?}"
+    );
 }

@@ -68,16 +68,26 @@ impl Route {
     /// assert_eq!(Route::route(&parts), Some("/helloworld.Greeter/SayHello"));
     /// ```
     pub fn route(parts: &Parts) -> Option<&str> {
+        Self::route_in(&parts.uri, &parts.headers, &parts.extensions)
+    }
+
+    /// [`route`](Route::route) from the pieces of a request head.
+    pub(crate) fn route_in<'a>(
+        uri: &'a http::Uri,
+        headers: &'a http::HeaderMap,
+        extensions: &'a http::Extensions,
+    ) -> Option<&'a str> {
         #[cfg(feature = "axum")]
-        if let Some(matched) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
             return Some(matched.as_str());
         }
-        let grpc = parts
-            .headers
+        #[cfg(not(feature = "axum"))]
+        let _ = extensions;
+        let grpc = headers
             .get(CONTENT_TYPE)
             .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"));
-        if grpc && is_grpc_method_path(parts.uri.path()) {
-            return Some(parts.uri.path());
+        if grpc && is_grpc_method_path(uri.path()) {
+            return Some(uri.path());
         }
         None
     }

@@ -191,6 +191,11 @@ impl Snapshot {
             rules,
             resolver: Resolver {
                 default_tier,
+                tier_names: policy
+                    .tiers
+                    .iter()
+                    .map(|t| Arc::from(t.name.as_str()))
+                    .collect(),
                 tiers: tiers.into(),
                 tier_index,
                 tenants,
@@ -362,6 +367,7 @@ fn check_region(region: &Region) -> Result<(), ConfigError> {
 /// Which rules apply to a request.
 pub(crate) struct Resolver {
     default_tier: u16,
+    tier_names: Box<[Arc<str>]>,
     tiers: Box<[TierTable]>,
     tier_index: Map<Box<str>, u16>,
     tenants: Map<Box<str>, TenantTable>,
@@ -493,14 +499,7 @@ impl Resolver {
     /// The most specific rule set for a request of `tenant` (see [`Policy`]).
     pub(crate) fn resolve<'a>(&'a self, tenant: Option<&Tenant>, parts: &Parts) -> Resolved<'a> {
         let listed = tenant.and_then(|t| self.tenants.get(t.id()));
-        let tier = listed
-            .and_then(|t| t.tier)
-            .or_else(|| {
-                tenant
-                    .and_then(Tenant::tier)
-                    .and_then(|name| self.tier_index.get(name).copied())
-            })
-            .unwrap_or(self.default_tier);
+        let tier = self.tier_index_of(tenant, listed);
         let route = if self.routed {
             Route::route(parts)
         } else {
@@ -528,6 +527,27 @@ impl Resolver {
         Resolved {
             rules: &default.defaults,
         }
+    }
+}
+
+impl Resolver {
+    /// The tier of a tenant: the policy's entry, else the extractor's tier if the policy has
+    /// it, else the default tier.
+    fn tier_index_of(&self, tenant: Option<&Tenant>, listed: Option<&TenantTable>) -> u16 {
+        listed
+            .and_then(|t| t.tier)
+            .or_else(|| {
+                tenant
+                    .and_then(Tenant::tier)
+                    .and_then(|name| self.tier_index.get(name).copied())
+            })
+            .unwrap_or(self.default_tier)
+    }
+
+    /// The name of a tenant's tier (the default tier's without a tenant).
+    pub(crate) fn tier_of(&self, tenant: Option<&Tenant>) -> &Arc<str> {
+        let listed = tenant.and_then(|t| self.tenants.get(t.id()));
+        &self.tier_names[usize::from(self.tier_index_of(tenant, listed))]
     }
 }
 

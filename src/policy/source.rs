@@ -248,6 +248,8 @@ impl Live {
         match &result {
             Ok(()) => {
                 self.installed.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                crate::observe::metrics::reload("installed");
                 *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 tracing::info!(
                     target: "tollgate::policy",
@@ -263,6 +265,8 @@ impl Live {
     /// Counts a policy that was not installed, and logs it unless it was the last one logged.
     fn reject(&self, error: &str) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::reload("rejected");
         let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() != Some(error) {
             tracing::error!(

@@ -1,6 +1,5 @@
 //! [`Answers`]: what one layer writes, prepared once when it is built.
 
-use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -119,42 +118,5 @@ impl Answers {
             .headers_mut()
             .insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
         response
-    }
-
-    /// The names of the rules that denied, for logs: `"a", "b"`.
-    pub(crate) fn violated<'a>(
-        &self,
-        rules: &'a [CompiledRule],
-        applied: &'a [u16],
-        decision: &'a Decision,
-    ) -> impl fmt::Display + 'a {
-        Violated {
-            rules,
-            applied,
-            decision,
-        }
-    }
-}
-
-struct Violated<'a> {
-    rules: &'a [CompiledRule],
-    applied: &'a [u16],
-    decision: &'a Decision,
-}
-
-impl fmt::Display for Violated<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let denied = self
-            .applied
-            .iter()
-            .zip(self.decision.outcomes())
-            .filter(|(_, o)| !o.allowed);
-        for (n, (&i, _)) in denied.enumerate() {
-            if n > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "\"{}\"", self.rules[usize::from(i)].spec.name())?;
-        }
-        Ok(())
     }
 }

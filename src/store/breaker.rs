@@ -1,8 +1,8 @@
 //! The circuit breaker of a remote store: stop paying the time budget on every request while a
 //! server is down.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ConfigError;
@@ -98,6 +98,9 @@ pub(crate) struct Breaker {
     /// Serialises the changes of state (opening, closing), so that a success checked against
     /// an epoch cannot undo an opening that happened after the check.
     changing: Mutex<()>,
+    /// The store's kind and the server, for the `tollgate_circuit_breaker_open` gauge.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    label: (&'static str, Arc<str>),
 }
 
 /// The right of one check to ask the server, and to report how it went.
@@ -108,8 +111,10 @@ pub(crate) struct Permit {
 }
 
 impl Breaker {
-    pub(crate) fn new(config: CircuitBreaker) -> Self {
+    /// The breaker of `server` of a store of `kind`.
+    pub(crate) fn new(config: CircuitBreaker, kind: &'static str, server: Arc<str>) -> Self {
         Breaker {
+            label: (kind, server),
             config,
             origin: Instant::now(),
             consecutive_failures: AtomicU32::new(0),
@@ -186,8 +191,13 @@ impl Breaker {
             return;
         }
         self.consecutive_failures.store(0, Ordering::Relaxed);
-        self.open_until.store(0, Ordering::Relaxed);
+        let was_open = self.open_until.swap(0, Ordering::Relaxed) != 0;
         self.probe_started.store(0, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        if was_open {
+            crate::observe::metrics::breaker(self.label.0, &self.label.1, false);
+        }
+        let _ = was_open;
     }
 
     /// The check of `permit` failed; true when this failure opened the breaker. A check that
@@ -220,6 +230,10 @@ impl Breaker {
         ) != 0;
         self.probe_started.store(0, Ordering::Relaxed);
         self.epoch.fetch_add(1, Ordering::AcqRel);
+        #[cfg(feature = "metrics")]
+        if !was_open {
+            crate::observe::metrics::breaker(self.label.0, &self.label.1, true);
+        }
         !was_open
     }
 }
@@ -230,8 +244,11 @@ mod tests {
 
     #[test]
     fn opens_after_consecutive_failures_probes_after_the_cooldown_and_closes_on_success() {
-        let breaker =
-            Breaker::new(CircuitBreaker::after_failures(3).cooldown(Duration::from_micros(1000)));
+        let breaker = Breaker::new(
+            CircuitBreaker::after_failures(3).cooldown(Duration::from_micros(1000)),
+            "test",
+            Arc::from("server"),
+        );
         let p = breaker.admit_at(|| 10).unwrap();
         assert!(!breaker.failure_at(p, 10));
         assert!(!breaker.failure_at(p, 11));
@@ -262,8 +279,11 @@ mod tests {
 
     #[test]
     fn a_check_that_started_before_the_breaker_opened_cannot_close_it() {
-        let breaker =
-            Breaker::new(CircuitBreaker::after_failures(2).cooldown(Duration::from_micros(1000)));
+        let breaker = Breaker::new(
+            CircuitBreaker::after_failures(2).cooldown(Duration::from_micros(1000)),
+            "test",
+            Arc::from("server"),
+        );
         let early = breaker.admit_at(|| 10).unwrap();
         let failing = breaker.admit_at(|| 10).unwrap();
         assert!(!breaker.failure_at(failing, 11));
@@ -277,7 +297,7 @@ mod tests {
 
     #[test]
     fn a_disabled_breaker_never_opens() {
-        let breaker = Breaker::new(CircuitBreaker::disabled());
+        let breaker = Breaker::new(CircuitBreaker::disabled(), "test", Arc::from("server"));
         for t in 1..100 {
             let p = breaker.admit_at(|| t).unwrap();
             assert!(!breaker.failure_at(p, t));
@@ -291,7 +311,7 @@ mod tests {
             config,
             CircuitBreaker::after_failures(1).cooldown(CircuitBreaker::MAX_COOLDOWN)
         );
-        let breaker = Breaker::new(config);
+        let breaker = Breaker::new(config, "test", Arc::from("server"));
         let p = breaker.admit_at(|| u64::MAX - 5).unwrap();
         assert!(breaker.failure_at(p, u64::MAX - 5));
         assert!(breaker.admit_at(|| u64::MAX - 1).is_none());

@@ -78,6 +78,37 @@ struct Inner {
 struct Shard {
     table: HashTable<Entry>,
     next_sweep: u64,
+    /// The keys last counted in the process's `tollgate_memory_store_keys`.
+    #[cfg(feature = "metrics")]
+    counted: usize,
+}
+
+/// The keys of every memory store of the process, as last counted by their shards' sweeps.
+#[cfg(feature = "metrics")]
+static KEYS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+#[cfg(feature = "metrics")]
+impl Shard {
+    /// Brings the process's key count up to date with this shard.
+    fn count_keys(&mut self) {
+        let now = self.table.len();
+        if now != self.counted {
+            let delta = now as i64 - self.counted as i64;
+            self.counted = now;
+            let keys = KEYS.fetch_add(delta, Ordering::Relaxed) + delta;
+            crate::observe::metrics::memory_keys(keys);
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Drop for Shard {
+    fn drop(&mut self) {
+        if self.counted > 0 {
+            let keys = KEYS.fetch_sub(self.counted as i64, Ordering::Relaxed) - self.counted as i64;
+            crate::observe::metrics::memory_keys(keys);
+        }
+    }
 }
 
 /// How to put back one charge of a request that another rule denied.
@@ -456,6 +487,11 @@ impl MemoryStore {
         });
         let evicted = (before - shard.table.len()) as u64;
         self.inner.evictions.fetch_add(evicted, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        {
+            crate::observe::metrics::evictions(evicted);
+            shard.count_keys();
+        }
         if self.inner.eviction_warning.due(now, 60 * MICROS_PER_SECOND) {
             tracing::warn!(
                 evicted,
@@ -493,6 +529,8 @@ impl Shard {
     fn sweep(&mut self, now: u64) {
         self.table.retain(|e| e.expires_at > now);
         self.next_sweep = now + SWEEP_INTERVAL;
+        #[cfg(feature = "metrics")]
+        self.count_keys();
     }
 }
 
@@ -535,6 +573,10 @@ impl Store for MemoryStore {
 
     fn registry(&self) -> Option<&RuleRegistry> {
         Some(&self.inner.registry)
+    }
+
+    fn kind(&self) -> &'static str {
+        "memory"
     }
 }
 

@@ -193,4 +193,10 @@ pub trait Store: Send + Sync + 'static {
     fn registry(&self) -> Option<&RuleRegistry> {
         None
     }
+
+    /// The store's kind, as metrics label it (`memory`, `redis`, `redis_cluster`; default
+    /// `custom`). Bounded: never an address or a name given at run time.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
 }

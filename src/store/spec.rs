@@ -76,6 +76,12 @@ impl RuleSpec {
         &self.name
     }
 
+    /// The rule's name, shared.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn shared_name(&self) -> &Arc<str> {
+        &self.name
+    }
+
     /// The rule's algorithm.
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm

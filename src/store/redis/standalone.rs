@@ -142,13 +142,14 @@ impl RedisStoreBuilder {
                 "the Redis URL {server} is not valid ({e}); use redis://host:port or redis://host:port/db"
             ))
         })?;
+        let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let store = RedisStore {
             inner: Arc::new(Inner {
                 url: self.url,
                 server,
                 pool_size: self.pool_size,
                 script: self.settings.script(),
-                breaker: Breaker::new(self.settings.breaker),
+                breaker,
                 settings: self.settings,
                 pool: OnceLock::new(),
                 startup: Startup::default(),
@@ -433,6 +434,10 @@ impl Store for RedisStore {
 
     fn registry(&self) -> Option<&RuleRegistry> {
         Some(&self.inner.registry)
+    }
+
+    fn kind(&self) -> &'static str {
+        "redis"
     }
 }
 

@@ -760,6 +760,10 @@ impl Store for RedisClusterStore {
     fn registry(&self) -> Option<&RuleRegistry> {
         Some(&self.inner.registry)
     }
+
+    fn kind(&self) -> &'static str {
+        "redis_cluster"
+    }
 }
 
 impl fmt::Debug for RedisClusterStore {

@@ -47,6 +47,7 @@ impl Node {
             .clone()
             .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
         let client = Client::open(info).map_err(|e| store_error(&server, e))?;
+        let breaker = Breaker::new(breaker, "redis_cluster", server.clone());
         Ok(Node {
             addr: addr.to_owned(),
             server,
@@ -58,7 +59,7 @@ impl Node {
             response_timeout,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
-            breaker: Breaker::new(breaker),
+            breaker,
         })
     }
 

@@ -1,0 +1,294 @@
+//! What the layer tells about its decisions: metrics (feature `metrics`), a `tracing` span per
+//! checked request, the rejection log, and the decision hook.
+//!
+//! ```
+//! use tollgate::observe::DecisionHook;
+//! use tollgate::{Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tollgate::ConfigError> {
+//! // Every decision, shipped elsewhere without ever slowing a request: when the channel is
+//! // full, events are dropped and counted.
+//! let (hook, mut events) = DecisionHook::channel(10_000);
+//! let layer = RateLimitLayer::builder()
+//!     .rule(tollgate::Rule::new("api", Quota::per_minute(100)))
+//!     .decision_hook(hook)
+//!     .build()?;
+//! tokio::spawn(async move {
+//!     while let Some(event) = events.recv().await {
+//!         let _ = (event.verdict, event.route, event.rules); // to a queue, a data warehouse…
+//!     }
+//! });
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Metrics
+//!
+//! With the feature `metrics`, the layer and the stores record through the
+//! [`metrics`](https://docs.rs/metrics) facade; install any recorder (for Prometheus,
+//! `metrics-exporter-prometheus`). Label values are bounded: rule names, route patterns (at
+//! most [`MAX_ROUTE_LABELS`], then `other`), tier names, outcomes, store kinds and server
+//! addresses; never a client's key, address, tenant or email. The README ("Watching it") lists
+//! every metric.
+//!
+//! # The span
+//!
+//! Each checked request opens a span at `debug` (target `tollgate`, name `tollgate.check`) that
+//! closes when the request is decided, with the fields `rules`, `verdict`, `retry_after_s` and
+//! `store_latency_us`: a `tracing` subscriber, and OpenTelemetry through
+//! `tracing-opentelemetry`, see it with no code.
+//!
+//! # The rejection log
+//!
+//! Every denial is logged at `info`, target `tollgate::denied`, with the rules that denied, the
+//! route, the tier, and a short keyed digest of the key (the same client gives the same digest
+//! within one process, and the digest cannot be turned back into an address or an email); the
+//! raw key only with [`log_raw_keys`](crate::RateLimitLayerBuilder::log_raw_keys). At most
+//! [`denial_log_per_second`](crate::RateLimitLayerBuilder::denial_log_per_second) lines a second
+//! (default 10); then one line says how many were not logged.
+
+mod hook;
+mod log;
+#[cfg(feature = "metrics")]
+pub(crate) mod metrics;
+mod routes;
+
+pub use hook::{DecisionEvent, DecisionHook, DecisionReceiver, RuleEvent};
+
+pub use routes::MAX_ROUTE_LABELS;
+
+pub(crate) use log::DenialLog;
+pub(crate) use routes::RouteLabels;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Extensions, HeaderMap, Uri};
+
+use crate::Decision;
+use crate::decide::FoundKeys;
+use crate::key::Route;
+use crate::policy::snapshot::Snapshot;
+use crate::policy::{FailureMode, RuleMode, Tenant};
+
+/// What became of a request, as metrics, logs and the hook name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Every rule admitted it.
+    Allowed,
+    /// A rule denied it (429, gRPC `RESOURCE_EXHAUSTED`).
+    Denied,
+    /// Admitted, though a shadow rule would have denied it.
+    ShadowDenied,
+    /// Admitted after waiting for a delay rule's budget.
+    Delayed,
+    /// The store failed and the rules let it through.
+    FailedOpen,
+    /// The store failed and a rule refused it (503, gRPC `UNAVAILABLE`).
+    FailedClosed,
+    /// The store failed and the local limiter admitted it.
+    LocalAllowed,
+    /// The store failed and the local limiter denied it.
+    LocalDenied,
+    /// On the allow list: not limited.
+    ListedAllowed,
+    /// On the deny list: refused (403, gRPC `PERMISSION_DENIED`).
+    ListedDenied,
+}
+
+impl Verdict {
+    /// The label value: `allowed`, `denied`, `shadow_denied`, `delayed`, `failed_open`,
+    /// `failed_closed`, `local_allowed`, `local_denied`, `listed_allowed`, `listed_denied`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+            Verdict::ShadowDenied => "shadow_denied",
+            Verdict::Delayed => "delayed",
+            Verdict::FailedOpen => "failed_open",
+            Verdict::FailedClosed => "failed_closed",
+            Verdict::LocalAllowed => "local_allowed",
+            Verdict::LocalDenied => "local_denied",
+            Verdict::ListedAllowed => "listed_allowed",
+            Verdict::ListedDenied => "listed_denied",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one rule made of a request, as the per-rule metric names it.
+pub(crate) fn rule_outcome(
+    verdict: Verdict,
+    mode: RuleMode,
+    failure: FailureMode,
+    allowed: Option<bool>,
+) -> &'static str {
+    match (verdict, allowed) {
+        (Verdict::FailedOpen | Verdict::FailedClosed, _) => match failure {
+            FailureMode::Closed if mode != RuleMode::Shadow => "failed_closed",
+            _ => "failed_open",
+        },
+        (Verdict::LocalAllowed | Verdict::LocalDenied, Some(false)) => "local_denied",
+        (Verdict::LocalAllowed | Verdict::LocalDenied, _) => "local_allowed",
+        (_, Some(false)) if mode == RuleMode::Shadow => "shadow_denied",
+        (_, Some(false)) => "denied",
+        (Verdict::Denied, _) => "not_charged",
+        (Verdict::Delayed, _) if matches!(mode, RuleMode::Delay { .. }) => "delayed",
+        _ => "allowed",
+    }
+}
+
+/// The parts of a request that events read: its route, tenant and kind.
+#[derive(Clone, Copy)]
+pub(crate) struct Head<'a> {
+    pub(crate) uri: &'a Uri,
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) extensions: &'a Extensions,
+}
+
+impl<'a> Head<'a> {
+    pub(crate) fn of_parts(parts: &'a http::request::Parts) -> Self {
+        Head {
+            uri: &parts.uri,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
+
+    pub(crate) fn of_request<B>(request: &'a http::Request<B>) -> Self {
+        Head {
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+
+    pub(crate) fn is_grpc(&self) -> bool {
+        crate::response::is_grpc(self.headers)
+    }
+
+    pub(crate) fn route(&self) -> Option<&'a str> {
+        Route::route_in(self.uri, self.headers, self.extensions)
+    }
+
+    pub(crate) fn tenant(&self) -> Option<&'a Tenant> {
+        self.extensions.get::<Tenant>()
+    }
+}
+
+/// What a layer tells about its decisions: shared by its services.
+pub(crate) struct Observer {
+    pub(crate) routes: RouteLabels,
+    pub(crate) log: DenialLog,
+    pub(crate) hook: Option<DecisionHook>,
+    /// The store's kind, for metric labels.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) store: &'static str,
+}
+
+/// One decided request, as events see it.
+pub(crate) struct Decided<'a> {
+    pub(crate) snapshot: &'a Snapshot,
+    pub(crate) head: Head<'a>,
+    pub(crate) applied: &'a [u16],
+    pub(crate) decision: Option<&'a Decision>,
+    pub(crate) keys: Option<&'a FoundKeys>,
+    pub(crate) verdict: Verdict,
+    pub(crate) store_latency: Option<Duration>,
+}
+
+impl Observer {
+    /// Tells everyone who listens about a decided request: metrics, the span, the rejection
+    /// log and the hook.
+    pub(crate) fn decided(&self, decided: &Decided<'_>, span: &tracing::Span) {
+        let listening_log = decided.verdict == Verdict::Denied && self.log.enabled();
+        let wants_route = cfg!(feature = "metrics") || self.hook.is_some() || listening_log;
+        let route: Option<Arc<str>> = if wants_route {
+            decided.head.route().map(|r| self.routes.label(r))
+        } else {
+            None
+        };
+        let tenant = decided.head.tenant();
+        let tier = decided.snapshot.resolver.tier_of(tenant);
+        #[cfg(feature = "metrics")]
+        metrics::decided(self.store, decided, route.as_ref(), tier);
+        if !span.is_disabled() {
+            record_span(span, decided);
+        }
+        if listening_log {
+            self.log.denied(decided, route.as_deref(), tier, tenant);
+        }
+        if let Some(hook) = &self.hook {
+            hook.send(decided, route, tier, tenant);
+        }
+    }
+}
+
+impl Observer {
+    /// Shadow rules that would have denied a request that is admitted (and checked again
+    /// without them): counted as such by the per-rule metric.
+    pub(crate) fn shadowed(&self, snapshot: &Snapshot, head: Head<'_>, rules: &[u16]) {
+        #[cfg(feature = "metrics")]
+        {
+            let route = head.route().map(|r| self.routes.label(r));
+            let tier = snapshot.resolver.tier_of(head.tenant());
+            metrics::shadowed(snapshot, rules, route.as_ref(), tier);
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (snapshot, head, rules);
+    }
+}
+
+/// The span of a checked request: opened when it starts, given its fields when decided.
+pub(crate) fn span() -> tracing::Span {
+    tracing::debug_span!(
+        target: "tollgate",
+        "tollgate.check",
+        rules = tracing::field::Empty,
+        verdict = tracing::field::Empty,
+        retry_after_s = tracing::field::Empty,
+        store_latency_us = tracing::field::Empty,
+    )
+}
+
+fn record_span(span: &tracing::Span, decided: &Decided<'_>) {
+    let names = RuleNames {
+        snapshot: decided.snapshot,
+        applied: decided.applied,
+    };
+    span.record("rules", tracing::field::display(&names));
+    span.record("verdict", decided.verdict.as_str());
+    if let Some(seconds) = decided.decision.and_then(Decision::retry_after_seconds) {
+        span.record("retry_after_s", seconds);
+    }
+    if let Some(latency) = decided.store_latency {
+        span.record("store_latency_us", latency.as_micros() as u64);
+    }
+}
+
+/// The names of some rules of a snapshot: `a,b`.
+pub(crate) struct RuleNames<'a> {
+    pub(crate) snapshot: &'a Snapshot,
+    pub(crate) applied: &'a [u16],
+}
+
+impl fmt::Display for RuleNames<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (n, &i) in self.applied.iter().enumerate() {
+            if n > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(self.snapshot.rules[usize::from(i)].spec.name())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,396 @@
+//! Metrics through a recorder: exact counters and labels for known traffic (allowed, denied,
+//! the store down in each failure mode), bounded label values, the decision hook, and the
+//! example's `/metrics` read by a Prometheus exposition-format parser.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tollgate::observe::{DecisionHook, Verdict};
+use tollgate::store::{Charge, Store, StoreError};
+use tollgate::{Decision, FailureMode, Quota, RateLimitLayer, Rule};
+use tower::{Service, ServiceExt};
+
+fn request(path: &str, ip: [u8; 4]) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from((ip, 50_000))));
+    req
+}
+
+async fn send(app: &mut Router, req: Request<Body>) -> StatusCode {
+    app.as_service()
+        .ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap()
+        .status()
+}
+
+/// Runs `traffic` on this thread with a recorder of its own; every counter and histogram it
+/// recorded, as `name{label="value",…}` (labels sorted) → value (histograms: their count).
+fn recorded<F: std::future::Future<Output = ()>>(
+    traffic: impl FnOnce() -> F,
+) -> BTreeMap<String, u64> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(traffic())
+    });
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let key = key.key();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            match value {
+                DebugValue::Counter(n) => Some((name, n)),
+                DebugValue::Histogram(values) => Some((name, values.len() as u64)),
+                DebugValue::Gauge(_) => None,
+            }
+        })
+        .collect()
+}
+
+fn expect(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+}
+
+#[test]
+fn allowed_and_denied_requests_are_counted_by_rule_route_tier_and_outcome() {
+    let metrics = recorded(|| async {
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::new("per-minute", Quota::per_minute(2)))
+            .build()
+            .unwrap();
+        let mut app = Router::new()
+            .route("/hello", get(|| async { "ok" }))
+            .layer(layer);
+        let statuses = [
+            send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+            send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+            send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+            send(&mut app, request("/hello", [10, 0, 0, 2])).await,
+        ];
+        assert_eq!(statuses.map(|s| s.as_u16()), [200, 200, 429, 200]);
+    });
+    assert_eq!(
+        metrics,
+        expect(&[
+            (
+                "tollgate_requests_total{outcome=\"allowed\",route=\"/hello\",tier=\"default\"}",
+                3
+            ),
+            (
+                "tollgate_requests_total{outcome=\"denied\",route=\"/hello\",tier=\"default\"}",
+                1
+            ),
+            (
+                "tollgate_rule_decisions_total{outcome=\"allowed\",route=\"/hello\",rule=\"per-minute\",tier=\"default\"}",
+                3
+            ),
+            (
+                "tollgate_rule_decisions_total{outcome=\"denied\",route=\"/hello\",rule=\"per-minute\",tier=\"default\"}",
+                1
+            ),
+            (
+                "tollgate_store_check_duration_seconds{result=\"ok\",store=\"memory\"}",
+                4
+            ),
+        ])
+    );
+}
+
+/// A store that always times out.
+struct Down;
+
+impl Store for Down {
+    type Future = std::future::Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, _: &[Charge<'_>]) -> Self::Future {
+        std::future::ready(Err(StoreError::Timeout))
+    }
+
+    fn kind(&self) -> &'static str {
+        "down"
+    }
+}
+
+#[test]
+fn a_store_that_is_down_is_counted_in_each_failure_mode() {
+    let metrics = recorded(|| async {
+        for (name, mode) in [
+            ("open", FailureMode::Open),
+            ("closed", FailureMode::Closed),
+            ("local", FailureMode::Local),
+        ] {
+            let layer = RateLimitLayer::builder()
+                .rule(Rule::new(name, Quota::per_minute(1)).on_store_error(mode))
+                .store(Down)
+                .build()
+                .unwrap();
+            let mut app = Router::new()
+                .route(&format!("/{name}"), get(|| async { "ok" }))
+                .layer(layer);
+            for _ in 0..2 {
+                send(&mut app, request(&format!("/{name}"), [10, 0, 0, 1])).await;
+            }
+        }
+    });
+    let r = |rule: &str, outcome: &str| {
+        format!(
+            "tollgate_rule_decisions_total{{outcome=\"{outcome}\",route=\"/{rule}\",rule=\"{rule}\",tier=\"default\"}}"
+        )
+    };
+    let q = |route: &str, outcome: &str| {
+        format!(
+            "tollgate_requests_total{{outcome=\"{outcome}\",route=\"/{route}\",tier=\"default\"}}"
+        )
+    };
+    let mut expected = BTreeMap::new();
+    expected.insert(q("open", "failed_open"), 2);
+    expected.insert(r("open", "failed_open"), 2);
+    expected.insert(q("closed", "failed_closed"), 2);
+    expected.insert(r("closed", "failed_closed"), 2);
+    // The local limiter: one per minute.
+    expected.insert(q("local", "local_allowed"), 1);
+    expected.insert(r("local", "local_allowed"), 1);
+    expected.insert(q("local", "local_denied"), 1);
+    expected.insert(r("local", "local_denied"), 1);
+    expected.insert(
+        "tollgate_store_errors_total{kind=\"timeout\",store=\"down\"}".to_owned(),
+        6,
+    );
+    expected.insert(
+        "tollgate_store_check_duration_seconds{result=\"error\",store=\"down\"}".to_owned(),
+        6,
+    );
+    assert_eq!(metrics, expected);
+}
+
+#[test]
+fn label_values_never_grow_with_clients() {
+    let series = |clients: u32| {
+        recorded(move || async move {
+            let layer = RateLimitLayer::builder()
+                .rule(Rule::new("per-minute", Quota::per_minute(1)))
+                .build()
+                .unwrap();
+            let mut app = Router::new()
+                .route("/users/{id}", get(|| async { "ok" }))
+                .layer(layer);
+            for n in 0..clients {
+                let ip = n.to_be_bytes();
+                // Two requests each: one allowed, one denied; and a new user id each time.
+                for _ in 0..2 {
+                    send(
+                        &mut app,
+                        request(&format!("/users/{n}"), [10, ip[1], ip[2], ip[3]]),
+                    )
+                    .await;
+                }
+            }
+        })
+        .into_keys()
+        .collect::<HashSet<String>>()
+    };
+    let few = series(3);
+    let many = series(10_000);
+    assert_eq!(few, many, "the series of 3 clients and of 10,000 clients");
+    assert!(
+        many.iter()
+            .all(|s| !s.contains("10.0.") && !s.contains("/users/1")),
+        "{many:?}"
+    );
+}
+
+#[tokio::test]
+async fn the_decision_hook_never_blocks_and_counts_what_it_drops() {
+    let (hook, mut events) = DecisionHook::channel(2);
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(1)))
+        .decision_hook(hook.clone())
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/hello", get(|| async { "ok" }))
+        .layer(layer);
+    let statuses = [
+        send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+        send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+        send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+        send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+    ];
+    assert_eq!(statuses.map(|s| s.as_u16()), [200, 429, 429, 429]);
+    assert_eq!(hook.dropped(), 2);
+    let first = events.recv().await.unwrap();
+    assert_eq!(first.verdict, Verdict::Allowed);
+    assert_eq!(first.route.as_deref(), Some("/hello"));
+    assert_eq!(first.tier.as_deref(), Some("default"));
+    assert_eq!(&*first.rules[0].name, "per-minute");
+    assert_eq!(first.rules[0].outcome, "allowed");
+    let second = events.recv().await.unwrap();
+    assert_eq!(second.verdict, Verdict::Denied);
+    assert_eq!(second.rules[0].outcome, "denied");
+    assert!(second.rules[0].retry_after.unwrap() > Duration::ZERO);
+    // Room again: the next decision is sent.
+    send(&mut app, request("/hello", [10, 0, 0, 2])).await;
+    assert_eq!(events.recv().await.unwrap().verdict, Verdict::Allowed);
+    assert_eq!(hook.dropped(), 2);
+}
+
+/// The example binary, next to this test's in the target directory.
+fn example(name: &str) -> std::path::PathBuf {
+    let test = std::env::current_exe().unwrap();
+    let dir = test.parent().unwrap().parent().unwrap();
+    dir.join("examples").join(name)
+}
+
+/// Stops a child process when dropped.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn the_example_metrics_are_prometheus_text_that_counts_its_denials() {
+    let binary = example("metrics");
+    assert!(
+        binary.exists(),
+        "{} is missing: `cargo test` builds the examples (or run cargo build --examples --all-features)",
+        binary.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let _server = Running(
+        std::process::Command::new(&binary)
+            .env("TOLLGATE_ADDR", &addr)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    let get = |path: &str| client.get(format!("http://{addr}{path}").parse().unwrap());
+    // Up within 20 s.
+    let start = std::time::Instant::now();
+    while get("/metrics").await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the example did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..7 {
+        statuses.push(get("/hello").await.unwrap().status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
+    let body = get("/metrics").await.unwrap().into_body();
+    let text = String::from_utf8(
+        http_body_util::BodyExt::collect(body)
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).unwrap();
+    let value = |name: &str, outcome: &str| {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| {
+                s.metric == name
+                    && s.labels.get("outcome") == Some(outcome)
+                    && s.labels.get("route") == Some("/hello")
+            })
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+                ref other => panic!("{name} is not a counter: {other:?}"),
+            })
+            .sum::<f64>()
+    };
+    assert_eq!(value("tollgate_requests_total", "denied"), 2.0, "{text}");
+    assert_eq!(value("tollgate_requests_total", "allowed"), 5.0, "{text}");
+    assert_eq!(
+        value("tollgate_rule_decisions_total", "denied"),
+        2.0,
+        "{text}"
+    );
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "tollgate_store_check_duration_seconds"),
+        "{text}"
+    );
+    assert!(
+        scrape.docs.contains_key("tollgate_requests_total"),
+        "{text}"
+    );
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_name_only_metrics_that_exist() {
+    let known = [
+        "tollgate_requests_total",
+        "tollgate_rule_decisions_total",
+        "tollgate_store_check_duration_seconds_bucket",
+        "tollgate_store_errors_total",
+        "tollgate_circuit_breaker_open",
+        "tollgate_memory_store_keys",
+        "tollgate_memory_store_evictions_total",
+        "tollgate_policy_reloads_total",
+    ];
+    for file in ["grafana-dashboard.json", "alerts.yml"] {
+        let path = format!("{}/examples/metrics/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut named = 0;
+        for word in text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("tollgate_") {
+                assert!(
+                    known.contains(&word),
+                    "{file} names {word}, which tollgate does not record"
+                );
+                named += 1;
+            }
+        }
+        assert!(named > 5, "{file}");
+    }
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/examples/metrics/grafana-dashboard.json",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(dashboard["panels"].as_array().unwrap().len() >= 8);
+}
