@@ -16,6 +16,8 @@
 //!   IPv4 addresses): the cases of `benches/memory_store.rs`.
 //! * `layer <router> <n>`: the routers of `benches/layer.rs` (`bare`, `tollgate_allow`,
 //!   `tollgate_reject`, `tower_governor_allow`, `tower_governor_reject`), called in process.
+//!   Built with `--features metrics` and run with `RECORDER=prometheus`, a Prometheus recorder
+//!   records them (`./scripts/instructions.sh` compares with and without: `METRICS=1`).
 //! * `stacked <1|2|4> <n>`: memory-store decisions of 1, 2 or 4 stacked rules over 1,000,000
 //!   clients whose keys are all in the store (`benches/support/stacked.rs`).
 //!
@@ -159,6 +161,15 @@ fn layer(router: &str, n: usize) -> Result<String, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("cannot build a runtime: {e}"))?;
+    // RECORDER=prometheus (with the feature `metrics`): the requests are recorded by a
+    // Prometheus recorder, as a service that exports its metrics would.
+    #[cfg(feature = "metrics")]
+    let recorder = (std::env::var("RECORDER").as_deref() == Ok("prometheus"))
+        .then(|| metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+    #[cfg(feature = "metrics")]
+    let _recording = recorder
+        .as_ref()
+        .map(|r| metrics::set_default_local_recorder(r));
     runtime.block_on(async {
         for _ in 0..n {
             layer_apps::serve_one(&app).await;

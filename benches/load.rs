@@ -5,12 +5,15 @@
 //! cargo bench --bench load                 # 3 rounds × 5 s per configuration
 //! LOAD_SECONDS=10 LOAD_ROUNDS=5 LOAD_CONNECTIONS=64 cargo bench --bench load
 //! REDIS_URL=redis://127.0.0.1:6379 cargo bench --bench load -- --redis
+//! cargo bench --bench load --features metrics -- --metrics
 //! ```
 //!
 //! Configurations: bare; tollgate allowing everything; tollgate rejecting everything (after the
 //! first request); tower_governor allowing everything; tower_governor rejecting everything. With
 //! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything;
 //! its connections are driven by the serving thread, so their cost is counted where it is paid.
+//! With `--metrics` (and the feature `metrics`), also tollgate allowing and rejecting with a
+//! Prometheus recorder (`metrics-exporter-prometheus`) installed on the serving thread.
 //! The load generator is `wrk` when it is installed (one thread, the other core), else a built-in
 //! hyper client. Rounds are interleaved; each figure is the median over rounds. Only loopback
 //! addresses are used and every run stops by itself.
@@ -35,10 +38,12 @@ enum Config {
     GovernorReject,
     RedisAllow,
     RedisReject,
+    MetricsAllow,
+    MetricsReject,
 }
 
 impl Config {
-    const ALL: [Config; 7] = [
+    const ALL: [Config; 9] = [
         Config::Bare,
         Config::TollgateAllow,
         Config::TollgateReject,
@@ -46,6 +51,8 @@ impl Config {
         Config::GovernorReject,
         Config::RedisAllow,
         Config::RedisReject,
+        Config::MetricsAllow,
+        Config::MetricsReject,
     ];
 
     fn name(self) -> &'static str {
@@ -57,11 +64,17 @@ impl Config {
             Config::GovernorReject => "tower_governor, rejecting all",
             Config::RedisAllow => "tollgate + Redis, allowing all",
             Config::RedisReject => "tollgate + Redis, rejecting all",
+            Config::MetricsAllow => "tollgate + Prometheus, allowing all",
+            Config::MetricsReject => "tollgate + Prometheus, rejecting all",
         }
     }
 
     fn uses_redis(self) -> bool {
         matches!(self, Config::RedisAllow | Config::RedisReject)
+    }
+
+    fn records_metrics(self) -> bool {
+        matches!(self, Config::MetricsAllow | Config::MetricsReject)
     }
 
     /// The app; `redis` is the URL and a key prefix of its own (so that every run starts from
@@ -77,7 +90,7 @@ impl Config {
         };
         match self {
             Config::Bare => app,
-            Config::TollgateAllow => app.layer(
+            Config::TollgateAllow | Config::MetricsAllow => app.layer(
                 RateLimitLayer::builder()
                     .rule(Rule::new(
                         "load",
@@ -86,7 +99,7 @@ impl Config {
                     .build()
                     .expect("valid configuration"),
             ),
-            Config::TollgateReject => app.layer(
+            Config::TollgateReject | Config::MetricsReject => app.layer(
                 RateLimitLayer::builder()
                     .rule(Rule::new("load", Quota::per_hour(1)))
                     .build()
@@ -154,6 +167,15 @@ impl Server {
                 .enable_all()
                 .build()
                 .expect("runtime");
+            // The serving thread records into a Prometheus recorder of its own.
+            #[cfg(feature = "metrics")]
+            let recorder = config
+                .records_metrics()
+                .then(|| metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder());
+            #[cfg(feature = "metrics")]
+            let _recording = recorder
+                .as_ref()
+                .map(|r| metrics::set_default_local_recorder(r));
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                     .await
@@ -357,10 +379,18 @@ fn main() {
     let connections = env_u64("LOAD_CONNECTIONS", 32).clamp(1, 512);
     let wrk = have_wrk() && std::env::var("LOAD_CLIENT").as_deref() != Ok("hyper");
     let with_redis = std::env::args().any(|a| a == "--redis");
+    let with_metrics = std::env::args().any(|a| a == "--metrics");
+    if with_metrics && !cfg!(feature = "metrics") {
+        eprintln!(
+            "--metrics needs the feature: cargo bench --bench load --features metrics -- --metrics"
+        );
+        std::process::exit(2);
+    }
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let configs: Vec<Config> = Config::ALL
         .into_iter()
         .filter(|c| with_redis || !c.uses_redis())
+        .filter(|c| with_metrics || !c.records_metrics())
         .collect();
     println!(
         "load: {} configurations × {rounds} rounds × {seconds} s, {connections} connections, client: {}{}",

@@ -73,3 +73,18 @@ for router in bare tollgate_allow tollgate_reject tower_governor_allow tower_gov
     ratio=$(awk -v p="$cost" -v b="$bare" 'BEGIN { printf "%.2fx", p / b }')
     printf '%-22s %16s %12s %10s\n' "$router" "$cost" "$added" "$ratio"
 done
+
+# METRICS=1: what recording costs. The same requests, built with the feature `metrics`: with no
+# recorder installed, and with a Prometheus recorder.
+if [ "${METRICS:-0}" = 1 ]; then
+    bin=$(cargo bench --quiet --bench instructions --features metrics --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+    echo
+    printf '%-22s %22s %22s %10s\n' router "metrics, no recorder" "metrics, Prometheus" "added"
+    for router in tollgate_allow tollgate_reject; do
+        plain=$(per "$requests" layer "$router")
+        recorded=$(RECORDER=prometheus per "$requests" layer "$router")
+        added=$(awk -v p="$recorded" -v b="$plain" 'BEGIN { printf "%+.1f%%", 100 * (p - b) / b }')
+        printf '%-22s %22s %22s %10s\n' "$router" "$plain" "$recorded" "$added"
+    done
+fi

@@ -322,7 +322,10 @@ impl<St: Store> Shared<St> {
                 Extracted::Found(key) => key,
                 Extracted::Missing => match missing_key(snapshot, index, RequestKind::of(parts)) {
                     Some(key) => key,
-                    None => return nothing_applies(),
+                    None => {
+                        self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
+                        return nothing_applies();
+                    }
                 },
                 Extracted::Pending(future) => {
                     let mut pending = PendingKeys::new();
@@ -401,10 +404,14 @@ impl<St: Store> Shared<St> {
     ) -> Start<St::Future> {
         match check.into_decided() {
             Ok(result) => {
+                let latency = asked_at
+                    .filter(|_| !applied.is_empty())
+                    .map(|at| at.elapsed());
+                self.observer.store_checked(latency, &result);
                 let ctx = Ctx {
                     head: Head::of_parts(parts),
                     span,
-                    latency: asked_at.map(|at| at.elapsed()),
+                    latency,
                     phase: Phase::default(),
                 };
                 let next = self.after_check(snapshot, &mut applied, Some(&keys), result, &ctx);
@@ -421,7 +428,24 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    /// A listed request, to events.
+    /// A request whose client went away before it was decided, to events.
+    pub(crate) fn cancelled(
+        &self,
+        snapshot: &Snapshot,
+        head: Head<'_>,
+        applied: &[u16],
+        span: &tracing::Span,
+    ) {
+        let ctx = Ctx {
+            head,
+            span,
+            latency: None,
+            phase: Phase::default(),
+        };
+        self.emit(snapshot, &ctx, applied, None, None, Verdict::Cancelled);
+    }
+
+    /// A request decided without asking the store (listed, or no rule applies), to events.
     fn emit_listed(
         &self,
         snapshot: &Snapshot,
@@ -489,16 +513,18 @@ impl<St: Store> Shared<St> {
                 }
             }
             keys.sort_unstable_by_key(|(i, _, _)| *i);
-            let asked_at = measure.then(Instant::now);
+            let asked_at = measure.then(Instant::now).filter(|_| !keys.is_empty());
             let (check, applied) = shared.ask(&snapshot, &keys);
             let result = check.await;
+            let latency = asked_at.map(|at| at.elapsed());
+            shared.observer.store_checked(latency, &result);
             let keys = (snapshot.keeps_keys() || log).then(|| Box::new(keys));
             Checked {
                 applied,
                 keys,
                 result,
                 phase: Phase::default(),
-                latency: asked_at.map(|at| at.elapsed()),
+                latency,
             }
         })
     }
@@ -531,7 +557,9 @@ impl<St: Store> Shared<St> {
         let grpc = || ctx.head.is_grpc();
         match result {
             Ok(decision) if decision.allowed() => {
-                let verdict = if ctx.phase.shadowed {
+                let verdict = if applied.is_empty() {
+                    Verdict::NotLimited
+                } else if ctx.phase.shadowed {
                     Verdict::ShadowDenied
                 } else if ctx.phase.delayed {
                     Verdict::Delayed
@@ -705,15 +733,17 @@ impl<St: Store> Shared<St> {
             || tracing::enabled!(target: "tollgate", tracing::Level::DEBUG);
         Box::pin(async move {
             let Some((mut delay, denied)) = delay else {
-                let asked_at = measure.then(Instant::now);
+                let asked_at = measure.then(Instant::now).filter(|_| !keys.is_empty());
                 let (check, applied) = shared.ask(&snapshot, &keys);
                 let result = check.await;
+                let latency = asked_at.map(|at| at.elapsed());
+                shared.observer.store_checked(latency, &result);
                 return Checked {
                     applied,
                     keys: Some(Box::new(keys)),
                     result,
                     phase,
-                    latency: asked_at.map(|at| at.elapsed()),
+                    latency,
                 };
             };
             let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
@@ -740,6 +770,8 @@ impl<St: Store> Shared<St> {
                 let asked_at = measure.then(Instant::now);
                 let (check, applied) = shared.ask(&snapshot, &keys);
                 let result = check.await;
+                let latency = asked_at.map(|at| at.elapsed());
+                shared.observer.store_checked(latency, &result);
                 if let Ok(decision) = &result
                     && !decision.allowed()
                     && let Some(next) = delay_of(&snapshot, &applied, decision)
@@ -756,7 +788,7 @@ impl<St: Store> Shared<St> {
                     keys: Some(Box::new(keys)),
                     result,
                     phase,
-                    latency: asked_at.map(|at| at.elapsed()),
+                    latency,
                 };
             }
         })
@@ -768,6 +800,7 @@ impl<St: Store> Shared<St> {
         // request comes here.
         #[cfg(feature = "metrics")]
         crate::observe::metrics::store_error(
+            self.observer.id,
             self.observer.store,
             match error {
                 StoreError::Timeout => "timeout",
@@ -913,7 +946,7 @@ impl<'a> WaitSlot<'a> {
             })
             .ok()?;
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::waiting(before + 1);
+        crate::observe::metrics::waiting(true);
         let _ = before;
         Some(WaitSlot(waiting))
     }
@@ -921,10 +954,9 @@ impl<'a> WaitSlot<'a> {
 
 impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
-        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.fetch_sub(1, Ordering::AcqRel);
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::waiting(before.saturating_sub(1));
-        let _ = before;
+        crate::observe::metrics::waiting(false);
     }
 }
 

@@ -65,6 +65,31 @@ pin_project! {
         asked_at: Option<std::time::Instant>,
         shared: Arc<Shared<St>>,
     }
+
+    impl<S, ReqBody, St> PinnedDrop for ResponseFuture<S, ReqBody, St>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        // A request dropped before it was decided (its client went away) is told to events.
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let call = match this.state.project() {
+                StateProj::Tenant { call, .. }
+                | StateProj::Checking { call, .. }
+                | StateProj::Deferred { call, .. } => call.as_ref(),
+                _ => None,
+            };
+            if let Some((_, request)) = call {
+                this.shared.cancelled(
+                    this.snapshot,
+                    Head::of_request(request),
+                    this.applied,
+                    this.span,
+                );
+            }
+        }
+    }
 }
 
 pin_project! {
@@ -221,12 +246,17 @@ where
                         this.keys,
                         this.asked_at,
                     );
+                    if matches!(state, State::Calling { .. } | State::Answered { .. }) {
+                        // Decided: the span closes.
+                        *this.span = tracing::Span::none();
+                    }
                     this.state.set(state);
                     continue;
                 }
                 StateProj::Checking { check, call } => {
                     let result = ready!(check.poll(cx));
                     let latency = this.asked_at.take().map(|at| at.elapsed());
+                    this.shared.observer.store_checked(latency, &result);
                     (result, call.take(), Phase::default(), latency)
                 }
                 StateProj::Deferred { check, call } => {

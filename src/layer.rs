@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use crate::decide::{Policies, Shared};
 use crate::key::{FirstOfShared, KeyExtractor, PeerIp, SharedExtractor};
-use crate::observe::{DecisionHook, DenialLog, Observer, RouteLabels};
+use crate::observe::{DecisionHook, DenialLog, Observer};
 use crate::policy::snapshot::{Compiler, Snapshot};
 use crate::policy::{
     Live, Policy, PolicyHandle, PolicySource, Registrar, TenantExtractor, TenantKey, Tier,
@@ -339,12 +339,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         };
         #[cfg(feature = "metrics")]
         crate::observe::metrics::describe();
-        let observer = Observer {
-            routes: RouteLabels::default(),
-            log: DenialLog::new(self.denial_log_per_second, self.log_raw_keys),
-            hook: self.hook,
-            store: store.kind(),
-        };
+        let observer = Observer::new(
+            DenialLog::new(self.denial_log_per_second, self.log_raw_keys),
+            self.hook,
+            store.kind(),
+        );
         let shared = Arc::new(Shared {
             policy,
             observer,
@@ -359,6 +358,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         });
         shared.register(&shared.snapshot())?;
         if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {
+            #[cfg(feature = "metrics")]
+            crate::observe::metrics::reloads_start();
             let registrar: Arc<dyn Registrar> = shared.clone();
             live.connect(Arc::downgrade(&registrar));
             if let Some(interval) = source.interval() {

@@ -394,3 +394,110 @@ fn the_dashboard_and_the_alerts_name_only_metrics_that_exist() {
     .unwrap();
     assert!(dashboard["panels"].as_array().unwrap().len() >= 8);
 }
+
+#[test]
+fn every_request_is_counted_once_whatever_becomes_of_it() {
+    use tollgate::key::Global;
+    use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+
+    let metrics = recorded(|| async {
+        let policy = Policy::new("v1")
+            .tier(
+                Tier::new("free")
+                    .rule(Rule::new("free", Quota::per_minute(100)))
+                    .route(
+                        "/dark",
+                        [Rule::new("dark", Quota::per_minute(1)).key(Global).shadow()],
+                    )
+                    .route(
+                        "/anonymous",
+                        [Rule::new("users", Quota::per_minute(1))
+                            .key(|_: &http::request::Parts| None)
+                            .skip_unidentified()],
+                    ),
+            )
+            .default_tier("free")
+            .allow("10.9.0.0/16".parse().unwrap())
+            .deny("10.6.0.0/16".parse().unwrap());
+        let layer = RateLimitLayer::builder()
+            .policy(policy)
+            .tenant(
+                TenantFromHeader::new("x-slow").lookup_async(|_key: String| async {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    Some(Tenant::new("late"))
+                }),
+            )
+            .build()
+            .unwrap();
+        let ok = || async { "ok" };
+        let mut app = Router::new()
+            .route("/", get(ok))
+            .route("/dark", get(ok))
+            .route("/anonymous", get(ok))
+            .layer(layer);
+        assert_eq!(
+            send(&mut app, request("/", [10, 9, 0, 1])).await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            send(&mut app, request("/", [10, 6, 0, 1])).await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            send(&mut app, request("/anonymous", [10, 0, 0, 1])).await,
+            StatusCode::OK
+        );
+        for _ in 0..2 {
+            assert_eq!(
+                send(&mut app, request("/dark", [10, 0, 0, 1])).await,
+                StatusCode::OK
+            );
+        }
+        // A client that leaves while its tenant is looked up.
+        let mut slow = request("/", [10, 0, 0, 1]);
+        slow.headers_mut().insert("x-slow", "key".parse().unwrap());
+        let mut service = app.as_service::<Body>();
+        let future = service.ready().await.unwrap().call(slow);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), future)
+                .await
+                .is_err()
+        );
+    });
+    let requests: BTreeMap<&str, u64> = metrics
+        .iter()
+        .filter(|(k, _)| k.starts_with("tollgate_requests_total"))
+        .map(|(k, v)| {
+            let outcome = k
+                .split("outcome=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            (outcome, *v)
+        })
+        .fold(BTreeMap::new(), |mut all, (outcome, n)| {
+            *all.entry(outcome).or_default() += n;
+            all
+        });
+    assert_eq!(
+        requests,
+        BTreeMap::from([
+            ("allowed", 1),
+            ("cancelled", 1),
+            ("listed_allowed", 1),
+            ("listed_denied", 1),
+            ("not_limited", 1),
+            ("shadow_denied", 1),
+        ]),
+        "{metrics:#?}"
+    );
+    // The shadow rule's would-be denial, by rule.
+    assert_eq!(
+        metrics
+            .get("tollgate_rule_decisions_total{outcome=\"shadow_denied\",route=\"/dark\",rule=\"dark\",tier=\"free\"}"),
+        Some(&1),
+        "{metrics:#?}"
+    );
+}

@@ -46,7 +46,7 @@ impl DecisionHook {
     pub(crate) fn send(
         &self,
         decided: &Decided<'_>,
-        route: Option<Arc<str>>,
+        route: &str,
         tier: &Arc<str>,
         tenant: Option<&Tenant>,
     ) {
@@ -83,7 +83,7 @@ impl DecisionHook {
         permit.send(DecisionEvent {
             at_unix_micros: unix_micros(),
             verdict: decided.verdict,
-            route,
+            route: (!route.is_empty()).then(|| Arc::from(route)),
             tier: Some(tier.clone()),
             tenant: tenant.map(|t| Arc::from(t.id())),
             rules,

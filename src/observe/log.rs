@@ -2,7 +2,8 @@
 //! second.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -14,31 +15,39 @@ use crate::warn::unix_micros;
 pub(crate) struct DenialLog {
     per_second: u32,
     raw_keys: bool,
-    /// The secret of the key digests: random per process, so a digest names a client within
-    /// one process's logs and cannot be looked up in a table of addresses.
-    secret: [u8; 16],
-    /// The second being counted, lines logged in it, and denials not logged since the last
-    /// summary.
-    second: AtomicU64,
-    logged: AtomicU32,
+    /// The second being counted (high 40 bits) and the lines written in it (low 24 bits), in
+    /// one word: one compare-and-swap moves both, so a second never writes more than its lines.
+    window: AtomicU64,
+    /// Denials not written since the last line that counted them.
     suppressed: AtomicU64,
 }
 
-impl DenialLog {
-    pub(crate) fn new(per_second: u32, raw_keys: bool) -> Self {
+const COUNT_BITS: u32 = 24;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+
+/// The secret of the key digests: random, one per process, so that a digest names one client in
+/// every layer's lines and cannot be looked up in a table of addresses or emails.
+fn secret() -> &'static [u8; 16] {
+    static SECRET: OnceLock<[u8; 16]> = OnceLock::new();
+    SECRET.get_or_init(|| {
         let random = std::collections::hash_map::RandomState::new();
         let mut secret = [0; 16];
         for (i, chunk) in secret.chunks_mut(8).enumerate() {
             let mut hasher = random.build_hasher();
             hasher.write_usize(i);
+            hasher.write_u64(unix_micros());
             chunk.copy_from_slice(&hasher.finish().to_le_bytes());
         }
+        secret
+    })
+}
+
+impl DenialLog {
+    pub(crate) fn new(per_second: u32, raw_keys: bool) -> Self {
         DenialLog {
-            per_second,
+            per_second: per_second.min(COUNT_MASK as u32),
             raw_keys,
-            secret,
-            second: AtomicU64::new(0),
-            logged: AtomicU32::new(0),
+            window: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
         }
     }
@@ -48,49 +57,60 @@ impl DenialLog {
         tracing::enabled!(target: "tollgate::denied", tracing::Level::INFO)
     }
 
+    /// Takes one of this second's lines; the first of a second also reports what the seconds
+    /// before did not write.
+    fn take_line(&self) -> bool {
+        let second = unix_micros() / 1_000_000;
+        let mut current = self.window.load(Ordering::Relaxed);
+        loop {
+            let (window_second, count) = (current >> COUNT_BITS, current & COUNT_MASK);
+            let (next, new_second) = if window_second != second {
+                ((second << COUNT_BITS) | 1, true)
+            } else if count < u64::from(self.per_second) {
+                (current + 1, false)
+            } else {
+                self.suppressed.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                metrics::counter!("tollgate_denial_log_suppressed_total").increment(1);
+                return false;
+            };
+            match self.window.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    if new_second {
+                        let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
+                        if suppressed > 0 {
+                            tracing::info!(
+                                target: "tollgate::denied",
+                                suppressed,
+                                "tollgate: {suppressed} denials were not logged (at most {} lines a second)",
+                                self.per_second
+                            );
+                        }
+                    }
+                    return self.per_second > 0;
+                }
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
     /// Logs a denial, unless this second's lines are spent.
     pub(crate) fn denied(
         &self,
         decided: &Decided<'_>,
-        route: Option<&str>,
+        route: &str,
         tier: &str,
         tenant: Option<&Tenant>,
     ) {
-        let second = unix_micros() / 1_000_000;
-        let current = self.second.load(Ordering::Relaxed);
-        if second != current
-            && self
-                .second
-                .compare_exchange(current, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.logged.store(0, Ordering::Relaxed);
-            let suppressed = self.suppressed.swap(0, Ordering::Relaxed);
-            if suppressed > 0 {
-                tracing::info!(
-                    target: "tollgate::denied",
-                    suppressed,
-                    "tollgate: {suppressed} denials were not logged (at most {} lines a second)",
-                    self.per_second
-                );
-            }
-        }
-        if self.logged.fetch_add(1, Ordering::Relaxed) >= self.per_second {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            #[cfg(feature = "metrics")]
-            metrics::counter!("tollgate_denial_log_suppressed_total").increment(1);
+        if !self.take_line() {
             return;
         }
-        let denying: smallvec::SmallVec<[u16; 2]> = match decided.decision {
-            Some(decision) => decided
-                .applied
-                .iter()
-                .zip(decision.outcomes())
-                .filter(|(_, o)| !o.allowed)
-                .map(|(&i, _)| i)
-                .collect(),
-            None => decided.applied.iter().copied().collect(),
-        };
+        let denying = decided.denying();
         let key = decided.keys.and_then(|keys| {
             keys.iter()
                 .find(|(i, _, _)| denying.contains(i))
@@ -98,27 +118,28 @@ impl DenialLog {
         });
         let key = match key {
             Some(key) if self.raw_keys => key.to_string(),
-            Some(key) => self.digest(&key.to_string()),
+            Some(key) => digest(&key.to_string()),
             None => String::new(),
         };
         tracing::info!(
             target: "tollgate::denied",
             rules = %RuleNames { snapshot: decided.snapshot, applied: &denying },
-            route = route.unwrap_or(""),
+            route,
             tier,
             tenant = tenant.map(Tenant::id).unwrap_or(""),
             key = %key,
-            retry_after_s = decided.decision.and_then(crate::Decision::retry_after_seconds),
+            retry_after_s = decided.retry_after_seconds(),
+            verdict = decided.verdict.as_str(),
             "tollgate: request denied"
         );
     }
+}
 
-    /// A short keyed digest: 16 hex digits.
-    fn digest(&self, key: &str) -> String {
-        let mut hash = Sha256::new();
-        hash.update(self.secret);
-        hash.update(key.as_bytes());
-        let out = hash.finalize();
-        out[..8].iter().map(|b| format!("{b:02x}")).collect()
-    }
+/// A short keyed digest: 16 hex digits.
+fn digest(key: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(secret());
+    hash.update(key.as_bytes());
+    let out = hash.finalize();
+    out[..8].iter().map(|b| format!("{b:02x}")).collect()
 }

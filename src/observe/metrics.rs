@@ -1,94 +1,145 @@
 //! The metrics, through the `metrics` facade (feature `metrics`).
 
 use std::cell::RefCell;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
 use metrics::{
-    Key, Label, Metadata, Unit, counter, describe_counter, describe_gauge, describe_histogram,
-    gauge,
+    Counter, Histogram, Key, Label, Metadata, Recorder, Unit, counter, describe_counter,
+    describe_gauge, describe_histogram, gauge,
 };
 
-use super::{Decided, Verdict, rule_outcome};
+use super::{Decided, rule_outcome};
 
 /// The metadata of tollgate's metrics.
 static METADATA: Metadata<'static> =
     Metadata::new("tollgate", metrics::Level::INFO, Some(module_path!()));
 
-/// The most keys a thread keeps; past it, the cache starts again.
-const MAX_CACHED_KEYS: usize = 8192;
+/// The most handles a thread keeps; past it, the cache starts again.
+const MAX_CACHED: usize = 65_536;
 
-/// A metric's key, built once per label values and thread: the per-request metrics cost a
-/// lookup, never an allocation (building a `Key` allocates its labels even when no recorder
-/// is installed).
-struct CachedKey {
-    hash: u64,
-    name: &'static str,
-    values: Box<[Box<str>]>,
-    key: Key,
+/// What a cached handle counts: integers, so that a lookup hashes a few words.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    /// The recorder the handle was registered with (a recorder installed later gets its own).
+    recorder: usize,
+    /// The snapshot whose rule and tier indices follow, or for store metrics the layer (both
+    /// unique per process, unlike addresses: a handle of a recorder that was dropped is never
+    /// found for a new one at the same address).
+    snapshot: u64,
+    metric: Metric,
+    rule: u16,
+    tier: u16,
+    /// The outcome label, by address: a static text (two call sites with the same text may get
+    /// two handles of the same series, which count as one).
+    outcome: Outcome,
+    /// The route label, by address and length (a MatchedPath's, or the policy's own copy):
+    /// checked against the stored text on a hit.
+    route: (usize, usize),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Requests,
+    RuleDecisions,
+    StoreLatency,
+    StoreErrors,
+}
+
+/// A static outcome label, compared and hashed by address.
+#[derive(Clone, Copy)]
+struct Outcome(&'static str);
+
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0) && self.0.len() == other.0.len()
+    }
+}
+
+impl Eq for Outcome {}
+
+impl std::hash::Hash for Slot {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.recorder);
+        state.write_u64(self.snapshot);
+        state.write_u64(
+            (self.metric as u64) << 32 | u64::from(self.rule) << 16 | u64::from(self.tier),
+        );
+        state.write_usize(self.outcome.0.as_ptr() as usize);
+        state.write_usize(self.route.0 ^ self.route.1.rotate_left(48));
+    }
+}
+
+enum Handle {
+    Counter(Counter),
+    Histogram(Histogram),
+}
+
+struct Cached {
+    route: Box<str>,
+    handle: Handle,
 }
 
 thread_local! {
-    static KEYS: RefCell<HashTable<CachedKey>> = const { RefCell::new(HashTable::new()) };
+    /// Registered handles, per thread: a request records through a lookup and an atomic add,
+    /// never through the recorder's registry (or an allocation).
+    static HANDLES: RefCell<HashMap<Slot, Cached, foldhash::fast::FixedState>> =
+        const { RefCell::new(HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11))) };
 }
 
-fn hash_of(name: &'static str, labels: &[(&'static str, &str)]) -> u64 {
-    let mut hasher = foldhash::fast::FixedState::with_seed(7).build_hasher();
-    name.hash(&mut hasher);
-    for (_, value) in labels {
-        value.hash(&mut hasher);
-    }
-    hasher.finish()
+/// The current recorder's address.
+fn recorder() -> usize {
+    metrics::with_recorder(|recorder| (recorder as *const dyn Recorder).cast::<()>() as usize)
 }
 
-/// Calls `f` with the key of metric `name` with `labels` (always the same label names for one
-/// metric name).
-fn with_key(name: &'static str, labels: &[(&'static str, &str)], f: impl FnOnce(&Key)) {
-    let hash = hash_of(name, labels);
-    let same = |e: &CachedKey| {
-        e.hash == hash
-            && e.name == name
-            && e.values.len() == labels.len()
-            && e.values.iter().zip(labels).all(|(a, (_, b))| **a == **b)
-    };
-    KEYS.with(|keys| {
+/// Records through the handle of `slot`, registering it with `labels` the first time.
+fn record(
+    slot: Slot,
+    route: &str,
+    labels: impl FnOnce() -> (&'static str, Vec<Label>),
+    use_handle: impl FnOnce(&Handle),
+) {
+    let _ = HANDLES.try_with(|handles| {
         // A recorder that records tollgate's metrics from inside a recording: not counted.
-        let Ok(mut keys) = keys.try_borrow_mut() else {
+        let Ok(mut handles) = handles.try_borrow_mut() else {
             return;
         };
-        if keys.find(hash, same).is_none() {
-            if keys.len() >= MAX_CACHED_KEYS {
-                keys.clear();
-            }
-            let key = Key::from_parts(
-                name,
-                labels
-                    .iter()
-                    .map(|(k, v)| Label::new(*k, (*v).to_owned()))
-                    .collect::<Vec<_>>(),
-            );
-            keys.insert_unique(
-                hash,
-                CachedKey {
-                    hash,
-                    name,
-                    values: labels.iter().map(|(_, v)| Box::from(*v)).collect(),
-                    key,
-                },
-                |e| e.hash,
-            );
+        if let Some(cached) = handles.get(&slot)
+            && *cached.route == *route
+        {
+            use_handle(&cached.handle);
+            return;
         }
-        if let Some(entry) = keys.find(hash, same) {
-            f(&entry.key);
+        if handles.len() >= MAX_CACHED {
+            handles.clear();
+        }
+        let (name, labels) = labels();
+        let key = Key::from_parts(name, labels);
+        let handle = metrics::with_recorder(|recorder| match slot.metric {
+            Metric::StoreLatency => Handle::Histogram(recorder.register_histogram(&key, &METADATA)),
+            _ => Handle::Counter(recorder.register_counter(&key, &METADATA)),
+        });
+        use_handle(&handle);
+        handles.insert(
+            slot,
+            Cached {
+                route: route.into(),
+                handle,
+            },
+        );
+    });
+}
+
+fn count(slot: Slot, route: &str, labels: impl FnOnce() -> (&'static str, Vec<Label>)) {
+    record(slot, route, labels, |handle| {
+        if let Handle::Counter(counter) = handle {
+            counter.increment(1);
         }
     });
 }
 
-fn increment(name: &'static str, labels: &[(&'static str, &str)]) {
-    with_key(name, labels, |key| {
-        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1))
-    });
+fn label(key: &'static str, value: &str) -> Label {
+    Label::new(key, value.to_owned())
 }
 
 /// Describes every metric once, for exporters that print help and units.
@@ -144,86 +195,153 @@ pub(crate) fn describe() {
 }
 
 /// A decided request.
-pub(crate) fn decided(
-    store: &'static str,
-    decided: &Decided<'_>,
-    route: Option<&Arc<str>>,
-    tier: &Arc<str>,
-) {
-    let route = route.map_or("", |r| &**r);
-    increment(
-        "tollgate_requests_total",
-        &[
-            ("route", route),
-            ("tier", tier),
-            ("outcome", decided.verdict.as_str()),
-        ],
+pub(crate) fn decided(decided: &Decided<'_>, route: &str, tier: u16) {
+    let snapshot = decided.snapshot;
+    let recorder = recorder();
+    let route_at = (route.as_ptr() as usize, route.len());
+    let tier_name = || &**snapshot.resolver.tier_name(tier);
+    let outcome = decided.verdict.as_str();
+    count(
+        Slot {
+            recorder,
+            snapshot: snapshot.id,
+            metric: Metric::Requests,
+            rule: 0,
+            tier,
+            outcome: Outcome(outcome),
+            route: route_at,
+        },
+        route,
+        || {
+            (
+                "tollgate_requests_total",
+                vec![
+                    label("route", route),
+                    label("tier", tier_name()),
+                    Label::from_static_parts("outcome", outcome),
+                ],
+            )
+        },
     );
     let outcomes = decided.decision.map(|d| d.outcomes());
     for (n, &i) in decided.applied.iter().enumerate() {
-        let rule = &decided.snapshot.rules[usize::from(i)];
+        let rule = &snapshot.rules[usize::from(i)];
         let allowed = outcomes.and_then(|o| o.get(n)).map(|o| o.allowed);
-        increment(
-            "tollgate_rule_decisions_total",
-            &[
-                ("rule", rule.spec.name()),
-                ("route", route),
-                ("tier", tier),
-                (
-                    "outcome",
-                    rule_outcome(decided.verdict, rule.mode, rule.on_store_error, allowed),
-                ),
-            ],
+        rule_decision(
+            snapshot,
+            recorder,
+            i,
+            route,
+            tier,
+            rule_outcome(decided.verdict, rule.mode, rule.on_store_error, allowed),
         );
     }
-    if let Some(latency) = decided.store_latency {
-        let result = match decided.verdict {
-            Verdict::FailedOpen
-            | Verdict::FailedClosed
-            | Verdict::LocalAllowed
-            | Verdict::LocalDenied => "error",
-            _ => "ok",
-        };
-        with_key(
-            "tollgate_store_check_duration_seconds",
-            &[("store", store), ("result", result)],
-            |key| {
-                metrics::with_recorder(|recorder| {
-                    recorder
-                        .register_histogram(key, &METADATA)
-                        .record(latency.as_secs_f64())
-                })
-            },
-        );
-    }
+}
+
+fn rule_decision(
+    snapshot: &crate::policy::snapshot::Snapshot,
+    recorder: usize,
+    rule: u16,
+    route: &str,
+    tier: u16,
+    outcome: &'static str,
+) {
+    count(
+        Slot {
+            recorder,
+            snapshot: snapshot.id,
+            metric: Metric::RuleDecisions,
+            rule,
+            tier,
+            outcome: Outcome(outcome),
+            route: (route.as_ptr() as usize, route.len()),
+        },
+        route,
+        || {
+            (
+                "tollgate_rule_decisions_total",
+                vec![
+                    label("rule", snapshot.rules[usize::from(rule)].spec.name()),
+                    label("route", route),
+                    label("tier", snapshot.resolver.tier_name(tier)),
+                    Label::from_static_parts("outcome", outcome),
+                ],
+            )
+        },
+    );
+}
+
+/// One store check that took `latency`: `ok` or `error`.
+pub(crate) fn store_latency(
+    layer: u64,
+    store: &'static str,
+    result: &'static str,
+    latency: std::time::Duration,
+) {
+    let slot = Slot {
+        recorder: recorder(),
+        snapshot: layer,
+        metric: Metric::StoreLatency,
+        rule: 0,
+        tier: 0,
+        outcome: Outcome(result),
+        route: (store.as_ptr() as usize, store.len()),
+    };
+    record(
+        slot,
+        store,
+        || {
+            (
+                "tollgate_store_check_duration_seconds",
+                vec![
+                    Label::from_static_parts("store", store),
+                    Label::from_static_parts("result", result),
+                ],
+            )
+        },
+        |handle| {
+            if let Handle::Histogram(histogram) = handle {
+                histogram.record(latency.as_secs_f64());
+            }
+        },
+    );
 }
 
 /// Shadow rules that would have denied an admitted request.
 pub(crate) fn shadowed(
     snapshot: &crate::policy::snapshot::Snapshot,
     rules: &[u16],
-    route: Option<&Arc<str>>,
-    tier: &Arc<str>,
+    route: &str,
+    tier: u16,
 ) {
-    let route = route.map_or("", |r| &**r);
+    let recorder = recorder();
     for &i in rules {
-        increment(
-            "tollgate_rule_decisions_total",
-            &[
-                ("rule", snapshot.rules[usize::from(i)].spec.name()),
-                ("route", route),
-                ("tier", tier),
-                ("outcome", "shadow_denied"),
-            ],
-        );
+        rule_decision(snapshot, recorder, i, route, tier, "shadow_denied");
     }
 }
 
 /// A failed store check, by kind: `timeout`, `unavailable`, `protocol`, `circuit_open`.
-pub(crate) fn store_error(store: &'static str, kind: &'static str) {
-    increment(
-        "tollgate_store_errors_total",
-        &[("store", store), ("kind", kind)],
+pub(crate) fn store_error(layer: u64, store: &'static str, kind: &'static str) {
+    count(
+        Slot {
+            recorder: recorder(),
+            snapshot: layer,
+            metric: Metric::StoreErrors,
+            rule: 0,
+            tier: 0,
+            outcome: Outcome(kind),
+            route: (store.as_ptr() as usize, store.len()),
+        },
+        store,
+        || {
+            (
+                "tollgate_store_errors_total",
+                vec![
+                    Label::from_static_parts("store", store),
+                    Label::from_static_parts("kind", kind),
+                ],
+            )
+        },
     );
 }
 
@@ -238,9 +356,14 @@ pub(crate) fn breaker(store: &'static str, server: &Arc<str>, open: bool) {
     .set(if open { 1.0 } else { 0.0 });
 }
 
-/// The keys of the process's memory stores.
-pub(crate) fn memory_keys(keys: i64) {
-    gauge!("tollgate_memory_store_keys").set(keys as f64);
+/// Keys added to (or, negative, removed from) the process's memory stores.
+pub(crate) fn memory_keys(delta: i64) {
+    let gauge = gauge!("tollgate_memory_store_keys");
+    if delta >= 0 {
+        gauge.increment(delta as f64);
+    } else {
+        gauge.decrement(-delta as f64);
+    }
 }
 
 /// Keys evicted from a full memory store.
@@ -253,7 +376,19 @@ pub(crate) fn reload(result: &'static str) {
     counter!("tollgate_policy_reloads_total", "result" => result).increment(1);
 }
 
-/// Requests waiting for a delay rule.
-pub(crate) fn waiting(count: usize) {
-    gauge!("tollgate_delayed_requests").set(count as f64);
+/// A request starts (`true`) or stops waiting for a delay rule.
+pub(crate) fn waiting(starts: bool) {
+    let gauge = gauge!("tollgate_delayed_requests");
+    if starts {
+        gauge.increment(1.0);
+    } else {
+        gauge.decrement(1.0);
+    }
+}
+
+/// Makes the reload counters exist at 0 for a live layer, so that the first rejection is an
+/// increase.
+pub(crate) fn reloads_start() {
+    counter!("tollgate_policy_reloads_total", "result" => "installed").increment(0);
+    counter!("tollgate_policy_reloads_total", "result" => "rejected").increment(0);
 }

@@ -28,10 +28,10 @@
 //!
 //! With the feature `metrics`, the layer and the stores record through the
 //! [`metrics`](https://docs.rs/metrics) facade; install any recorder (for Prometheus,
-//! `metrics-exporter-prometheus`). Label values are bounded: rule names, route patterns (at
-//! most [`MAX_ROUTE_LABELS`], then `other`), tier names, outcomes, store kinds and server
-//! addresses; never a client's key, address, tenant or email. The README ("Watching it") lists
-//! every metric.
+//! `metrics-exporter-prometheus`). Label values are bounded: rule names, route patterns
+//! (axum's `MatchedPath`, and gRPC methods that the policy names; other requests have the
+//! route label `""`), tier names, outcomes, store kinds and server addresses; never a client's
+//! key, address, tenant or email. The README ("Watching it") lists every metric.
 //!
 //! # The span
 //!
@@ -53,17 +53,12 @@ mod hook;
 mod log;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
-mod routes;
 
 pub use hook::{DecisionEvent, DecisionHook, DecisionReceiver, RuleEvent};
 
-pub use routes::MAX_ROUTE_LABELS;
-
 pub(crate) use log::DenialLog;
-pub(crate) use routes::RouteLabels;
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap, Uri};
@@ -98,11 +93,16 @@ pub enum Verdict {
     ListedAllowed,
     /// On the deny list: refused (403, gRPC `PERMISSION_DENIED`).
     ListedDenied,
+    /// No rule applied (every rule skips requests without a key).
+    NotLimited,
+    /// The client went away before the request was decided.
+    Cancelled,
 }
 
 impl Verdict {
     /// The label value: `allowed`, `denied`, `shadow_denied`, `delayed`, `failed_open`,
-    /// `failed_closed`, `local_allowed`, `local_denied`, `listed_allowed`, `listed_denied`.
+    /// `failed_closed`, `local_allowed`, `local_denied`, `listed_allowed`, `listed_denied`,
+    /// `not_limited`, `cancelled`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allowed => "allowed",
@@ -115,6 +115,8 @@ impl Verdict {
             Verdict::LocalDenied => "local_denied",
             Verdict::ListedAllowed => "listed_allowed",
             Verdict::ListedDenied => "listed_denied",
+            Verdict::NotLimited => "not_limited",
+            Verdict::Cancelled => "cancelled",
         }
     }
 }
@@ -176,8 +178,19 @@ impl<'a> Head<'a> {
         crate::response::is_grpc(self.headers)
     }
 
-    pub(crate) fn route(&self) -> Option<&'a str> {
+    /// The route label: axum's route pattern, or a gRPC method the policy names (a client
+    /// chooses the method path it sends); `""` otherwise.
+    pub(crate) fn route_label<'s>(&self, snapshot: &'s Snapshot) -> &'s str
+    where
+        'a: 's,
+    {
+        #[cfg(feature = "axum")]
+        if let Some(matched) = self.extensions.get::<axum::extract::MatchedPath>() {
+            return matched.as_str();
+        }
         Route::route_in(self.uri, self.headers, self.extensions)
+            .and_then(|route| snapshot.resolver.known_route(route))
+            .unwrap_or("")
     }
 
     pub(crate) fn tenant(&self) -> Option<&'a Tenant> {
@@ -187,12 +200,63 @@ impl<'a> Head<'a> {
 
 /// What a layer tells about its decisions: shared by its services.
 pub(crate) struct Observer {
-    pub(crate) routes: RouteLabels,
+    /// Unique per layer in the process.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) id: u64,
     pub(crate) log: DenialLog,
     pub(crate) hook: Option<DecisionHook>,
     /// The store's kind, for metric labels.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) store: &'static str,
+}
+
+impl Decided<'_> {
+    /// The `Retry-After` of a denial, in seconds: shadow rules, which never deny, left out.
+    pub(crate) fn retry_after_seconds(&self) -> Option<u64> {
+        if !matches!(self.verdict, Verdict::Denied | Verdict::LocalDenied) {
+            return None;
+        }
+        let decision = self.decision?;
+        let wait = self
+            .applied
+            .iter()
+            .zip(decision.outcomes())
+            .filter(|(i, o)| {
+                !o.allowed && self.snapshot.rules[usize::from(**i)].mode != RuleMode::Shadow
+            })
+            .map(|(_, o)| o.retry_after)
+            .max()?;
+        (wait != u64::MAX).then(|| wait.div_ceil(1_000_000).max(1))
+    }
+
+    /// The rules that denied (shadow rules left out).
+    pub(crate) fn denying(&self) -> smallvec::SmallVec<[u16; 2]> {
+        match self.decision {
+            Some(decision) => self
+                .applied
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(i, o)| {
+                    !o.allowed && self.snapshot.rules[usize::from(**i)].mode != RuleMode::Shadow
+                })
+                .map(|(&i, _)| i)
+                .collect(),
+            None => self.applied.iter().copied().collect(),
+        }
+    }
+}
+
+impl Observer {
+    /// A new layer's observer.
+    pub(crate) fn new(log: DenialLog, hook: Option<DecisionHook>, store: &'static str) -> Self {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Observer {
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            log,
+            hook,
+            store,
+        }
+    }
 }
 
 /// One decided request, as events see it.
@@ -210,41 +274,58 @@ impl Observer {
     /// Tells everyone who listens about a decided request: metrics, the span, the rejection
     /// log and the hook.
     pub(crate) fn decided(&self, decided: &Decided<'_>, span: &tracing::Span) {
-        let listening_log = decided.verdict == Verdict::Denied && self.log.enabled();
-        let wants_route = cfg!(feature = "metrics") || self.hook.is_some() || listening_log;
-        let route: Option<Arc<str>> = if wants_route {
-            decided.head.route().map(|r| self.routes.label(r))
-        } else {
-            None
-        };
-        let tenant = decided.head.tenant();
-        let tier = decided.snapshot.resolver.tier_of(tenant);
-        #[cfg(feature = "metrics")]
-        metrics::decided(self.store, decided, route.as_ref(), tier);
         if !span.is_disabled() {
             record_span(span, decided);
         }
-        if listening_log {
-            self.log.denied(decided, route.as_deref(), tier, tenant);
+        let log =
+            matches!(decided.verdict, Verdict::Denied | Verdict::LocalDenied) && self.log.enabled();
+        if !(cfg!(feature = "metrics") || log || self.hook.is_some()) {
+            return;
+        }
+        let route = decided.head.route_label(decided.snapshot);
+        let tenant = decided.head.tenant();
+        let tier = decided.snapshot.resolver.tier_of(tenant);
+        #[cfg(feature = "metrics")]
+        metrics::decided(decided, route, tier);
+        let tier_name = decided.snapshot.resolver.tier_name(tier);
+        if log {
+            self.log.denied(decided, route, tier_name, tenant);
         }
         if let Some(hook) = &self.hook {
-            hook.send(decided, route, tier, tenant);
+            hook.send(decided, route, tier_name, tenant);
         }
     }
-}
 
-impl Observer {
     /// Shadow rules that would have denied a request that is admitted (and checked again
     /// without them): counted as such by the per-rule metric.
     pub(crate) fn shadowed(&self, snapshot: &Snapshot, head: Head<'_>, rules: &[u16]) {
         #[cfg(feature = "metrics")]
         {
-            let route = head.route().map(|r| self.routes.label(r));
+            let route = head.route_label(snapshot);
             let tier = snapshot.resolver.tier_of(head.tenant());
-            metrics::shadowed(snapshot, rules, route.as_ref(), tier);
+            metrics::shadowed(snapshot, rules, route, tier);
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (snapshot, head, rules);
+    }
+
+    /// One check of the store, answered or failed after `latency`.
+    pub(crate) fn store_checked(
+        &self,
+        latency: Option<Duration>,
+        result: &Result<crate::Decision, crate::store::StoreError>,
+    ) {
+        #[cfg(feature = "metrics")]
+        if let Some(latency) = latency {
+            match result {
+                // Not asked: no latency to tell.
+                Err(crate::store::StoreError::CircuitOpen) => {}
+                Ok(_) => metrics::store_latency(self.id, self.store, "ok", latency),
+                Err(_) => metrics::store_latency(self.id, self.store, "error", latency),
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = (latency, result);
     }
 }
 
@@ -267,7 +348,7 @@ fn record_span(span: &tracing::Span, decided: &Decided<'_>) {
     };
     span.record("rules", tracing::field::display(&names));
     span.record("verdict", decided.verdict.as_str());
-    if let Some(seconds) = decided.decision.and_then(Decision::retry_after_seconds) {
+    if let Some(seconds) = decided.retry_after_seconds() {
         span.record("retry_after_s", seconds);
     }
     if let Some(latency) = decided.store_latency {

@@ -37,6 +37,9 @@ pub(crate) struct Compiler {
 
 /// A policy ready for the request path.
 pub(crate) struct Snapshot {
+    /// Unique in the process: never reused, unlike an address.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) id: u64,
     pub(crate) version: Arc<str>,
     /// Every rule of the policy, once per name.
     pub(crate) rules: Box<[CompiledRule]>,
@@ -180,7 +183,9 @@ impl Snapshot {
         let rules = rules.finish();
         let routed = tiers.iter().any(|t| !t.routes.is_empty())
             || tenants.values().any(|t| !t.routes.is_empty());
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Snapshot {
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: version.into(),
             missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
             answers: Answers::new(&rules, compiler.headers, compiler.on_denied.clone()),
@@ -190,6 +195,12 @@ impl Snapshot {
             watches: rules.iter().any(|rule| rule.mode != RuleMode::Enforce),
             rules,
             resolver: Resolver {
+                known_routes: tiers
+                    .iter()
+                    .map(|t| &t.routes)
+                    .chain(tenants.values().map(|t| &t.routes))
+                    .flat_map(|table| table.routes.keys().cloned())
+                    .collect(),
                 default_tier,
                 tier_names: policy
                     .tiers
@@ -366,6 +377,8 @@ fn check_region(region: &Region) -> Result<(), ConfigError> {
 
 /// Which rules apply to a request.
 pub(crate) struct Resolver {
+    /// Every route some rule set is for.
+    known_routes: std::collections::HashSet<Box<str>, foldhash::fast::RandomState>,
     default_tier: u16,
     tier_names: Box<[Arc<str>]>,
     tiers: Box<[TierTable]>,
@@ -544,10 +557,20 @@ impl Resolver {
             .unwrap_or(self.default_tier)
     }
 
-    /// The name of a tenant's tier (the default tier's without a tenant).
-    pub(crate) fn tier_of(&self, tenant: Option<&Tenant>) -> &Arc<str> {
+    /// The policy's own copy of `route`, when some rule set is for it.
+    pub(crate) fn known_route(&self, route: &str) -> Option<&str> {
+        self.known_routes.get(route).map(|r| &**r)
+    }
+
+    /// The tier of a tenant (the default tier without a tenant), by index.
+    pub(crate) fn tier_of(&self, tenant: Option<&Tenant>) -> u16 {
         let listed = tenant.and_then(|t| self.tenants.get(t.id()));
-        &self.tier_names[usize::from(self.tier_index_of(tenant, listed))]
+        self.tier_index_of(tenant, listed)
+    }
+
+    /// A tier's name.
+    pub(crate) fn tier_name(&self, tier: u16) -> &Arc<str> {
+        &self.tier_names[usize::from(tier)]
     }
 }
 

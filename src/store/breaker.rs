@@ -113,6 +113,9 @@ pub(crate) struct Permit {
 impl Breaker {
     /// The breaker of `server` of a store of `kind`.
     pub(crate) fn new(config: CircuitBreaker, kind: &'static str, server: Arc<str>) -> Self {
+        // The gauge exists, closed, from the start.
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::breaker(kind, &server, false);
         Breaker {
             label: (kind, server),
             config,
@@ -235,6 +238,16 @@ impl Breaker {
             crate::observe::metrics::breaker(self.label.0, &self.label.1, true);
         }
         !was_open
+    }
+}
+
+/// A store or a cluster node that goes away takes its breaker's state with it.
+#[cfg(feature = "metrics")]
+impl Drop for Breaker {
+    fn drop(&mut self) {
+        if self.open_until.load(Ordering::Relaxed) != 0 {
+            crate::observe::metrics::breaker(self.label.0, &self.label.1, false);
+        }
     }
 }
 

@@ -83,10 +83,6 @@ struct Shard {
     counted: usize,
 }
 
-/// The keys of every memory store of the process, as last counted by their shards' sweeps.
-#[cfg(feature = "metrics")]
-static KEYS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
 #[cfg(feature = "metrics")]
 impl Shard {
     /// Brings the process's key count up to date with this shard.
@@ -95,8 +91,7 @@ impl Shard {
         if now != self.counted {
             let delta = now as i64 - self.counted as i64;
             self.counted = now;
-            let keys = KEYS.fetch_add(delta, Ordering::Relaxed) + delta;
-            crate::observe::metrics::memory_keys(keys);
+            crate::observe::metrics::memory_keys(delta);
         }
     }
 }
@@ -105,8 +100,7 @@ impl Shard {
 impl Drop for Shard {
     fn drop(&mut self) {
         if self.counted > 0 {
-            let keys = KEYS.fetch_sub(self.counted as i64, Ordering::Relaxed) - self.counted as i64;
-            crate::observe::metrics::memory_keys(keys);
+            crate::observe::metrics::memory_keys(-(self.counted as i64));
         }
     }
 }
