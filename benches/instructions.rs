@@ -18,6 +18,8 @@
 //!   `tollgate_reject`, `tower_governor_allow`, `tower_governor_reject`), called in process.
 //!   Built with `--features metrics` and run with `RECORDER=prometheus`, a Prometheus recorder
 //!   records them (`./scripts/instructions.sh` compares with and without: `METRICS=1`).
+//! * `policy <router> <n>`: the routers of `benches/policy.rs` (`fixed_ip`, `policy_ip`,
+//!   `fixed_tenant`, `policy_tenant`, `policy_tenant_header`), called in process.
 //! * `stacked <1|2|4> <n>`: memory-store decisions of 1, 2 or 4 stacked rules over 1,000,000
 //!   clients whose keys are all in the store (`benches/support/stacked.rs`).
 //!
@@ -26,6 +28,8 @@
 
 #[path = "support/layer_apps.rs"]
 mod layer_apps;
+#[path = "support/policy_apps.rs"]
+mod policy_apps;
 #[path = "support/stacked.rs"]
 mod stacked;
 
@@ -44,6 +48,8 @@ const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_g
                      <hot_key_allowed|hot_key_denied|100k_keys_allowed> <n>\n       \
                      instructions layer <bare|tollgate_allow|tollgate_reject|\
                      tower_governor_allow|tower_governor_reject> <n>\n       \
+                     instructions policy <fixed_ip|policy_ip|fixed_tenant|policy_tenant|\
+                     policy_tenant_header> <n>\n       \
                      instructions stacked <1|2|4> <n>";
 
 fn main() -> ExitCode {
@@ -56,6 +62,7 @@ fn main() -> ExitCode {
     let result = match args.as_slice() {
         ["store", limiter, case, n] => count(n).and_then(|n| store(limiter, case, n)),
         ["layer", router, n] => count(n).and_then(|n| layer(router, n)),
+        ["policy", router, n] => count(n).and_then(|n| policy(router, n)),
         ["stacked", rules, n] => count(n).and_then(|n| stacked_rules(rules, n)),
         _ => Err(String::from("wrong arguments")),
     };
@@ -150,6 +157,23 @@ fn stacked_rules(rules: &str, n: usize) -> Result<String, String> {
     Ok(format!(
         "{rules} stacked rules: {n} decisions, {admitted} admitted"
     ))
+}
+
+fn policy(router: &str, n: usize) -> Result<String, String> {
+    let (app, tenant, header) = policy_apps::apps()
+        .into_iter()
+        .find_map(|(name, app, tenant, header)| (name == router).then_some((app, tenant, header)))
+        .ok_or_else(|| format!("unknown router {router:?}"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot build a runtime: {e}"))?;
+    runtime.block_on(async {
+        for _ in 0..n {
+            policy_apps::serve_one(&app, tenant, header).await;
+        }
+    });
+    Ok(format!("{router}: {n} requests"))
 }
 
 fn layer(router: &str, n: usize) -> Result<String, String> {

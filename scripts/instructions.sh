@@ -88,3 +88,21 @@ if [ "${METRICS:-0}" = 1 ]; then
         printf '%-22s %22s %22s %10s\n' "$router" "$plain" "$recorded" "$added"
     done
 fi
+
+# POLICY=1: what resolving a policy of 3 tiers × 1,000 routes and 10,000 tenants costs, against
+# the same kind of rule fixed in the layer (benches/support/policy_apps.rs).
+if [ "${POLICY:-0}" = 1 ]; then
+    bin=$(cargo bench --quiet --bench instructions --no-run --message-format=json 2>/dev/null |
+        sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+    echo
+    printf '%-22s %16s %12s\n' router instr/request "vs fixed"
+    for pair in "fixed_ip policy_ip" "fixed_tenant policy_tenant policy_tenant_header"; do
+        fixed=""
+        for router in $pair; do
+            cost=$(per "$requests" policy "$router")
+            [ -z "$fixed" ] && fixed=$cost
+            added=$(awk -v p="$cost" -v b="$fixed" 'BEGIN { printf "%+.0f", p - b }')
+            printf '%-22s %16s %12s\n' "$router" "$cost" "$added"
+        done
+    done
+fi

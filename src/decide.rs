@@ -264,11 +264,10 @@ impl<St: Store> Shared<St> {
             }
         }
         let tenant = match &self.tenant {
-            None => None,
+            None => Found::None,
             Some(extractor) => match extractor.tenant(parts) {
-                Found::Tenant(tenant) => Some(tenant),
-                Found::None => None,
                 Found::Pending(future) => return Start::Tenant { future, listing },
+                found => found,
             },
         };
         self.with_tenant(snapshot, tenant, listing, parts, span)
@@ -280,29 +279,43 @@ impl<St: Store> Shared<St> {
     pub(crate) fn with_tenant(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        tenant: Option<Tenant>,
+        tenant: Found,
         mut listing: Listing,
         parts: &mut Parts,
         span: &tracing::Span,
     ) -> Start<St::Future> {
-        if let Some(tenant) = &tenant {
-            if snapshot.lists.has_tenant_entries() {
-                match snapshot.lists.tenant(tenant) {
-                    Listing::Denied => return self.forbidden(snapshot, parts, span),
-                    Listing::Allowed => listing = Listing::Allowed,
-                    Listing::Unlisted => {}
+        // The tenant found lives in the request's extensions: for the tenant's key, for
+        // handlers, and read from there without a copy.
+        let has_tenant = match tenant {
+            Found::Tenant(tenant) => {
+                if parts.extensions.get::<Tenant>() != Some(&tenant) {
+                    parts.extensions.insert(tenant);
                 }
+                true
             }
-            // For the tenant's key, and for handlers.
-            if parts.extensions.get::<Tenant>() != Some(tenant) {
-                parts.extensions.insert(tenant.clone());
+            Found::InExtensions => true,
+            Found::None | Found::Pending(_) => false,
+        };
+        let parts = &*parts;
+        let tenant = if has_tenant {
+            parts.extensions.get::<Tenant>()
+        } else {
+            None
+        };
+        if let Some(tenant) = tenant
+            && snapshot.lists.has_tenant_entries()
+        {
+            match snapshot.lists.tenant(tenant) {
+                Listing::Denied => return self.forbidden(snapshot, parts, span),
+                Listing::Allowed => listing = Listing::Allowed,
+                Listing::Unlisted => {}
             }
         }
         if listing == Listing::Allowed {
             self.emit_listed(snapshot, parts, span, Verdict::ListedAllowed);
             return nothing_applies();
         }
-        let rules = snapshot.resolver.resolve(tenant.as_ref(), parts).rules;
+        let rules = snapshot.resolver.resolve(tenant, parts).rules;
         self.check_rules(snapshot, rules, parts, span)
     }
 

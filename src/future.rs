@@ -232,7 +232,7 @@ where
                     let (mut parts, body) = request.into_parts();
                     let start = this.shared.with_tenant(
                         this.snapshot,
-                        tenant,
+                        tenant.into(),
                         *listing,
                         &mut parts,
                         this.span,

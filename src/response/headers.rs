@@ -93,6 +93,9 @@ static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 /// item, rendered once.
 pub(crate) struct PolicyItems {
     items: Box<[String]>,
+    /// Each item as a field value of its own: a request that one rule limits (the common case,
+    /// with or without a policy) shares it.
+    item_values: Box<[HeaderValue]>,
     all: HeaderValue,
     /// `"name";r=` per rule.
     budget_prefixes: Box<[Box<[u8]>]>,
@@ -108,12 +111,17 @@ impl PolicyItems {
             })
             .collect();
         let all = HeaderValue::from_str(&items.join(", ")).unwrap_or(HeaderValue::from_static(""));
+        let item_values = items
+            .iter()
+            .map(|item| HeaderValue::from_str(item).unwrap_or(HeaderValue::from_static("")))
+            .collect();
         let budget_prefixes = rules
             .iter()
             .map(|rule| format!("\"{}\";r=", rule.spec.name()).into_bytes().into())
             .collect();
         PolicyItems {
             items,
+            item_values,
             all,
             budget_prefixes,
         }
@@ -122,6 +130,9 @@ impl PolicyItems {
     fn value(&self, applied: &[u16], total: usize) -> HeaderValue {
         if applied.len() == total {
             return self.all.clone();
+        }
+        if let [one] = applied {
+            return self.item_values[usize::from(*one)].clone();
         }
         let mut out = <Buffer>::default();
         for &i in applied {
