@@ -441,6 +441,20 @@ impl<St: Store> Shared<St> {
         }
     }
 
+    /// A denied request: told to events, then answered (shadow rules left out of the answer).
+    fn deny(
+        &self,
+        snapshot: &Snapshot,
+        ctx: &Ctx<'_>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        verdict: Verdict,
+    ) -> Next {
+        self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
+        denied_answer(snapshot, applied, decision, ctx.head.is_grpc())
+    }
+
     /// A request whose client went away before it was decided, to events.
     pub(crate) fn cancelled(
         &self,
@@ -585,17 +599,7 @@ impl<St: Store> Shared<St> {
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
             }
-            Ok(decision) => {
-                self.emit(
-                    snapshot,
-                    ctx,
-                    applied,
-                    Some(&decision),
-                    keys,
-                    Verdict::Denied,
-                );
-                deny(snapshot, applied, decision, grpc())
-            }
+            Ok(decision) => self.deny(snapshot, ctx, applied, keys, decision, Verdict::Denied),
             Err(error) => {
                 self.report(&error);
                 match self.without_store(snapshot, applied, keys) {
@@ -608,15 +612,7 @@ impl<St: Store> Shared<St> {
                         )
                     }
                     WithoutStore::Decided(decision) if !decision.allowed() => {
-                        self.emit(
-                            snapshot,
-                            ctx,
-                            applied,
-                            Some(&decision),
-                            keys,
-                            Verdict::LocalDenied,
-                        );
-                        deny(snapshot, applied, decision, grpc())
+                        self.deny(snapshot, ctx, applied, keys, decision, Verdict::LocalDenied)
                     }
                     WithoutStore::Decided(decision) => {
                         self.emit(
@@ -657,15 +653,7 @@ impl<St: Store> Shared<St> {
         let enforced_denial = denying().any(|(i, _)| mode(*i) != RuleMode::Shadow);
         let Some(keys) = keys else {
             // Kept for every policy with shadow or delay rules: not reached.
-            self.emit(
-                snapshot,
-                ctx,
-                applied,
-                Some(&decision),
-                keys,
-                Verdict::Denied,
-            );
-            return deny(snapshot, applied, decision, ctx.head.is_grpc());
+            return self.deny(snapshot, ctx, applied, keys, decision, Verdict::Denied);
         };
         if !enforced_denial {
             let shadow: SmallVec<[u16; 2]> = denying()
@@ -720,15 +708,14 @@ impl<St: Store> Shared<St> {
                 phase,
             ));
         }
-        self.emit(
+        self.deny(
             snapshot,
             ctx,
             applied,
-            Some(&decision),
             Some(keys),
+            decision,
             Verdict::Denied,
-        );
-        deny(snapshot, applied, decision, ctx.head.is_grpc())
+        )
     }
 
     /// Checks `keys` again: at once (`delay` is `None`), or after waiting for a delay rule's
@@ -885,7 +872,12 @@ fn nothing_applies<C>() -> Start<C> {
 }
 
 /// The answer to a denied request (shadow rules left out of it).
-fn deny(snapshot: &Snapshot, applied: &mut Applied, decision: Decision, grpc: bool) -> Next {
+fn denied_answer(
+    snapshot: &Snapshot,
+    applied: &mut Applied,
+    decision: Decision,
+    grpc: bool,
+) -> Next {
     // Told to the rejection log (target `tollgate::denied`) by `Shared::emit`.
     let decision = visible(snapshot, applied, decision);
     Next::Answer(

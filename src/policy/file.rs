@@ -203,14 +203,8 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
         for r in &def.get_ref().rules {
             tier = tier.rule(rule(r, &mut place)?);
         }
-        for (route, route_def) in &def.get_ref().routes {
-            let rules = route_def
-                .get_ref()
-                .rules
-                .iter()
-                .map(|r| rule(r, &mut place))
-                .collect::<Result<Vec<_>, _>>()?;
-            tier = tier.route(route.clone(), rules);
+        for (route, rules) in routes_of(&def.get_ref().routes, |r| rule(r, &mut place))? {
+            tier = tier.route(route, rules);
         }
         policy = policy.tier(tier);
     }
@@ -220,14 +214,8 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
         if let Some(tier) = &def.get_ref().tier {
             tenant = tenant.tier(tier.clone());
         }
-        for (route, route_def) in &def.get_ref().routes {
-            let rules = route_def
-                .get_ref()
-                .rules
-                .iter()
-                .map(|r| rule(r, &mut place))
-                .collect::<Result<Vec<_>, _>>()?;
-            tenant = tenant.route(route.clone(), rules);
+        for (route, rules) in routes_of(&def.get_ref().routes, |r| rule(r, &mut place))? {
+            tenant = tenant.route(route, rules);
         }
         policy = policy.tenant(tenant);
     }
@@ -255,6 +243,24 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
         places,
     }));
     Ok(policy)
+}
+
+/// The rules of each route of a tier or a tenant.
+fn routes_of(
+    routes: &BTreeMap<String, Spanned<RouteDef>>,
+    mut rule: impl FnMut(&Spanned<RuleDef>) -> Result<Rule, ConfigError>,
+) -> Result<Vec<(String, Vec<Rule>)>, ConfigError> {
+    let mut all = Vec::with_capacity(routes.len());
+    for (route, def) in routes {
+        let rules = def
+            .get_ref()
+            .rules
+            .iter()
+            .map(&mut rule)
+            .collect::<Result<_, _>>()?;
+        all.push((route.clone(), rules));
+    }
+    Ok(all)
 }
 
 /// A [`ConfigError`]'s message, placed at `span`.
