@@ -1,7 +1,7 @@
 //! IP keys cost no allocation: extracting the client IP through a 5-hop `X-Forwarded-For` or
 //! `Forwarded`, or reading 10,000 entries, allocates nothing. Nor does a request through the
 //! layer counted by IP, whether its rule is fixed or resolved by a policy of tiers, tenants and
-//! routes.
+//! routes, nor one counted by its route.
 //!
 //! A binary of its own with no test harness (`harness = false`): the only thread is `main`, so no
 //! runner thread can allocate while it measures. A check that fails panics, and the binary exits
@@ -107,6 +107,7 @@ where
 }
 
 fn a_request_resolved_by_a_policy_does_not_allocate() {
+    use tollgate::key::Route;
     use tollgate::policy::{Policy, TenantRules, Tier};
     use tollgate::{Headers, Quota, RateLimitLayer, Rule};
     use tower::Layer;
@@ -163,6 +164,30 @@ fn a_request_resolved_by_a_policy_does_not_allocate() {
         through(&mut resolved.layer(inner), request),
         0,
         "rule resolved by tier and route, IP key"
+    );
+    // Counted by route (the gRPC method), with and without the HTTP method, in a policy.
+    let by_route = Policy::new("v1")
+        .tier(
+            Tier::new("free")
+                .rule(Rule::new("free-default", quota))
+                .route(
+                    "/shop.Search/Find",
+                    [
+                        Rule::new("per-route", quota).key(Route::new()),
+                        Rule::new("per-method-route", quota).key(Route::new().with_method()),
+                    ],
+                ),
+        )
+        .default_tier("free");
+    let by_route = RateLimitLayer::builder()
+        .policy(by_route)
+        .headers(Headers::none())
+        .build()
+        .unwrap();
+    assert_eq!(
+        through(&mut by_route.layer(inner), request),
+        0,
+        "rules resolved by route, route keys"
     );
 }
 

@@ -2,6 +2,8 @@
 //! the store down in each failure mode), bounded label values, the decision hook, and the
 //! example's `/metrics` read by a Prometheus exposition-format parser.
 
+mod support;
+
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -257,56 +259,13 @@ async fn the_decision_hook_never_blocks_and_counts_what_it_drops() {
     assert_eq!(hook.dropped(), 2);
 }
 
-/// The example binary, next to this test's in the target directory.
-fn example(name: &str) -> std::path::PathBuf {
-    let test = std::env::current_exe().unwrap();
-    let dir = test.parent().unwrap().parent().unwrap();
-    dir.join("examples").join(name)
-}
-
-/// Stops a child process when dropped.
-struct Running(std::process::Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn the_example_metrics_are_prometheus_text_that_counts_its_denials() {
-    let binary = example("metrics");
-    assert!(
-        binary.exists(),
-        "{} is missing: `cargo test` builds the examples (or run cargo build --examples --all-features)",
-        binary.display()
-    );
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let _server = Running(
-        std::process::Command::new(&binary)
-            .env("TOLLGATE_ADDR", &addr)
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let example = support::example::Example::start("metrics", "TOLLGATE_ADDR", &[]);
+    let addr = example.addr.clone();
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
     let get = |path: &str| client.get(format!("http://{addr}{path}").parse().unwrap());
-    // Up within 20 s.
-    let start = std::time::Instant::now();
-    while get("/metrics").await.is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the example did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     let mut statuses = Vec::new();
     for _ in 0..7 {
         statuses.push(get("/hello").await.unwrap().status().as_u16());
@@ -499,5 +458,121 @@ fn every_request_is_counted_once_whatever_becomes_of_it() {
             .get("tollgate_rule_decisions_total{outcome=\"shadow_denied\",route=\"/dark\",rule=\"dark\",tier=\"free\"}"),
         Some(&1),
         "{metrics:#?}"
+    );
+}
+
+#[test]
+fn policy_reloads_are_counted_by_result_once_per_bad_version() {
+    use tollgate::policy::{Policy, Tier};
+
+    let policy = |version: &str, limit: u64| {
+        Policy::new(version)
+            .tier(Tier::new("free").rule(Rule::new("api", Quota::per_minute(limit))))
+            .default_tier("free")
+    };
+    let metrics = recorded(|| async {
+        let layer = RateLimitLayer::builder()
+            .policy_source(policy("v1", 10))
+            .build()
+            .unwrap();
+        let handle = layer.policy_handle().unwrap();
+        handle.install(policy("v2", 20)).unwrap();
+        // A policy without a default tier does not build, however many times it is offered.
+        let bad =
+            Policy::new("bad").tier(Tier::new("free").rule(Rule::new("api", Quota::per_minute(5))));
+        for _ in 0..3 {
+            assert!(handle.install(bad.clone()).is_err());
+        }
+        handle.install(policy("v3", 30)).unwrap();
+        assert_eq!((handle.installed(), handle.rejected()), (2, 1));
+        assert_eq!(handle.version(), "v3");
+    });
+    assert_eq!(
+        metrics,
+        expect(&[
+            ("tollgate_policy_reloads_total{result=\"installed\"}", 2),
+            ("tollgate_policy_reloads_total{result=\"rejected\"}", 1),
+        ])
+    );
+}
+
+#[test]
+fn label_values_never_grow_with_tenants_api_keys_or_grpc_paths() {
+    use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+
+    let series = |clients: u32| {
+        recorded(move || async move {
+            let policy = Policy::new("v1")
+                .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1))))
+                .tier(
+                    Tier::new("pro")
+                        .rule(Rule::new("pro", Quota::per_minute(1)))
+                        .route(
+                            "/pkg.Search/Find",
+                            [Rule::new("find", Quota::per_minute(1))],
+                        ),
+                )
+                .default_tier("free");
+            let layer = RateLimitLayer::builder()
+                .policy(policy)
+                // Every key is a tenant, and claims a tier of its own choosing.
+                .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+                    let (tier, id) = key.split_once('-')?;
+                    Some(Tenant::new(id.to_owned()).with_tier(tier.to_owned()))
+                }))
+                .build()
+                .unwrap();
+            let mut service = tower::Layer::layer(
+                &layer,
+                tower::service_fn(|_: Request<Body>| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+                }),
+            );
+            for n in 0..clients {
+                let tier = ["free", "pro", &format!("tier{n}")][n as usize % 3].to_owned();
+                let key = format!("{tier}-tenant{n}");
+                let grpc_path = if n % 2 == 0 {
+                    "/pkg.Search/Find".to_owned()
+                } else {
+                    format!("/pkg.Invented{n}/Method{n}")
+                };
+                for path in [format!("/unmatched/{n}"), grpc_path] {
+                    for _ in 0..2 {
+                        let mut req = request(&path, [10, 1, (n >> 8) as u8, n as u8]);
+                        req.headers_mut().insert("x-api-key", key.parse().unwrap());
+                        if path.starts_with("/pkg.") {
+                            req.headers_mut()
+                                .insert("content-type", "application/grpc".parse().unwrap());
+                        }
+                        service.ready().await.unwrap().call(req).await.unwrap();
+                    }
+                }
+            }
+        })
+        .into_keys()
+        .collect::<HashSet<String>>()
+    };
+    let few = series(6);
+    let many = series(3_000);
+    assert_eq!(few, many, "the series of 6 tenants and of 3,000 tenants");
+    assert!(
+        many.iter().all(|s| !s.contains("tenant")
+            && !s.contains("Invented")
+            && !s.contains("/unmatched")
+            && !s.contains("tier1")),
+        "{many:#?}"
+    );
+    // The gRPC method the policy names is a route; the tiers a client claims that the policy
+    // does not have are counted as the default tier.
+    assert!(
+        many.iter()
+            .any(|s| s.contains("route=\"/pkg.Search/Find\"")),
+        "{many:#?}"
+    );
+    assert!(
+        many.iter().all(|s| !s.contains("tier=")
+            || s.contains("tier=\"free\"")
+            || s.contains("tier=\"pro\"")),
+        "{many:#?}"
     );
 }

@@ -380,6 +380,117 @@ async fn allow_and_deny_lists() {
 }
 
 #[tokio::test]
+async fn key_entries_match_the_layers_text_key() {
+    use tollgate::key::FromHeader;
+
+    let policy = Policy::new("v")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1))))
+        .default_tier("free")
+        .allow("key:internal-job".parse().unwrap())
+        .deny("key:scraper-7".parse().unwrap());
+    // The layer's key is a header: list entries name its values.
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .key(FromHeader::new("x-client"))
+        .build()
+        .unwrap();
+    let mut app = app(layer);
+    let with_client = |client: &str| {
+        let mut req = request("GET", "/", [10, 0, 0, 1], None);
+        req.headers_mut()
+            .insert("x-client", client.parse().unwrap());
+        req
+    };
+    for _ in 0..3 {
+        let res = send(&mut app, with_client("internal-job")).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(
+            header(&res, "ratelimit").is_none(),
+            "an allowed key carries no budget"
+        );
+    }
+    assert_eq!(
+        send(&mut app, with_client("scraper-7")).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    // A key that only resembles a listed one is limited as usual.
+    assert_eq!(
+        send(&mut app, with_client("scraper-70")).await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut app, with_client("scraper-70")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// A source of policies pushed by a test, as a configuration service would be.
+struct Pushed(Arc<Mutex<Vec<Result<Policy, String>>>>);
+
+impl tollgate::policy::PolicySource for Pushed {
+    fn load(&mut self) -> Result<Policy, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(one_rule("first", 1))
+    }
+
+    fn poll(&mut self) -> Result<Option<Policy>, Box<dyn std::error::Error + Send + Sync>> {
+        match self.0.lock().unwrap().pop() {
+            None => Ok(None),
+            Some(Ok(policy)) => Ok(Some(policy)),
+            Some(Err(error)) => Err(error.into()),
+        }
+    }
+
+    fn interval(&self) -> Option<Duration> {
+        Some(Duration::from_millis(10))
+    }
+}
+
+fn one_rule(version: &str, limit: u64) -> Policy {
+    Policy::new(version)
+        .tier(Tier::new("free").rule(Rule::new("api", Quota::per_minute(limit))))
+        .default_tier("free")
+}
+
+#[tokio::test]
+async fn a_source_of_your_own_feeds_the_layer_and_its_errors_keep_the_policy() {
+    let queue = Arc::new(Mutex::new(Vec::new()));
+    let layer = RateLimitLayer::builder()
+        .policy_source(Pushed(queue.clone()))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let mut app = app(layer);
+    assert_eq!(handle.version(), "first");
+    let wait_for = |handle: &tollgate::policy::PolicyHandle,
+                    done: &dyn Fn(&tollgate::policy::PolicyHandle) -> bool| {
+        let start = std::time::Instant::now();
+        while !done(handle) {
+            assert!(start.elapsed() < Duration::from_secs(5), "{handle:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    queue.lock().unwrap().push(Ok(one_rule("second", 3)));
+    wait_for(&handle, &|h| h.version() == "second");
+    let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], None)).await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=3;w=60"));
+    // The service is down: an error, the policy in force stays.
+    queue
+        .lock()
+        .unwrap()
+        .push(Err("configuration service unreachable".into()));
+    wait_for(&handle, &|h| h.rejected() == 1);
+    assert_eq!(handle.version(), "second");
+    // A policy that does not build: refused too.
+    queue.lock().unwrap().push(Ok(Policy::new("no-default")
+        .tier(Tier::new("free").rule(Rule::new("api", Quota::per_minute(9))))));
+    wait_for(&handle, &|h| h.rejected() == 2);
+    assert_eq!(handle.version(), "second");
+    queue.lock().unwrap().push(Ok(one_rule("third", 4)));
+    wait_for(&handle, &|h| h.version() == "third");
+    assert_eq!(handle.installed(), 2);
+}
+
+#[tokio::test]
 async fn a_region_enforces_its_share_of_each_quota() {
     let policy = Policy::new("v")
         .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(10).burst(4))))
@@ -390,6 +501,64 @@ async fn a_region_enforces_its_share_of_each_quota() {
     let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], None)).await;
     // Half of 10 per minute with a burst of 4: 5 per minute, a burst of 2 (refilled in 24 s).
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"free\";q=2;w=24"));
+    // Its share is enforced: a burst of 2 in this region.
+    let statuses: Vec<u16> = {
+        let mut all = Vec::new();
+        for _ in 0..2 {
+            all.push(
+                send(&mut app, request("GET", "/", [10, 0, 0, 1], None))
+                    .await
+                    .status()
+                    .as_u16(),
+            );
+        }
+        all
+    };
+    assert_eq!(statuses, [200, 429]);
+    // Two regions, each with its own store and a share of 0.5: the fleet admits the global
+    // burst of 4, and a client that reaches one region only gets that region's 2.
+    let regional = |name: &str| {
+        let policy = Policy::new("v")
+            .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(10).burst(4))))
+            .default_tier("free")
+            .region(Region::new(name, 0.5));
+        crate::app(
+            RateLimitLayer::builder()
+                .policy(policy)
+                .store(MemoryStore::new())
+                .build()
+                .unwrap(),
+        )
+    };
+    let (mut eu, mut us) = (regional("eu"), regional("us"));
+    let mut admitted = 0;
+    for _ in 0..5 {
+        for region in [&mut eu, &mut us] {
+            if send(region, request("GET", "/", [10, 0, 0, 2], None))
+                .await
+                .status()
+                == StatusCode::OK
+            {
+                admitted += 1;
+            }
+        }
+    }
+    assert_eq!(admitted, 4, "the fleet admits the global burst");
+    let mut only_eu = regional("eu");
+    let mut admitted = 0;
+    for _ in 0..5 {
+        if send(&mut only_eu, request("GET", "/", [10, 0, 0, 3], None))
+            .await
+            .status()
+            == StatusCode::OK
+        {
+            admitted += 1;
+        }
+    }
+    assert_eq!(
+        admitted, 2,
+        "a client that reaches one region gets its share"
+    );
     let bad = Policy::new("v")
         .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(10))))
         .default_tier("free")

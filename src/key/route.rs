@@ -1,5 +1,8 @@
 //! [`Route`]: a key per route pattern or gRPC method.
 
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+
 use http::request::Parts;
 use http::{Method, header::CONTENT_TYPE};
 
@@ -109,18 +112,23 @@ fn is_grpc_method_path(path: &str) -> bool {
     path.len() <= MAX_GRPC_PATH_LEN && ok(service) && ok(method)
 }
 
-fn method_name(method: &Method) -> &'static str {
+/// The names a route key puts before its route: the nine standard methods, and `OTHER`.
+const METHODS: [&str; 10] = [
+    "GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER",
+];
+
+fn method_index(method: &Method) -> usize {
     match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::CONNECT => "CONNECT",
-        Method::TRACE => "TRACE",
-        _ => "OTHER",
+        Method::GET => 0,
+        Method::POST => 1,
+        Method::PUT => 2,
+        Method::DELETE => 3,
+        Method::PATCH => 4,
+        Method::HEAD => 5,
+        Method::OPTIONS => 6,
+        Method::CONNECT => 7,
+        Method::TRACE => 8,
+        _ => 9,
     }
 }
 
@@ -129,13 +137,43 @@ impl KeyExtractor for Route {
         let Some(route) = Self::route(parts) else {
             return Extracted::Missing;
         };
-        let key = if self.method {
-            Key::text(format!("{} {route}", method_name(&parts.method)))
-        } else {
-            Key::text(route)
-        };
-        Extracted::Found(key)
+        let method = self.method.then(|| method_index(&parts.method));
+        Extracted::Found(interned(method, route))
     }
+}
+
+/// The longest list of route keys kept, for every `Route` extractor of the process together.
+/// A server's route patterns are few; gRPC method paths are chosen by clients, so past this
+/// many the keys of new routes are made per request instead.
+const MAX_INTERNED_ROUTES: usize = 4096;
+
+/// Route keys made once and shared, by method (the last list for routes without one): a key is
+/// an escaped copy of its route, which would otherwise be made per request.
+type RouteKeys = [HashMap<Box<str>, Key, foldhash::fast::RandomState>; METHODS.len() + 1];
+
+fn route_keys() -> &'static RwLock<(RouteKeys, usize)> {
+    static KEYS: OnceLock<RwLock<(RouteKeys, usize)>> = OnceLock::new();
+    KEYS.get_or_init(|| RwLock::new((std::array::from_fn(|_| HashMap::default()), 0)))
+}
+
+/// The key of `route`, after the method of index `method` when there is one.
+fn interned(method: Option<usize>, route: &str) -> Key {
+    let list = method.unwrap_or(METHODS.len());
+    let keys = route_keys();
+    if let Some(key) = keys.read().unwrap_or_else(|p| p.into_inner()).0[list].get(route) {
+        return key.clone();
+    }
+    let key = match method {
+        Some(i) => Key::text(format!("{} {route}", METHODS[i])),
+        None => Key::text(route),
+    };
+    let mut keys = keys.write().unwrap_or_else(|p| p.into_inner());
+    let (lists, len) = &mut *keys;
+    if *len < MAX_INTERNED_ROUTES && !lists[list].contains_key(route) {
+        lists[list].insert(route.into(), key.clone());
+        *len += 1;
+    }
+    key
 }
 
 #[cfg(test)]
@@ -161,6 +199,25 @@ mod tests {
     }
 
     #[test]
+    fn route_keys_are_the_same_made_once_or_again() {
+        let (parts, ()) = http::Request::post("/a.B/Made")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap()
+            .into_parts();
+        for _ in 0..3 {
+            assert_eq!(
+                Route::new().extract(&parts).found(),
+                Some(Key::text("/a.B/Made"))
+            );
+            assert_eq!(
+                Route::new().with_method().extract(&parts).found(),
+                Some(Key::text("POST /a.B/Made"))
+            );
+        }
+    }
+
+    #[test]
     fn plain_requests_have_no_route() {
         let (parts, ()) = http::Request::get("/users/1")
             .body(())
@@ -171,7 +228,10 @@ mod tests {
 
     #[test]
     fn methods_are_bounded() {
-        assert_eq!(method_name(&Method::from_bytes(b"BREW").unwrap()), "OTHER");
-        assert_eq!(method_name(&Method::PATCH), "PATCH");
+        assert_eq!(
+            METHODS[method_index(&Method::from_bytes(b"BREW").unwrap())],
+            "OTHER"
+        );
+        assert_eq!(METHODS[method_index(&Method::PATCH)], "PATCH");
     }
 }

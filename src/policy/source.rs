@@ -18,7 +18,8 @@
 //! policy in force when it arrives (no lock) and finishes under it, whatever happens meanwhile.
 //! A policy that does not build (a syntax error, a rule that breaks one of the checks, a missing
 //! file) is never installed: the policy in force stays, the error is logged once per bad version
-//! (at `error`, target `tollgate::policy`), and [`PolicyHandle::rejected`] counts it.
+//! (at `error`, target `tollgate::policy`), and [`PolicyHandle::rejected`] counts it once (a file
+//! that stays missing is one bad version, however many times it is polled).
 //!
 //! Budgets live in the store under each rule's name, so a reload keeps the state of every rule
 //! whose name and algorithm it keeps, and reads it with the new numbers at once. The window
@@ -262,13 +263,14 @@ impl Live {
         result
     }
 
-    /// Counts a policy that was not installed, and logs it unless it was the last one logged.
+    /// Counts and logs a policy that was not installed, once per bad version: the same error
+    /// again (a missing file, polled every interval) is neither counted nor logged again.
     fn reject(&self, error: &str) {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
-        crate::observe::metrics::reload("rejected");
         let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
         if last.as_deref() != Some(error) {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            #[cfg(feature = "metrics")]
+            crate::observe::metrics::reload("rejected");
             tracing::error!(
                 target: "tollgate::policy",
                 version_in_force = &*self.current.load().version,
@@ -351,7 +353,8 @@ impl PolicyHandle {
         self.live.installed.load(Ordering::Relaxed)
     }
 
-    /// How many policies (or reads of the source) failed and left the policy in force.
+    /// How many bad versions (policies that did not build, failed reads of the source) left the
+    /// policy in force: each is counted once, however often it is read again.
     pub fn rejected(&self) -> u64 {
         self.live.rejected.load(Ordering::Relaxed)
     }

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod example;
 pub mod fault_proxy;
 
 use std::io::{Read, Write};

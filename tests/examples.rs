@@ -1,0 +1,153 @@
+//! The examples, run as a user runs them (the binaries `cargo test` builds) and used over HTTP
+//! as their documentation says.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use support::example::Example;
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+fn client() -> HttpClient {
+    Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+/// A GET of `path` with these headers: the status, the `RateLimit-Policy` field and the body.
+async fn get(
+    client: &HttpClient,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
+    let mut request = http::Request::get(format!("http://{addr}{path}"));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(request.body(Empty::new()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let policy = response
+        .headers()
+        .get("ratelimit-policy")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, policy, String::from_utf8(body.to_vec()).unwrap())
+}
+
+/// The statuses of `n` GETs.
+async fn statuses(
+    client: &HttpClient,
+    addr: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    n: usize,
+) -> Vec<u16> {
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        all.push(get(client, addr, path, headers).await.0);
+    }
+    all
+}
+
+#[tokio::test]
+async fn the_tiers_example_limits_by_tier_tenant_and_route_and_reloads_its_file() {
+    let dir = std::env::temp_dir().join(format!("tollgate-tiers-example-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = dir.join("tiers.toml");
+    let original =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiers.toml"))
+            .unwrap();
+    std::fs::write(&rules, &original).unwrap();
+    let example = Example::start(
+        "tiers",
+        "TOLLGATE_ADDR",
+        &[("TOLLGATE_RULES", rules.to_str().unwrap())],
+    );
+    let (client, addr) = (client(), example.addr.clone());
+
+    let (status, _, version) = get(&client, &addr, "/policy", &[]).await;
+    assert_eq!((status, version.as_str()), (200, "2026-12-01.1\n"));
+    // No key: the default tier, free, by client IP: 5 per minute.
+    let mut expected = vec![200; 5];
+    expected.push(429);
+    assert_eq!(statuses(&client, &addr, "/", &[], 6).await, expected);
+    // free-1 is a tenant of its own in tier free: 5 per minute, not the IP's budget.
+    let free = [("x-api-key", "free-1")];
+    assert_eq!(get(&client, &addr, "/", &free).await.1, "\"free\";q=5;w=60");
+    assert_eq!(
+        statuses(&client, &addr, "/", &free, 5).await,
+        [200, 200, 200, 200, 429]
+    );
+    // pro-1: tier pro, 50 per minute.
+    let pro = [("x-api-key", "pro-1")];
+    let mut expected = vec![200; 50];
+    expected.push(429);
+    assert_eq!(
+        statuses(&client, &addr, "/search", &pro, 51).await,
+        expected
+    );
+    // acme: tier pro, with an exception of 2 per minute on /search.
+    let acme = [("x-api-key", "acme-1")];
+    assert_eq!(
+        get(&client, &addr, "/search", &acme).await.1,
+        "\"acme-search\";q=2;w=60"
+    );
+    assert_eq!(
+        statuses(&client, &addr, "/search", &acme, 2).await,
+        [200, 429]
+    );
+    assert_eq!(get(&client, &addr, "/", &acme).await.1, "\"pro\";q=50;w=60");
+    // /policy is never limited.
+    assert!(
+        statuses(&client, &addr, "/policy", &[], 20)
+            .await
+            .iter()
+            .all(|s| *s == 200)
+    );
+
+    // Edited live: a new version and a new limit for free apply within two seconds.
+    let edited = original
+        .replace("version = \"2026-12-01.1\"", "version = \"edited\"")
+        .replace(
+            "{ name = \"free\", limit = 5, per = \"minute\" }",
+            "{ name = \"free-2\", limit = 7, per = \"minute\" }",
+        );
+    assert_ne!(
+        edited, original,
+        "examples/tiers.toml changed: update this test"
+    );
+    let temporary = dir.join("tiers.toml.tmp");
+    std::fs::write(&temporary, edited).unwrap();
+    std::fs::rename(&temporary, &rules).unwrap();
+    let written = Instant::now();
+    while get(&client, &addr, "/policy", &[]).await.2 != "edited\n" {
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "the edit was not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(&client, &addr, "/", &[]).await.1, "\"free-2\";q=7;w=60");
+    // A bad edit keeps the policy in force.
+    std::fs::write(&temporary, "version = \"broken\"\ndefault_tier = \n").unwrap();
+    std::fs::rename(&temporary, &rules).unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(get(&client, &addr, "/policy", &[]).await.2, "edited\n");
+
+    let printed = example.stop();
+    assert!(
+        printed.contains("curl -i -H 'x-api-key: acme-1'"),
+        "{printed}"
+    );
+    assert!(printed.contains("/policy"), "{printed}");
+    assert!(printed.contains("Edit "), "{printed}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
