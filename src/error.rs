@@ -75,6 +75,20 @@ pub enum StoreError {
     CircuitOpen,
 }
 
+impl StoreError {
+    /// The same error again, for each check of a batch that failed together (the cause is kept
+    /// as its message).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn duplicate(&self) -> StoreError {
+        match self {
+            StoreError::Timeout => StoreError::Timeout,
+            StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
+            StoreError::Protocol(e) => StoreError::Protocol(e.clone()),
+            StoreError::CircuitOpen => StoreError::CircuitOpen,
+        }
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

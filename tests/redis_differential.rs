@@ -384,3 +384,64 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
         assert_eq!(actual, expected, "previous {previous}, elapsed {elapsed}");
     }
 }
+
+/// Concurrent checks go to Redis in batches (one call decides many requests, each at its own
+/// time): they decide as the model does, one after the other in the order they were made.
+#[tokio::test]
+async fn standalone_batched_checks_match_the_model_one_by_one() {
+    let mut rng = Rng(0xba7c);
+    // A server of its own, to count the calls.
+    let server = support::RedisServer::start();
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = RedisStore::builder(server.url())
+            .response_timeout(Duration::from_secs(10))
+            .clock(clock.clone())
+            .connect()
+            .await
+            .unwrap();
+        for round in 0..10 {
+            let rule =
+                RuleSpec::new("batched", algorithm, random_limits(&mut rng, algorithm)).unwrap();
+            let key = Key::text(format!("batched-{round}"));
+            let costs: Vec<u64> = (0..40).map(|_| random_cost(&mut rng, &rule)).collect();
+            // Each check reads its time when it is made; the clock moves between them.
+            let mut checks = Vec::new();
+            let mut expected = Vec::new();
+            for &cost in &costs {
+                let charge = [Charge {
+                    rule: &rule,
+                    key: &key,
+                    cost,
+                }];
+                checks.push(redis.check(&charge));
+                expected.push(memory.check(&charge).await.unwrap());
+                clock.advance(Duration::from_micros(rng.below(rule.limits().interval * 2)));
+            }
+            let actual = futures_util::future::join_all(checks).await;
+            for (i, (actual, expected)) in actual.into_iter().zip(expected).enumerate() {
+                assert_eq!(
+                    actual.unwrap(),
+                    expected,
+                    "{algorithm}, round {round}, check {i}, costs {costs:?}"
+                );
+            }
+        }
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    let calls: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let checks = 5 * 10 * 40;
+    assert!(
+        calls * 4 < checks,
+        "{calls} calls for {checks} checks: batched"
+    );
+}

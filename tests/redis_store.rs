@@ -368,10 +368,13 @@ async fn survives_script_flush<S: Store>(store: &S, flush: impl Fn()) {
 async fn standalone_script_flush_is_recovered() {
     let store = standalone_store(&unique_prefix("flush")).await;
     survives_script_flush(&store, || {
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query(&mut support::standalone().conn())
-            .unwrap();
+        let mut conn = support::standalone().conn();
+        for flush in [
+            redis::cmd("SCRIPT").arg("FLUSH"),
+            redis::cmd("FUNCTION").arg("FLUSH"),
+        ] {
+            let _: () = flush.query(&mut conn).unwrap();
+        }
     })
     .await;
 }
@@ -381,8 +384,58 @@ async fn cluster_script_flush_is_recovered() {
     let store = cluster_store(&unique_prefix("flush")).await;
     survives_script_flush(&store, || {
         support::cluster().on_every_node(redis::cmd("SCRIPT").arg("FLUSH"));
+        support::cluster().on_every_node(redis::cmd("FUNCTION").arg("FLUSH"));
     })
     .await;
+}
+
+/// The calls of tollgate's code a server ran, by command: `FCALL`, `EVALSHA`.
+fn calls(conn: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).unwrap();
+    let count = |command: &str| {
+        info.lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (count("fcall"), count("evalsha"))
+}
+
+/// Redis 7 runs the code as a function, loaded once; a server without functions (Redis 6.2, or
+/// one that renamed `FUNCTION` and `FCALL` away) runs the same code as a script, and decides
+/// alike.
+#[tokio::test]
+async fn functions_where_the_server_has_them_and_the_script_where_it_does_not() {
+    let rule = spec("forms", Algorithm::SlidingWindowLog, 3, MAX_PERIOD_MICROS);
+    let key = Key::text("forms-client");
+    let with = support::RedisServer::start();
+    let without = support::RedisServer::start_with(&[
+        "--rename-command",
+        "FUNCTION",
+        "",
+        "--rename-command",
+        "FCALL",
+        "",
+    ]);
+    for (server, expected) in [(&with, (5, 0)), (&without, (0, 5))] {
+        let store = RedisStore::builder(server.url())
+            .response_timeout(TEST_TIMEOUT)
+            .connect()
+            .await
+            .unwrap();
+        let mut allowed = Vec::new();
+        for _ in 0..5 {
+            allowed.push(check(&store, &[(&rule, &key)]).await.allowed());
+        }
+        assert_eq!(allowed, [true, true, true, false, false]);
+        assert_eq!(
+            calls(&mut server.conn()),
+            expected,
+            "(FCALL, EVALSHA) calls"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

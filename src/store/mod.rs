@@ -144,7 +144,8 @@ pub use crate::error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{
-    ConnectError, RedisClusterStore, RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder,
+    ConnectError, DEFAULT_MAX_BATCH, RedisClusterStore, RedisClusterStoreBuilder, RedisStore,
+    RedisStoreBuilder,
 };
 pub use registry::RuleRegistry;
 pub use spec::RuleSpec;

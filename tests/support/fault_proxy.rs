@@ -21,7 +21,7 @@ pub struct FaultProxy {
 /// The one-shot fault: lose the reply of the next check.
 #[derive(Default)]
 struct Faults {
-    /// Armed: the next `EVALSHA` is delivered, then the link is cut before its reply returns.
+    /// Armed: the next call (`FCALL` or `EVALSHA`) is delivered, then the link is cut before its reply returns.
     cut_after_next_check: AtomicBool,
     /// Replies are being dropped (the cut is under way).
     swallowing: AtomicBool,
@@ -107,7 +107,7 @@ impl FaultProxy {
         self.cut.send_replace(cut);
     }
 
-    /// Arms a one-shot fault: the next `EVALSHA` reaches Redis, then every connection is cut
+    /// Arms a one-shot fault: the next call (`FCALL` or `EVALSHA`) reaches Redis, then every connection is cut
     /// before its reply comes back (and new ones are refused until [`set_cut`](Self::set_cut)
     /// `(false)`): the check ran, its client never learns how.
     pub fn cut_after_next_check(&self) {
@@ -126,7 +126,7 @@ impl FaultProxy {
         self.accepted.load(Ordering::SeqCst)
     }
 
-    /// `EVALSHA` commands delivered to Redis so far (rate-limit checks).
+    /// Calls of tollgate's code (`FCALL`, `EVALSHA`) delivered to Redis so far.
     pub fn checks_delivered(&self) -> u64 {
         self.forwarded.load(Ordering::SeqCst)
     }
@@ -174,7 +174,9 @@ async fn pump(
         if direction == Direction::ToClient && link.faults.swallowing.load(Ordering::SeqCst) {
             return; // the reply is lost with the link
         }
-        let checks = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count();
+        // A call of tollgate's code: `FCALL` of its function, or `EVALSHA` of its script.
+        let checks = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count()
+            + buf[..n].windows(5).filter(|w| w == b"FCALL").count();
         let strike = direction == Direction::ToServer
             && checks > 0
             && link

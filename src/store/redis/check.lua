@@ -1,15 +1,23 @@
--- tollgate: checks every rule of one request, then charges them all or none.
+-- tollgate: checks the charges of a request all or nothing: every rule is checked, then all of
+-- them are charged only when all of them admit it. A batch holds several requests, decided one
+-- after the other, in order, as if each had been a call of its own.
 --
--- KEYS: one key per charge.
--- ARGV[1]: the mode: "c" check and charge, "p" check only (peek), "r" refund a charge made at
---          ARGV[3] (cross-slot compensation).
--- ARGV[2]: the time, read only by stores built with an injected clock.
--- ARGV[3]: for "r", the time of the charge to refund.
--- Then six arguments per charge: algorithm, cost, limit, period, burst, interval.
+-- KEYS: one key per charge, request after request.
+-- ARGV[1], for one request: "c" check and charge, "p" check only (peek), or "r<time>" refund
+--          charges made at <time> (cross-slot compensation); with an injected clock, followed by
+--          "@<time>". Then one argument per charge (below).
+-- ARGV[1], for a batch: "b". Then per request its number of charges (with an injected clock,
+--          "<n>@<time>"), then one argument per charge.
+-- A charge: "<algorithm>:<cost>:<limit>:<period>:<burst>:<interval>:<lease>" (lease 0: charge
+-- `cost`; n > 0: take every unit there is up to n, at least `cost`).
 --
--- Returns { now, then per charge: allowed (1/0), remaining, reset, retry_after (-1: never),
--- window }. A request that is not charged (denied, or a peek) reports every rule's budget as it
--- stands: a rule that would admit it is checked again at cost 0 for its numbers.
+-- Returns the time of the call, then per charge: remaining, reset, retry_after (0 when admitted;
+-- -1: never), window, and for a lease the units taken (0 unless admitted). A request that is not
+-- charged (denied, or a peek) reports every rule's budget as it stands: a rule that would admit
+-- it is checked again at cost 0 for its numbers. A refund returns only the time.
+--
+-- A server spends more on each argument, table and call here than on anything else: hence one
+-- argument per charge, parsed once, and a request of one charge decided without tables.
 local ALGORITHMS = {
   tb = TokenBucket,
   gcra = Gcra,
@@ -18,86 +26,193 @@ local ALGORITHMS = {
   sc = SlidingCounter,
 }
 
-local now = clock()
-local mode = ARGV[1]
-local n = #KEYS
-local rules = {}
-for i = 1, n do
-  local a = 3 + (i - 1) * 6
-  rules[i] = {
-    algorithm = ALGORITHMS[ARGV[a + 1]],
-    cost = tonumber(ARGV[a + 2]),
-    limits = {
-      limit = tonumber(ARGV[a + 3]),
-      period = tonumber(ARGV[a + 4]),
-      burst = tonumber(ARGV[a + 5]),
-      interval = tonumber(ARGV[a + 6]),
-    },
-  }
-end
-
-if mode == 'r' then
-  local at = tonumber(ARGV[3])
-  for i = 1, n do
-    local r = rules[i]
-    r.algorithm.refund(KEYS[i], r.limits, now, r.cost, at)
-  end
-  return { now }
-end
-
-local out = { now }
-local admitted = true
-for i = 1, n do
-  local r = rules[i]
-  local A, l = r.algorithm, r.limits
-  local state, other = A.load(KEYS[i], l, now)
-  r.state, r.other = state, other
-  local allowed, remaining, reset, retry, window
-  if r.cost > A.capacity(l) then
-    -- Algorithm::check: a cost above the capacity is never admitted.
-    allowed, remaining, reset, retry, window = A.check(l, state, now, 0)
-    allowed, retry = false, -1
-  else
-    allowed, remaining, reset, retry, window = A.check(l, state, now, r.cost)
-  end
-  r.reset = reset
-  r.allowed = allowed
-  admitted = admitted and allowed
-  local o = 5 * (i - 1) + 1
-  out[o + 1] = allowed and 1 or 0
-  out[o + 2] = remaining
-  out[o + 3] = reset
-  out[o + 4] = retry
-  out[o + 5] = window
-end
-
-if not admitted or mode == 'p' then
-  -- Nothing is charged (Algorithm::uncharged): the rules that would admit report their budget
-  -- as it stands.
-  for i = 1, n do
-    local r = rules[i]
-    if r.allowed and r.cost > 0 then
-      local _, remaining, reset, _, window = r.algorithm.check(r.limits, r.state, now, 0)
-      local o = 5 * (i - 1) + 1
-      out[o + 2] = remaining
-      out[o + 3] = reset
-      out[o + 5] = window
+-- Charges by their text, parsed once: a function library keeps this table between calls (the
+-- script form starts each call without it). Bounded: emptied when it holds too many.
+local CHARGES, CHARGES_LEN = {}, 0
+local function charge_of(text)
+  local c = CHARGES[text]
+  if c == nil then
+    local algorithm, cost, limit, period, burst, interval, lease =
+      string.match(text, '^(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    c = {
+      algorithm = ALGORITHMS[algorithm],
+      cost = tonumber(cost),
+      limits = {
+        limit = tonumber(limit),
+        period = tonumber(period),
+        burst = tonumber(burst),
+        interval = tonumber(interval),
+      },
+      lease = tonumber(lease),
+      capacity = 0,
+    }
+    c.capacity = c.algorithm.capacity(c.limits)
+    if CHARGES_LEN >= 1024 then
+      CHARGES, CHARGES_LEN = {}, 0
     end
+    CHARGES[text] = c
+    CHARGES_LEN = CHARGES_LEN + 1
   end
+  return c
 end
 
-if admitted and mode == 'c' then
+-- Checks one charge against its key's state: the state (and whether the key holds another
+-- algorithm's value), the units to take, then remaining, reset, retry_after, window.
+local function check_charge(key, c, now)
+  local A, l = c.algorithm, c.limits
+  local state, other = A.load(key, l, now)
+  if c.cost > c.capacity then
+    -- Algorithm::check: a cost above the capacity is never admitted.
+    local _, remaining, reset, _, window = A.check(l, state, now, 0)
+    return state, other, c.cost, remaining, reset, -1, window
+  end
+  local take = c.cost
+  if c.lease > 0 and take > 0 then
+    -- Algorithm::lease_take: the units there are, at most the lease, at least the cost.
+    local _, available = A.check(l, state, now, 0)
+    take = max(min(c.lease, available), take)
+  end
+  local _, remaining, reset, retry, window = A.check(l, state, now, take)
+  return state, other, take, remaining, reset, retry, window
+end
+
+-- Appends a charge's numbers to `out` after position `len`; the new length.
+local function answer(out, len, c, remaining, reset, retry, window)
+  out[len + 1] = remaining
+  out[len + 2] = reset
+  out[len + 3] = retry
+  out[len + 4] = window
+  if c.lease > 0 then
+    out[len + 5] = 0
+    return len + 5
+  end
+  return len + 4
+end
+
+-- The working values of each charge of a request of several, one table per position, reused
+-- from request to request and (in a function library) from call to call: a call never runs
+-- while another does.
+local RULES = {}
+
+-- Decides one request of `n` charges: KEYS after `k`, charge arguments after ARGV[a]. Appends
+-- its numbers to `out` after position `len`; the new length.
+local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
+  if n == 1 then
+    -- One charge: no tables.
+    local key, c = KEYS[k + 1], charge_of(ARGV[a + 1])
+    local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
+    local at = len
+    len = answer(out, len, c, remaining, reset, retry, window)
+    if retry == 0 then
+      if mode == 'c' then
+        c.algorithm.commit(key, c.limits, state, now, take, reset, other)
+        if c.lease > 0 then
+          out[at + 5] = take
+        end
+      elseif take > 0 then
+        -- A peek (Algorithm::uncharged): the budget as it stands.
+        local _, remaining, reset, _, window = c.algorithm.check(c.limits, state, now, 0)
+        out[at + 1], out[at + 2], out[at + 4] = remaining, reset, window
+      end
+    end
+    return len
+  end
+
+  local admitted = true
+  for i = 1, n do
+    local key, c = KEYS[k + i], charge_of(ARGV[a + i])
+    local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
+    local r = RULES[i]
+    if r == nil then
+      r = {}
+      RULES[i] = r
+    end
+    r.key, r.c, r.state, r.other, r.take, r.reset, r.allowed, r.at =
+      key, c, state, other, take, reset, retry == 0, len
+    admitted = admitted and retry == 0
+    len = answer(out, len, c, remaining, reset, retry, window)
+  end
+  if not admitted or mode == 'p' then
+    -- Nothing is charged (Algorithm::uncharged): the rules that would admit report their budget
+    -- as it stands.
+    for i = 1, n do
+      local r = RULES[i]
+      if r.allowed and r.take > 0 then
+        local _, remaining, reset, _, window = r.c.algorithm.check(r.c.limits, r.state, now, 0)
+        out[r.at + 1], out[r.at + 2], out[r.at + 4] = remaining, reset, window
+      end
+    end
+    return len
+  end
   local written = {}
   for i = 1, n do
-    local r = rules[i]
-    local key = KEYS[i]
-    local state, other = r.state, r.other
-    if written[key] then
-      -- An earlier charge of this request already changed this key: read it again.
-      state, other = r.algorithm.load(key, r.limits, now)
+    local r = RULES[i]
+    local A, l = r.c.algorithm, r.c.limits
+    local state, other, reset = r.state, r.other, r.reset
+    if written[r.key] then
+      -- An earlier charge of this request already changed this key: read it again (commit
+      -- takes the reset of a check of the state it charges).
+      state, other = A.load(r.key, l, now)
+      local _
+      _, _, reset = A.check(l, state, now, r.take)
     end
-    r.algorithm.commit(key, r.limits, state, now, r.cost, r.reset, other)
-    written[key] = true
+    written[r.key] = true
+    A.commit(r.key, l, state, now, r.take, reset, other)
+    if r.c.lease > 0 then
+      out[r.at + 5] = r.take
+    end
+  end
+  return len
+end
+
+local function refund(KEYS, ARGV, at, now)
+  for i = 1, #KEYS do
+    local c = charge_of(ARGV[i + 1])
+    c.algorithm.refund(KEYS[i], c.limits, now, c.cost, at)
   end
 end
-return out
+
+local function check(KEYS, ARGV)
+  if call == nil then
+    bind()
+  end
+  local mode = ARGV[1]
+  local now = nil
+  if SERVER_CLOCK then
+    now = clock()
+  end
+  if mode == 'c' or mode == 'p' then
+    -- The common call, one request with the server's time: sized for one charge.
+    local out = { now, 0, 0, 0, 0 }
+    local len = request(KEYS, ARGV, mode, now, 0, 1, #KEYS, out, 1)
+    for i = len + 1, 5 do
+      out[i] = nil
+    end
+    return out
+  end
+  if mode ~= 'b' then
+    local letter, at, given = string.match(mode, '^(%a)(%d*)@?(%d*)$')
+    now = now or tonumber(given)
+    if letter == 'r' then
+      refund(KEYS, ARGV, tonumber(at), now)
+      return { now }
+    end
+    local out = { now }
+    request(KEYS, ARGV, letter, now, 0, 1, #KEYS, out, 1)
+    return out
+  end
+  local out = { now or 0 }
+  local len, a, k = 1, 1, 0
+  while a < #ARGV do
+    local n = tonumber(ARGV[a + 1])
+    if n == nil then
+      -- "<n>@<time>": a request that brings its time (an injected clock).
+      local count, given = string.match(ARGV[a + 1], '^(%d+)@(%d+)$')
+      n, now = tonumber(count), tonumber(given)
+      out[1] = now
+    end
+    len = request(KEYS, ARGV, 'c', now, k, a + 1, n, out, len)
+    a, k = a + 1 + n, k + n
+  end
+  return out
+end

@@ -1,9 +1,9 @@
--- tollgate: the time source of production scripts. TIME is read once, before any write (Redis 7
--- advances the time within a script, and Redis before 5 needs effects replication for it).
-if redis.replicate_commands then redis.replicate_commands() end
+-- tollgate: the time source of production code: the server's TIME, read once per call before
+-- any write.
+local SERVER_CLOCK = true
 local function clock()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return _G.tonumber(t[1]) * 1000000 + _G.tonumber(t[2])
 end
 -- Slack added to every expiry, in milliseconds: none, the keys live exactly their `reset`.
 local EXPIRY_SLACK_MS = 0

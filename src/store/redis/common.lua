@@ -1,10 +1,19 @@
 -- tollgate: helpers shared by the algorithms. Every number is an integer below 2^53, where Lua's
 -- doubles are exact.
 
+-- The library functions the code calls on every check, as locals (a global is a table lookup),
+-- bound by the first call: a function library cannot reach them while it is loaded.
+local max, min, floor, ceil, tonumber, type, format, call, pcall_redis
+local function bind()
+  max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
+  tonumber, type, format = _G.tonumber, _G.type, string.format
+  call, pcall_redis = redis.call, redis.pcall
+end
+
 -- floor(a / b) for integers 0 <= a < 2^53 and b > 0: the double quotient is corrected by one
 -- step either way, so the result equals Rust's integer division.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -21,17 +30,18 @@ end
 -- Microseconds to whole milliseconds for PEXPIRE, rounded up: a key never expires before its
 -- state is equivalent to no state at all.
 local function expiry_ms(micros)
-  return math.max(1, idiv(micros + 999, 1000)) + EXPIRY_SLACK_MS
+  return max(1, idiv(micros + 999, 1000)) + EXPIRY_SLACK_MS
 end
 
--- An integer as Redis should store it (tostring would switch to exponents).
+-- An integer as Redis should store it (`tostring` would switch to exponents; a number given to
+-- redis.call is written with "%.17g", which costs the server more).
 local function int(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- The string value of a key; nil when the key is missing or holds another type (a sliding log).
 local function get_string(key)
-  local v = redis.pcall('GET', key)
+  local v = pcall_redis('GET', key)
   if type(v) ~= 'string' then
     return nil
   end

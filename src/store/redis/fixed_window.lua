@@ -40,16 +40,16 @@ function FixedWindow.check(l, s, now, cost)
   if allowed then
     retry = 0
   end
-  return allowed, math.max(l.limit - used, 0), reset, retry, until_next
+  return allowed, max(l.limit - used, 0), reset, retry, until_next
 end
 
 function FixedWindow.commit(key, l, s, now, cost, reset)
   local start, count = FixedWindow.count(l, s, now)
   count = count + cost
   if count > 0 then
-    redis.call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(reset))
+    call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(reset))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
@@ -60,8 +60,8 @@ function FixedWindow.refund(key, l, now, cost, at)
   end
   local count = s.count - cost
   if count > 0 then
-    redis.call('SET', key, int(s.start) .. ':' .. int(count), 'KEEPTTL')
+    call('SET', key, int(s.start) .. ':' .. int(count), 'KEEPTTL')
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end

@@ -1,6 +1,7 @@
 -- tollgate: GCRA, mirroring src/algorithm/gcra.rs.
 --
--- Stored value: the theoretical arrival time, one positive integer.
+-- Stored value: the theoretical arrival time, one positive integer. Loaded, the state is that
+-- number.
 local Gcra = {}
 
 function Gcra.capacity(l)
@@ -12,14 +13,14 @@ function Gcra.load(key, l, now)
   if v == nil or v <= 0 then
     return nil
   end
-  return { tat = v }
+  return v
 end
 
 function Gcra.start(s, now)
   if s == nil then
     return now
   end
-  return math.max(s.tat, now)
+  return max(s, now)
 end
 
 function Gcra.check(l, s, now, cost)
@@ -28,22 +29,23 @@ function Gcra.check(l, s, now, cost)
   local new_tat = tat + cost * l.interval
   -- The time until `remaining + 1` tokens fit after a theoretical arrival time `after`.
   local function window(after, remaining)
-    return math.max(after + (remaining + 1) * l.interval - capacity_end, 0)
+    return max(after + (remaining + 1) * l.interval - capacity_end, 0)
   end
   if new_tat <= capacity_end then
     local remaining = idiv(capacity_end - new_tat, l.interval)
     return true, remaining, new_tat - now, 0, window(new_tat, remaining)
   end
-  local remaining = idiv(math.max(capacity_end - tat, 0), l.interval)
+  local remaining = idiv(max(capacity_end - tat, 0), l.interval)
   return false, remaining, tat - now, new_tat - capacity_end, window(tat, remaining)
 end
 
+-- Charges the check that admitted `cost` at `now`: its `reset` is the new theoretical arrival
+-- time minus `now`.
 function Gcra.commit(key, l, s, now, cost, reset)
-  local tat = Gcra.start(s, now) + cost * l.interval
-  if tat > now then
-    redis.call('SET', key, int(tat), 'PX', expiry_ms(reset))
+  if reset > 0 then
+    call('SET', key, int(now + reset), 'PX', expiry_ms(reset))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
@@ -54,8 +56,8 @@ function Gcra.refund(key, l, now, cost, at)
   end
   local tat = v - cost * l.interval
   if tat > now then
-    redis.call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
+    call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end

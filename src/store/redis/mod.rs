@@ -45,6 +45,7 @@ macro_rules! settings_setters {
     };
 }
 
+mod batch;
 mod cluster;
 mod error;
 mod health;
@@ -60,7 +61,7 @@ use std::time::Duration;
 
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::ConnectError;
-pub use standalone::{RedisStore, RedisStoreBuilder};
+pub use standalone::{DEFAULT_MAX_BATCH, RedisStore, RedisStoreBuilder};
 
 use crate::clock::Clock;
 use crate::store::StoreError;
@@ -69,6 +70,9 @@ use crate::{ConfigError, Decision};
 
 /// The longest connect or response timeout.
 const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The most checks one call may carry.
+const MAX_BATCH: usize = 1024;
 
 /// The future of a Redis check.
 pub(crate) type CheckFuture =
@@ -118,26 +122,19 @@ impl Settings {
         self.breaker.validate()
     }
 
-    /// The script to run: the production one, or the one that takes the injected clock's time.
-    fn script(&self) -> script::Script {
-        script::Script::new(if self.clock.is_some() {
-            script::ARGUMENT_CLOCK_SOURCE
+    /// The code to run: the production one, or the one that takes the injected clock's time.
+    fn program(&self) -> &'static script::Program {
+        if self.clock.is_some() {
+            &script::ARGUMENT_CLOCK
         } else {
-            script::SERVER_CLOCK_SOURCE
-        })
+            &script::SERVER_CLOCK
+        }
     }
 
     /// The time to pass to the script: only with an injected clock.
     fn now(&self) -> Option<u64> {
         self.clock.as_ref().map(|c| c.now_micros())
     }
-}
-
-/// The Lua source of the script the stores run (with the server's `TIME` as its clock), for
-/// operators who preload scripts (`SCRIPT LOAD`) or benchmark them. Its header documents its
-/// arguments and its answer.
-pub(crate) fn script_source() -> &'static str {
-    script::SERVER_CLOCK_SOURCE
 }
 
 /// A Redis URL as it may be shown: without its password.

@@ -1,16 +1,28 @@
-//! The Lua script: its source, the arguments of one call, and the decoding of its reply.
+//! tollgate's code on a Redis server, the arguments of one call, and the decoding of its reply.
+//!
+//! The code is loaded once per server as a function library (Redis 7 and later: `FUNCTION
+//! LOAD`, then one `FCALL` per call), so that a call runs only the check it asks for; servers
+//! without functions (Redis 6.2, or `FUNCTION` renamed away) get the same code as a script
+//! (`EVALSHA`), which defines every algorithm again on each call. One call checks a batch of
+//! requests, each all or nothing by itself, with the server's time read once.
 
-use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use std::borrow::Borrow;
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 use crate::Algorithm;
-use crate::Decision;
 use crate::algorithm::{Limits, Outcome};
 use crate::store::{Charge, StoreError};
 
 use super::keys;
 
-/// The algorithms, shared by both script variants, in the order they are concatenated.
-macro_rules! script_body {
+/// The algorithms and the check, shared by every form of the code, in the order they are
+/// concatenated.
+macro_rules! body {
     () => {
         concat!(
             include_str!("common.lua"),
@@ -24,41 +36,275 @@ macro_rules! script_body {
     };
 }
 
-/// The production script: time from the server's `TIME`.
-pub(crate) const SERVER_CLOCK_SOURCE: &str =
-    concat!(include_str!("clock_server.lua"), script_body!());
+/// The code with the server's `TIME` as its clock.
+const SERVER_CLOCK_BODY: &str = concat!(include_str!("clock_server.lua"), body!());
 
-/// The script of stores built with an injected clock: time from the arguments.
-pub(crate) const ARGUMENT_CLOCK_SOURCE: &str =
-    concat!(include_str!("clock_argument.lua"), script_body!());
+/// The code of stores built with an injected clock: each request brings its time.
+const ARGUMENT_CLOCK_BODY: &str = concat!(include_str!("clock_argument.lua"), body!());
 
-/// A script and its SHA-1, as `EVALSHA` names it.
-#[derive(Clone, Debug)]
-pub(crate) struct Script {
-    source: &'static str,
+/// The production code: the server's `TIME`.
+pub(crate) static SERVER_CLOCK: LazyLock<Program> =
+    LazyLock::new(|| Program::new(SERVER_CLOCK_BODY));
+
+/// The code of stores built with an injected clock (tests and simulations).
+pub(crate) static ARGUMENT_CLOCK: LazyLock<Program> =
+    LazyLock::new(|| Program::new(ARGUMENT_CLOCK_BODY));
+
+/// One version of tollgate's code, in both forms: a function library and a script.
+#[derive(Debug)]
+pub(crate) struct Program {
+    /// `FUNCTION LOAD`'s argument: the library `tollgate_<sha>`, which registers the function
+    /// of the same name. Names carry the code's hash, so that replicas of two versions of
+    /// tollgate never replace each other's code during a rolling upgrade.
+    library: String,
+    function: String,
+    /// The script form and its SHA-1, for `EVALSHA`.
+    script: String,
     sha: String,
 }
 
-impl Script {
-    pub(crate) fn new(source: &'static str) -> Self {
-        Script {
-            source,
-            sha: redis::Script::new(source).get_hash().to_owned(),
+impl Program {
+    fn new(body: &'static str) -> Self {
+        let hash = redis::Script::new(body).get_hash().to_owned();
+        let function = format!("tollgate_{}", &hash[..16]);
+        let library = format!(
+            "#!lua name={function}\n{body}\nredis.register_function('{function}', check)\n"
+        );
+        let script = format!(
+            "{}{body}\nreturn check(KEYS, ARGV)\n",
+            include_str!("eval_prelude.lua")
+        );
+        let sha = redis::Script::new(&script).get_hash().to_owned();
+        Program {
+            library,
+            function,
+            script,
+            sha,
         }
     }
 
-    /// `SCRIPT LOAD` of this script.
-    pub(crate) fn load_command(&self) -> Cmd {
+    /// The script form's source.
+    pub(crate) fn script_source(&self) -> &str {
+        &self.script
+    }
+
+    /// The function library's source.
+    pub(crate) fn library_source(&self) -> &str {
+        &self.library
+    }
+
+    /// The name of the function to `FCALL`.
+    pub(crate) fn function_name(&self) -> &str {
+        &self.function
+    }
+
+    /// Loads the code on a server: the function library, or the script where the server has no
+    /// functions. Says which form the server runs.
+    pub(crate) async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<Form> {
+        let mut cmd = redis::cmd("FUNCTION");
+        cmd.arg("LOAD").arg(&self.library);
+        match cmd.query_async::<Value>(conn).await {
+            Ok(_) => Ok(Form::Function),
+            Err(e) if already_loaded(&e) => Ok(Form::Function),
+            Err(e) if unknown_command(&e) => {
+                self.load_script(conn).await?;
+                Ok(Form::Script)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn load_script<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(self.source);
+        cmd.arg("LOAD").arg(&self.script);
+        cmd.query_async::<Value>(conn).await.map(drop)
+    }
+
+    /// The call of `requests` in `form`: `FCALL` of the function, or `EVALSHA` of the script.
+    pub(crate) fn command<P: Borrow<Prepared>>(
+        &self,
+        form: Form,
+        mode: Mode,
+        requests: &[Request<'_, P>],
+    ) -> Cmd {
+        let mut cmd = match form {
+            Form::Function => {
+                let mut cmd = redis::cmd("FCALL");
+                cmd.arg(&self.function);
+                cmd
+            }
+            Form::Script => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(&self.sha);
+                cmd
+            }
+        };
+        let keys: usize = requests.iter().map(|r| r.charges.len()).sum();
+        cmd.arg(keys);
+        for request in requests {
+            for charge in request.charges {
+                cmd.arg(&charge.borrow().key);
+            }
+        }
+        // The mode: one request ("c", "p", "r<time>", each "@<time>" with an injected clock),
+        // or a batch ("b", each request led by its count).
+        let mut text = String::with_capacity(64);
+        let at = |text: &mut String, now: Option<u64>| {
+            if let Some(now) = now {
+                let _ = write!(text, "@{now}");
+            }
+        };
+        let single = requests.len() == 1 || matches!(mode, Mode::Refund(_));
+        match (mode, single) {
+            (Mode::Charge, true) => text.push('c'),
+            (Mode::Peek, true) => text.push('p'),
+            (Mode::Refund(time), _) => {
+                let _ = write!(text, "r{time}");
+            }
+            (_, false) => text.push('b'),
+        }
+        if single {
+            at(&mut text, requests.first().and_then(|r| r.now));
+        }
+        cmd.arg(text.as_str());
+        for request in requests {
+            if !single {
+                text.clear();
+                let _ = write!(text, "{}", request.charges.len());
+                at(&mut text, request.now);
+                cmd.arg(text.as_str());
+            }
+            for charge in request.charges {
+                let charge = charge.borrow();
+                let l = &charge.limits;
+                text.clear();
+                let _ = write!(
+                    text,
+                    "{}:{}:{}:{}:{}:{}:{}",
+                    code(charge.algorithm),
+                    charge.cost,
+                    l.limit,
+                    l.period,
+                    l.burst,
+                    l.interval,
+                    charge.lease
+                );
+                cmd.arg(text.as_str());
+            }
+        }
         cmd
+    }
+
+    /// Sends `requests` on `conn` in the server's form (`form`, updated when the server says
+    /// otherwise): once, and again only when the server answered that the code did not run
+    /// (it lost it in a restart, a failover or a flush; or it has no functions after all).
+    pub(crate) async fn call<C: ConnectionLike, P: Borrow<Prepared>>(
+        &self,
+        conn: &mut C,
+        form: &ServerForm,
+        mode: Mode,
+        requests: &[Request<'_, P>],
+    ) -> RedisResult<Value> {
+        let result = self
+            .command(form.get(), mode, requests)
+            .query_async::<Value>(conn)
+            .await;
+        match result {
+            Err(e) if not_run(&e) => {
+                let loaded = self.reload(conn, form, &e).await?;
+                self.command(loaded, mode, requests)
+                    .query_async::<Value>(conn)
+                    .await
+            }
+            result => result,
+        }
+    }
+
+    /// After an answer that says the code did not run ([`not_run`]): loads it again, in the
+    /// form the server takes, and says which.
+    pub(crate) async fn reload<C: ConnectionLike>(
+        &self,
+        conn: &mut C,
+        form: &ServerForm,
+        error: &RedisError,
+    ) -> RedisResult<Form> {
+        let loaded = match (form.get(), unknown_command(error)) {
+            // No FCALL here: the script form from now on.
+            (Form::Function, true) | (Form::Script, _) => {
+                self.load_script(conn).await?;
+                Form::Script
+            }
+            (Form::Function, false) => self.load(conn).await?,
+        };
+        form.set(loaded);
+        Ok(loaded)
     }
 }
 
-/// What one call of the script does.
+/// Which form of the code a server runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// `FCALL` (Redis 7 and later).
+    Function,
+    /// `EVALSHA`.
+    Script,
+}
+
+/// The form a server was last seen to run (functions until it says otherwise).
+#[derive(Debug, Default)]
+pub(crate) struct ServerForm(AtomicU8);
+
+impl ServerForm {
+    pub(crate) fn get(&self) -> Form {
+        match self.0.load(Ordering::Relaxed) {
+            1 => Form::Script,
+            _ => Form::Function,
+        }
+    }
+
+    pub(crate) fn set(&self, form: Form) {
+        self.0.store(
+            match form {
+                Form::Function => 0,
+                Form::Script => 1,
+            },
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Whether an answer says the code did not run: the server has no such function or script, or
+/// no `FCALL` at all.
+pub(crate) fn not_run(error: &RedisError) -> bool {
+    is_no_script(error) || unknown_command(error) || function_not_found(error)
+}
+
+fn is_no_script(error: &RedisError) -> bool {
+    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+fn function_not_found(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+fn unknown_command(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|d| d.starts_with("unknown command"))
+}
+
+fn already_loaded(error: &RedisError) -> bool {
+    error.detail().is_some_and(|d| d.contains("already exists"))
+}
+
+/// What one call does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
-    /// Check every charge; charge them all when all admit.
+    /// Check every charge of each request; charge them all when all admit.
     Charge,
     /// Check only.
     Peek,
@@ -66,13 +312,22 @@ pub(crate) enum Mode {
     Refund(u64),
 }
 
-/// One charge, owned: what the script needs, and what decoding its reply needs.
+/// One request of a call: its time (with an injected clock) and its charges.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request<'a, P> {
+    pub(crate) now: Option<u64>,
+    pub(crate) charges: &'a [P],
+}
+
+/// One charge, owned: what the code needs, and what decoding its reply needs.
 #[derive(Clone, Debug)]
 pub(crate) struct Prepared {
     pub(crate) key: String,
     pub(crate) algorithm: Algorithm,
     pub(crate) limits: Limits,
     pub(crate) cost: u64,
+    /// 0: charge `cost`; n > 0: take every unit there is up to n, at least `cost`.
+    pub(crate) lease: u64,
 }
 
 impl Prepared {
@@ -82,6 +337,7 @@ impl Prepared {
             algorithm: charge.rule.algorithm(),
             limits: *charge.rule.limits(),
             cost: charge.cost,
+            lease: 0,
         }
     }
 
@@ -91,7 +347,7 @@ impl Prepared {
     }
 }
 
-/// The script's name for an algorithm.
+/// The code's name for an algorithm.
 fn code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "tb",
@@ -102,41 +358,15 @@ fn code(algorithm: Algorithm) -> &'static str {
     }
 }
 
-/// The `EVALSHA` of `charges` (all in one slot when the server is a cluster).
-pub(crate) fn command<'a>(
-    script: &Script,
-    mode: Mode,
-    now: Option<u64>,
-    charges: impl ExactSizeIterator<Item = &'a Prepared> + Clone,
-) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(&script.sha).arg(charges.len());
-    for charge in charges.clone() {
-        cmd.arg(&charge.key);
-    }
-    let (mode, at) = match mode {
-        Mode::Charge => ("c", 0),
-        Mode::Peek => ("p", 0),
-        Mode::Refund(at) => ("r", at),
-    };
-    cmd.arg(mode).arg(now.unwrap_or(0)).arg(at);
-    for charge in charges {
-        let l = &charge.limits;
-        cmd.arg(code(charge.algorithm))
-            .arg(charge.cost)
-            .arg(l.limit)
-            .arg(l.period)
-            .arg(l.burst)
-            .arg(l.interval);
-    }
-    cmd
-}
-
-/// What one call answered: the server's time and one outcome per charge.
+/// What one call answered for one request: the server's time, one outcome per charge, and the
+/// units each charge took.
 #[derive(Clone, Debug)]
 pub(crate) struct Reply {
     pub(crate) now: u64,
     pub(crate) outcomes: Vec<Outcome>,
+    /// The units each charge took: its cost when admitted, up to its lease for a lease.
+    #[allow(dead_code)]
+    pub(crate) taken: Vec<u64>,
 }
 
 impl Reply {
@@ -145,52 +375,64 @@ impl Reply {
     }
 }
 
-/// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `charges`.
-pub(crate) fn decode<'a>(
+/// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`: the call's
+/// time, then four numbers per charge (five for a lease).
+pub(crate) fn decode<P: Borrow<Prepared>>(
     value: Value,
-    charges: impl ExactSizeIterator<Item = &'a Prepared>,
-) -> Result<Reply, StoreError> {
+    requests: &[Request<'_, P>],
+) -> Result<Vec<Reply>, StoreError> {
     let numbers: Vec<i64> = redis::from_redis_value(value)
-        .map_err(|e| StoreError::Protocol(format!("the rate-limit script answered {e}")))?;
-    let expected = 1 + 5 * charges.len();
+        .map_err(|e| StoreError::Protocol(format!("the rate-limit code answered {e}")))?;
+    let per_charge = |p: &Prepared| if p.lease > 0 { 5 } else { 4 };
+    let expected: usize = 1 + requests
+        .iter()
+        .flat_map(|r| r.charges.iter())
+        .map(|p| per_charge(p.borrow()))
+        .sum::<usize>();
     if numbers.len() != expected {
         return Err(StoreError::Protocol(format!(
-            "the rate-limit script answered {} numbers, not {expected}",
+            "the rate-limit code answered {} numbers, not {expected}",
             numbers.len()
         )));
     }
     let non_negative = |n: i64| {
         u64::try_from(n).map_err(|_| {
-            StoreError::Protocol(format!("the rate-limit script answered a negative {n}"))
+            StoreError::Protocol(format!("the rate-limit code answered a negative {n}"))
         })
     };
     let now = non_negative(numbers[0])?;
-    let outcomes = charges
-        .zip(numbers[1..].chunks_exact(5))
-        .map(|(charge, n)| {
-            Ok(Outcome {
-                allowed: n[0] == 1,
+    let mut rest = &numbers[1..];
+    let mut replies = Vec::with_capacity(requests.len());
+    for request in requests {
+        let mut outcomes = Vec::with_capacity(request.charges.len());
+        let mut taken = Vec::with_capacity(request.charges.len());
+        for charge in request.charges {
+            let charge = charge.borrow();
+            let (n, tail) = rest.split_at(per_charge(charge));
+            rest = tail;
+            let retry_after = match n[2] {
+                -1 => u64::MAX,
+                retry => non_negative(retry)?,
+            };
+            outcomes.push(Outcome {
+                allowed: retry_after == 0,
                 limit: charge.algorithm.capacity(&charge.limits),
-                remaining: non_negative(n[1])?,
-                reset: non_negative(n[2])?,
-                retry_after: if n[3] == -1 {
-                    u64::MAX
-                } else {
-                    non_negative(n[3])?
-                },
-                window: non_negative(n[4])?,
-            })
-        })
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(Reply { now, outcomes })
-}
-
-/// The decision of a request from the outcomes of each of its charges.
-pub(crate) fn decision(outcomes: impl IntoIterator<Item = Outcome>) -> Decision {
-    Decision::from_outcomes(outcomes)
-}
-
-/// Whether an error says the server lost the script (restart, failover, `SCRIPT FLUSH`).
-pub(crate) fn is_no_script(error: &RedisError) -> bool {
-    error.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                remaining: non_negative(n[0])?,
+                reset: non_negative(n[1])?,
+                retry_after,
+                window: non_negative(n[3])?,
+            });
+            taken.push(match n.get(4) {
+                Some(&taken) => non_negative(taken)?,
+                None if retry_after == 0 => charge.cost,
+                None => 0,
+            });
+        }
+        replies.push(Reply {
+            now: request.now.unwrap_or(now),
+            outcomes,
+            taken,
+        });
+    }
+    Ok(replies)
 }

@@ -30,7 +30,7 @@ end
 function SlidingCounter.estimate(l, c, now)
   local elapsed = now - c.start
   local weighted = c.previous * (l.period - elapsed) / l.period
-  return math.floor(weighted) + c.current
+  return floor(weighted) + c.current
 end
 
 function SlidingCounter.admits(l, s, at, cost)
@@ -53,7 +53,7 @@ end
 
 -- The first `t` in [from, to] that admits `cost`, stepping from `guess`, as the model does.
 function SlidingCounter.first_fit(l, s, from, to, guess, cost)
-  local t = math.min(math.max(guess, from), to)
+  local t = min(max(guess, from), to)
   if SlidingCounter.admits(l, s, t, cost) then
     for _ = 1, 8 do
       if t == from or not SlidingCounter.admits(l, s, t - 1, cost) then
@@ -83,12 +83,12 @@ function SlidingCounter.time_until_fits(l, s, now, cost)
     if c.previous == 0 then
       guess = now
     else
-      local x = math.ceil((l.limit - c.current - cost + 1) * period / c.previous) - 1
-      guess = math.max(finish - x, now)
+      local x = ceil((l.limit - c.current - cost + 1) * period / c.previous) - 1
+      guess = max(finish - x, now)
     end
   else
-    local x = math.ceil((l.limit - cost + 1) * period / c.current) - 1
-    guess = finish + period - math.min(x, period)
+    local x = ceil((l.limit - cost + 1) * period / c.current) - 1
+    guess = finish + period - min(x, period)
   end
   return SlidingCounter.first_fit(l, s, now, c.start + 2 * period, guess, cost) - now
 end
@@ -119,13 +119,13 @@ function SlidingCounter.check(l, s, now, cost)
   if allowed then
     spent = estimate + cost
   end
-  local remaining = math.max(l.limit - spent, 0)
+  local remaining = max(l.limit - spent, 0)
   local window
   if remaining >= l.limit then
     window = c.start + l.period - now
   else
     local after = { start = c.start, previous = c.previous, current = current }
-    window = math.max(SlidingCounter.time_until_fits(l, after, now, remaining + 1), 1)
+    window = max(SlidingCounter.time_until_fits(l, after, now, remaining + 1), 1)
   end
   return allowed, remaining, reset, retry, window
 end
@@ -134,10 +134,10 @@ function SlidingCounter.commit(key, l, s, now, cost, reset)
   local c = SlidingCounter.counters(l, s, now)
   local current = c.current + cost
   if current > 0 or c.previous > 0 then
-    redis.call('SET', key, int(c.start) .. ':' .. int(c.previous) .. ':' .. int(current),
+    call('SET', key, int(c.start) .. ':' .. int(c.previous) .. ':' .. int(current),
       'PX', expiry_ms(reset))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
@@ -148,16 +148,16 @@ function SlidingCounter.refund(key, l, now, cost, at)
   end
   local charged = at - imod(at, l.period)
   if s.start == charged then
-    s.current = math.max(s.current - cost, 0)
+    s.current = max(s.current - cost, 0)
   elseif s.start == charged + l.period then
-    s.previous = math.max(s.previous - cost, 0)
+    s.previous = max(s.previous - cost, 0)
   else
     return
   end
   if s.current > 0 or s.previous > 0 then
-    redis.call('SET', key, int(s.start) .. ':' .. int(s.previous) .. ':' .. int(s.current),
+    call('SET', key, int(s.start) .. ':' .. int(s.previous) .. ':' .. int(s.current),
       'KEEPTTL')
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end

@@ -9,13 +9,13 @@ function SlidingLog.capacity(l)
 end
 
 local function entry(key, i)
-  return tonumber(redis.call('LINDEX', key, i))
+  return tonumber(call('LINDEX', key, i))
 end
 
 -- The state: the list's length, the index of its first live entry, and its newest entry.
 -- `other` is true when the key holds a value of another algorithm.
 function SlidingLog.load(key, l, now)
-  local len = redis.pcall('LLEN', key)
+  local len = pcall_redis('LLEN', key)
   if type(len) ~= 'number' then
     return nil, true
   end
@@ -48,75 +48,75 @@ function SlidingLog.check(l, s, now, cost)
   if count > 0 then
     oldest = entry(s.key, s.first)
   end
-  local window = math.max(oldest + l.period - now, 1)
+  local window = max(oldest + l.period - now, 1)
   if count + cost <= l.limit then
     local newest = nil
     if s ~= nil then
       newest = s.back
       if cost > 0 then
-        newest = math.max(s.back, now)
+        newest = max(s.back, now)
       end
     elseif cost > 0 then
       newest = now
     end
     local reset = 0
     if newest ~= nil then
-      reset = math.max(newest + l.period - now, 0)
+      reset = max(newest + l.period - now, 0)
     end
     return true, l.limit - count - cost, reset, 0, window
   end
   local must_leave = count + cost - l.limit
   local reset = 0
   if s ~= nil then
-    reset = math.max(s.back + l.period - now, 0)
+    reset = max(s.back + l.period - now, 0)
   end
   local retry = -1
   if must_leave >= 1 and must_leave <= count then
     retry = entry(s.key, s.first + must_leave - 1) + l.period - now
   end
-  return false, math.max(l.limit - count, 0), reset, retry, window
+  return false, max(l.limit - count, 0), reset, retry, window
 end
 
 function SlidingLog.commit(key, l, s, now, cost, reset, other)
   if other then
-    redis.call('DEL', key)
+    call('DEL', key)
   end
   local kept = 0
   local at = now
   if s ~= nil then
     kept = s.len - s.first
     if kept == 0 then
-      redis.call('DEL', key)
+      call('DEL', key)
     else
       if s.first > 0 then
-        redis.call('LTRIM', key, s.first, -1)
+        call('LTRIM', key, s.first, -1)
       end
-      at = math.max(s.back, now)
+      at = max(s.back, now)
     end
   end
   local value = int(at)
   local left = cost
   while left > 0 do
     local batch = {}
-    for i = 1, math.min(left, 1000) do
+    for i = 1, min(left, 1000) do
       batch[i] = value
     end
-    redis.call('RPUSH', key, unpack(batch))
+    call('RPUSH', key, unpack(batch))
     left = left - #batch
   end
   if kept + cost > 0 then
-    redis.call('PEXPIRE', key, expiry_ms(reset))
+    call('PEXPIRE', key, expiry_ms(reset))
   end
 end
 
 function SlidingLog.refund(key, l, now, cost, at)
-  local len = redis.pcall('LLEN', key)
+  local len = pcall_redis('LLEN', key)
   if type(len) ~= 'number' or len == 0 then
     return
   end
   if cost >= len then
-    redis.call('DEL', key)
+    call('DEL', key)
   elseif cost > 0 then
-    redis.call('LTRIM', key, 0, -(cost + 1))
+    call('LTRIM', key, 0, -(cost + 1))
   end
 end

@@ -5,14 +5,16 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{Cmd, RedisError, RedisResult, Value};
+use ::redis::{RedisError, Value};
 use bb8_redis::RedisConnectionManager;
+use tokio::sync::oneshot;
 
+use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
 use super::health::Health;
-use super::script::{self, Mode, Prepared, Script};
+use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
-use super::{CheckFuture, Settings, keys, redact};
+use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
 use crate::store::{Charge, RuleRegistry, Store, StoreError};
@@ -60,7 +62,11 @@ struct Inner {
     server: Arc<str>,
     pool_size: u32,
     settings: Settings,
-    script: Script,
+    program: &'static Program,
+    /// Whether the server runs functions or scripts.
+    form: ServerForm,
+    /// Checks waiting to go out together.
+    batcher: Arc<Batcher<Job>>,
     /// Made by the background task (bb8 needs a runtime).
     pool: OnceLock<bb8::Pool<Manager>>,
     startup: Startup,
@@ -74,7 +80,19 @@ struct Inner {
 pub struct RedisStoreBuilder {
     url: String,
     pool_size: u32,
+    max_batch: usize,
     settings: Settings,
+}
+
+/// The most checks one call carries, by default.
+pub const DEFAULT_MAX_BATCH: usize = 64;
+
+/// One check waiting for its batch.
+struct Job {
+    charges: Vec<Prepared>,
+    now: Option<u64>,
+    permit: Permit,
+    reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
 impl RedisStore {
@@ -84,6 +102,7 @@ impl RedisStore {
         RedisStoreBuilder {
             url: url.into(),
             pool_size: 2,
+            max_batch: DEFAULT_MAX_BATCH,
             settings: Settings::default(),
         }
     }
@@ -108,11 +127,19 @@ impl RedisStore {
         self.inner.startup.is_connected()
     }
 
-    /// The Lua source of the script the stores run (with the server's `TIME` as its clock), for
-    /// operators who preload scripts (`SCRIPT LOAD`) or benchmark them. Its header documents its
-    /// arguments and its answer.
+    /// The Lua source of the script form of the code (with the server's `TIME` as its clock),
+    /// which servers without functions run, for operators who preload scripts (`SCRIPT LOAD`)
+    /// or benchmark them. Its check documents its arguments and its answer.
     pub fn script_source() -> &'static str {
-        super::script_source()
+        script::SERVER_CLOCK.script_source()
+    }
+
+    /// The function library of the code (Redis 7 and later: `FUNCTION LOAD`), and the name of
+    /// its function (`FCALL`). The stores load it themselves; see
+    /// [`store`](crate::store#one-atomic-step-per-request).
+    pub fn function_library() -> (&'static str, &'static str) {
+        let program = &*script::SERVER_CLOCK;
+        (program.library_source(), program.function_name())
     }
 }
 
@@ -126,6 +153,15 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// The most checks sent to Redis in one call (default [`DEFAULT_MAX_BATCH`]; 1 sends each
+    /// check alone). One call per connection is out at a time: checks that arrive meanwhile
+    /// go together in the next, each still all or nothing by itself, so a busy server gets
+    /// fewer, larger calls and an idle one gets each check at once, with no timer.
+    pub fn max_batch(mut self, checks: usize) -> Self {
+        self.max_batch = checks;
+        self
+    }
+
     /// Builds the store without waiting for Redis: it connects in the background, and until it
     /// has, checks fail at once (each rule's [`FailureMode`](crate::FailureMode) decides).
     /// Fails only when the configuration is wrong.
@@ -135,6 +171,12 @@ impl RedisStoreBuilder {
             return Err(ConfigError::new(
                 "Redis store: pool_size is 0; use at least 1",
             ));
+        }
+        if self.max_batch == 0 || self.max_batch > MAX_BATCH {
+            return Err(ConfigError::new(format!(
+                "Redis store: max_batch is {}; use 1 (no batching) to {MAX_BATCH}",
+                self.max_batch
+            )));
         }
         let server: Arc<str> = redact(&self.url).into();
         RedisConnectionManager::new(self.url.as_str()).map_err(|e| {
@@ -148,7 +190,9 @@ impl RedisStoreBuilder {
                 url: self.url,
                 server,
                 pool_size: self.pool_size,
-                script: self.settings.script(),
+                program: self.settings.program(),
+                form: ServerForm::default(),
+                batcher: Arc::new(Batcher::new(self.pool_size as usize, self.max_batch)),
                 breaker,
                 settings: self.settings,
                 pool: OnceLock::new(),
@@ -222,11 +266,12 @@ impl Inner {
             let mut pooled = bb8::ManageConnection::connect(&manager)
                 .await
                 .map_err(|e| store_error(&self.server, e))?;
-            self.script
-                .load_command()
-                .query_async::<Value>(&mut pooled.conn)
+            let form = self
+                .program
+                .load(&mut pooled.conn)
                 .await
                 .map_err(|e| store_error(&self.server, e))?;
+            self.form.set(form);
             self.pool().map(drop)
         };
         tokio::time::timeout(self.settings.connect_timeout, attempt)
@@ -253,15 +298,23 @@ impl Inner {
         ))
     }
 
-    /// Runs `cmd` within the check's time budget, and tells the connection's health and the
-    /// breaker how it went.
-    async fn run(&self, cmd: &Cmd, permit: Permit) -> Result<Value, StoreError> {
+    /// Sends `requests` in one call within the time budget of a check, and tells the
+    /// connection's health and the breaker how it went.
+    async fn run(
+        &self,
+        mode: Mode,
+        requests: &[Request<'_, Prepared>],
+        permit: Permit,
+    ) -> Result<Value, StoreError> {
         // One timer for the whole check; `in_use` tells which connection a time-out caught.
         let mut in_use = None;
         let attempt = async {
             let (mut conn, health) = self.connection().await?;
             in_use = Some(health.clone());
-            let result = eval(&mut conn, &self.script, cmd).await;
+            let result = self
+                .program
+                .call(&mut conn, &self.form, mode, requests)
+                .await;
             let answered = match &result {
                 Err(e) if e.is_timeout() => {
                     health.timed_out();
@@ -383,14 +436,84 @@ impl bb8::ErrorSink<RedisError> for LogConnectErrors {
     }
 }
 
-/// `EVALSHA`; on `NOSCRIPT`, `SCRIPT LOAD` and once more (the script did not run).
-async fn eval(conn: &mut MultiplexedConnection, script: &Script, cmd: &Cmd) -> RedisResult<Value> {
-    match cmd.query_async::<Value>(conn).await {
-        Err(e) if script::is_no_script(&e) => {
-            script.load_command().query_async::<Value>(conn).await?;
-            cmd.query_async(conn).await
+impl Inner {
+    /// Decides one check: queued for the next call to Redis (sent at once when no call is
+    /// out), within the check's time budget.
+    async fn decide(
+        self: &Arc<Self>,
+        charges: Vec<Prepared>,
+        now: Option<u64>,
+        permit: Permit,
+    ) -> Result<Reply, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            charges,
+            now,
+            permit,
+            reply,
+        };
+        if let Some((batch, turn)) = self.batcher.push(job) {
+            // Sent from a task of its own, so that a client that goes away cancels no one
+            // else's check of the batch.
+            let sending = send_batches(self.clone(), batch, turn);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(sending)),
+                Err(_) => sending.await,
+            }
         }
-        result => result,
+        match tokio::time::timeout(self.settings.response_timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(StoreError::Unavailable(
+                format!("{}: the check was dropped before it was sent", self.server).into(),
+            )),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    /// One call for `batch`; each check gets its own reply, or the call's error.
+    async fn send(&self, batch: Vec<Job>) {
+        let Some(permit) = batch.last().map(|job| job.permit) else {
+            return;
+        };
+        let requests: Vec<Request<'_, Prepared>> = batch
+            .iter()
+            .map(|job| Request {
+                now: job.now,
+                charges: &job.charges,
+            })
+            .collect();
+        let result = self
+            .run(Mode::Charge, &requests, permit)
+            .await
+            .and_then(|value| script::decode(value, &requests));
+        drop(requests);
+        match result {
+            Ok(replies) => {
+                for (job, reply) in batch.into_iter().zip(replies) {
+                    let _ = job.reply.send(Ok(reply));
+                }
+            }
+            Err(error) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(error.duplicate()));
+                }
+            }
+        }
+    }
+}
+
+/// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
+/// went away (it timed out, its client left) is not sent.
+async fn send_batches(inner: Arc<Inner>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
+    loop {
+        batch.retain(|job| !job.reply.is_closed());
+        if !batch.is_empty() {
+            inner.send(batch).await;
+        }
+        match turn.next() {
+            Some(next) => batch = next,
+            None => return,
+        }
     }
 }
 
@@ -415,10 +538,8 @@ impl Store for RedisStore {
             .collect();
         let now = inner.settings.now();
         Box::pin(async move {
-            let cmd = script::command(&inner.script, Mode::Charge, now, prepared.iter());
-            let value = inner.run(&cmd, permit).await?;
-            let reply = script::decode(value, prepared.iter())?;
-            Ok(script::decision(reply.outcomes))
+            let reply = inner.decide(prepared, now, permit).await?;
+            Ok(Decision::from_outcomes(reply.outcomes))
         })
     }
 

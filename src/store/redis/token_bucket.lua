@@ -3,7 +3,8 @@
 -- Stored value: minus the time the bucket is full again, one integer (`-tat`; the sign tells it
 -- from a GCRA value). The model's state (tokens, updated) is recovered as the equivalent
 -- (0, tat - burst * interval): refilled at any `now` not before the last commit it gives the
--- same tokens and the same `updated` as the model's state would.
+-- same tokens and the same `updated` as the model's state would. Loaded, the state is that
+-- `updated` alone (its tokens are 0), one number rather than a table.
 local TokenBucket = {}
 
 function TokenBucket.capacity(l)
@@ -15,52 +16,52 @@ function TokenBucket.load(key, l, now)
   if v == nil or v >= 0 then
     return nil
   end
-  return { tokens = 0, updated = -v - l.burst * l.interval }
+  return -v - l.burst * l.interval
 end
 
-function TokenBucket.refill(l, s, now)
-  if s == nil then
-    return { tokens = l.burst, updated = now }
+-- The bucket as it is at `now`: its whole tokens and the time they were counted at (two numbers,
+-- not a table: this runs on every check).
+local function tb_refill(l, updated, now)
+  if updated == nil then
+    return l.burst, now
   end
-  local added = idiv(math.max(now - s.updated, 0), l.interval)
-  local tokens = s.tokens + added
-  if tokens >= l.burst then
-    return { tokens = l.burst, updated = now }
+  local added = 0
+  if now - updated >= l.interval then
+    added = idiv(now - updated, l.interval)
   end
-  return { tokens = tokens, updated = s.updated + added * l.interval }
+  if added >= l.burst then
+    return l.burst, now
+  end
+  return added, updated + added * l.interval
 end
 
-function TokenBucket.time_until(l, b, now, wanted)
-  if b.tokens >= wanted then
+-- The time from `now` until a bucket of `tokens` counted at `updated` holds `wanted`.
+local function tb_time_until(l, tokens, updated, now, wanted)
+  if tokens >= wanted then
     return 0
   end
-  return math.max(b.updated + (wanted - b.tokens) * l.interval - now, 0)
-end
-
--- The time until the next token: `updated` is never a whole interval behind `now`.
-function TokenBucket.next_token(l, b, now)
-  return math.max(b.updated + l.interval - now, 1)
+  return max(updated + (wanted - tokens) * l.interval - now, 0)
 end
 
 function TokenBucket.check(l, s, now, cost)
-  local b = TokenBucket.refill(l, s, now)
-  local window = TokenBucket.next_token(l, b, now)
-  if b.tokens >= cost then
-    local after = { tokens = b.tokens - cost, updated = b.updated }
-    return true, after.tokens, TokenBucket.time_until(l, after, now, l.burst), 0, window
+  local tokens, updated = tb_refill(l, s, now)
+  -- The time until the next token: `updated` is never a whole interval behind `now`.
+  local window = max(updated + l.interval - now, 1)
+  if tokens >= cost then
+    local left = tokens - cost
+    return true, left, tb_time_until(l, left, updated, now, l.burst), 0, window
   end
-  return false, b.tokens, TokenBucket.time_until(l, b, now, l.burst),
-    TokenBucket.time_until(l, b, now, cost), window
+  return false, tokens, tb_time_until(l, tokens, updated, now, l.burst),
+    tb_time_until(l, tokens, updated, now, cost), window
 end
 
+-- Charges the check that admitted `cost` at `now`: its `reset` is the time until the bucket is
+-- full again, so the new value is `-(now + reset)` (no refill computed twice).
 function TokenBucket.commit(key, l, s, now, cost, reset)
-  local b = TokenBucket.refill(l, s, now)
-  local tokens = math.max(b.tokens - cost, 0)
-  if tokens < l.burst then
-    local tat = b.updated + (l.burst - tokens) * l.interval
-    redis.call('SET', key, int(-tat), 'PX', expiry_ms(reset))
+  if reset > 0 then
+    call('SET', key, int(-(now + reset)), 'PX', expiry_ms(reset))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end
 
@@ -72,8 +73,8 @@ function TokenBucket.refund(key, l, now, cost, at)
   end
   local tat = -v - cost * l.interval
   if tat > now then
-    redis.call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
+    call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
   else
-    redis.call('DEL', key)
+    call('DEL', key)
   end
 end

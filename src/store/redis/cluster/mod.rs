@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 use self::node::Node;
 use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
-use super::script::{self, Mode, Prepared, Reply, Script};
+use super::script::{self, Mode, Prepared, Program, Reply, Request};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
@@ -83,7 +83,7 @@ struct Inner {
     /// The credentials of the first URL, for every node.
     template: ConnectionInfo,
     settings: Settings,
-    script: Script,
+    program: &'static Program,
     topology: RwLock<Option<Arc<Topology>>>,
     /// Every node seen, by address: connections and breakers outlive a new slot map.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
@@ -182,7 +182,7 @@ impl RedisClusterStoreBuilder {
                 seeds,
                 servers: format!("Redis Cluster ({servers})").into(),
                 template: template.unwrap_or_else(|| unreachable!("at least one node")),
-                script: self.settings.script(),
+                program: self.settings.program(),
                 settings: self.settings,
                 topology: RwLock::new(None),
                 nodes: Mutex::new(HashMap::new()),
@@ -210,12 +210,13 @@ impl RedisClusterStoreBuilder {
         let topology = inner.topology().ok_or(StoreError::Timeout)?;
         let loads = topology.primaries().iter().map(|node| async move {
             let (mut conn, _) = node.connection().await?;
-            inner
-                .script
-                .load_command()
-                .query_async::<Value>(&mut conn)
+            let form = inner
+                .program
+                .load(&mut conn)
                 .await
-                .map_err(|e| store_error(node.server(), e))
+                .map_err(|e| store_error(node.server(), e))?;
+            node.form().set(form);
+            Ok::<_, StoreError>(())
         });
         let left = budget.saturating_sub(started.elapsed());
         tokio::time::timeout(left, try_join_all(loads))
@@ -328,7 +329,7 @@ impl Inner {
         charges: &[&Prepared],
         deadline: Instant,
     ) -> Result<Value, StoreError> {
-        let cmd = script::command(&self.script, mode, now, charges.iter().copied());
+        let requests = [Request { now, charges }];
         let topology = self
             .topology()
             .ok_or_else(|| self.startup.not_connected(&self.servers))?;
@@ -354,18 +355,18 @@ impl Inner {
             let attempt = async {
                 let (mut conn, health) = node.connection().await?;
                 in_use = Some(health.clone());
+                let cmd = self.program.command(node.form().get(), mode, &requests);
                 let mut result = Node::send(&mut conn, &cmd, asking).await;
                 if let Err(e) = &result
-                    && script::is_no_script(e)
+                    && script::not_run(e)
                 {
-                    // The node lost the script (a restart, a failover): it did not run.
-                    let loaded = self
-                        .script
-                        .load_command()
-                        .query_async::<Value>(&mut conn)
-                        .await;
-                    result = match loaded {
-                        Ok(_) => Node::send(&mut conn, &cmd, asking).await,
+                    // The node lost the code (a restart, a failover), or has no functions: it
+                    // did not run.
+                    result = match self.program.reload(&mut conn, node.form(), e).await {
+                        Ok(form) => {
+                            let cmd = self.program.command(form, mode, &requests);
+                            Node::send(&mut conn, &cmd, asking).await
+                        }
                         Err(e) => Err(e),
                     };
                 }
@@ -474,7 +475,11 @@ impl Inner {
         deadline: Instant,
     ) -> Result<Reply, StoreError> {
         let value = self.call(slot, mode, now, charges, deadline).await?;
-        script::decode(value, charges.iter().copied())
+        let requests = [Request { now, charges }];
+        let mut replies = script::decode(value, &requests)?;
+        replies
+            .pop()
+            .ok_or_else(|| StoreError::Protocol("the rate-limit code answered no request".into()))
     }
 
     async fn check(&self, prepared: &[Prepared], now: Option<u64>) -> Result<Decision, StoreError> {
@@ -488,7 +493,7 @@ impl Inner {
             let reply = self
                 .reply(slot, Mode::Charge, now, &charges, deadline)
                 .await?;
-            return Ok(script::decision(reply.outcomes));
+            return Ok(Decision::from_outcomes(reply.outcomes));
         }
         self.check_across_slots(prepared, now, deadline).await
     }
@@ -599,6 +604,7 @@ fn denial(
                     .iter()
                     .map(|p| p.algorithm.check(&p.limits, None, 0, 0))
                     .collect(),
+                taken: vec![0; charges.len()],
             })
         })
         .collect();
@@ -702,7 +708,7 @@ fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Decis
             outcomes[i] = *outcome;
         }
     }
-    script::decision(outcomes)
+    Decision::from_outcomes(outcomes)
 }
 
 impl Store for RedisClusterStore {

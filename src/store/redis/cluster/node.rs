@@ -12,6 +12,7 @@ use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::error::{AtServer, store_error};
 use crate::store::redis::health::Health;
+use crate::store::redis::script::ServerForm;
 
 /// A node of the cluster, by address.
 pub(crate) struct Node {
@@ -26,6 +27,8 @@ pub(crate) struct Node {
     /// One connection attempt at a time.
     connecting: tokio::sync::Mutex<()>,
     breaker: Breaker,
+    /// Whether the node runs functions or scripts.
+    form: ServerForm,
 }
 
 impl Node {
@@ -60,6 +63,7 @@ impl Node {
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             breaker,
+            form: ServerForm::default(),
         })
     }
 
@@ -69,6 +73,11 @@ impl Node {
 
     pub(super) fn server(&self) -> &Arc<str> {
         &self.server
+    }
+
+    /// Whether the node runs functions or scripts, as last seen.
+    pub(super) fn form(&self) -> &ServerForm {
+        &self.form
     }
 
     pub(super) fn breaker(&self) -> &Breaker {
