@@ -5,15 +5,19 @@
 //! cargo run --example replicas            # Redis at REDIS_URL, default redis://127.0.0.1:6379
 //! store=memory replicas=3 limit=100 sent=300 admitted=300
 //! store=redis replicas=3 limit=100 sent=300 admitted=100
+//! store=redis-lease replicas=3 limit=100 lease=10 sent=300 admitted=100
 //! ```
 //!
 //! With in-process memory stores every replica admits the limit: the fleet lets the client
-//! through K times. With Redis the replicas share one budget. The limit is 100 per hour, so that
-//! nothing refills during the run. When Redis cannot be reached the example says so and exits
-//! with status 1 after the memory line.
+//! through K times. With Redis the replicas share one budget. With a lease of 10
+//! (`Rule::lease(10)`), each replica takes 10 units from Redis at a time and spends them itself:
+//! the same 100 are admitted (the 300 requests spend every leased unit), with about a tenth of
+//! the calls to Redis. The limit is 100 per hour, so that nothing refills during the run. When
+//! Redis cannot be reached the example says so and exits with status 1 after the memory line.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
@@ -27,13 +31,14 @@ use tollgate::{Quota, RateLimitLayer, Rule};
 
 const REPLICAS: usize = 3;
 const LIMIT: u64 = 100;
+const LEASE: u64 = 10;
 
 /// Starts one replica on a free loopback port: a hello-world app behind its own layer.
-async fn replica<S: Store + Clone>(store: S) -> Result<SocketAddr, Box<dyn std::error::Error>> {
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::new("replicas", Quota::per_hour(LIMIT)))
-        .store(store)
-        .build()?;
+async fn replica<S: Store + Clone>(
+    store: S,
+    rule: Rule,
+) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+    let layer = RateLimitLayer::builder().rule(rule).store(store).build()?;
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
         .layer(layer);
@@ -62,11 +67,16 @@ async fn run(replicas: &[SocketAddr]) -> Result<u64, Box<dyn std::error::Error>>
     Ok(admitted)
 }
 
-fn summary(store: &str, admitted: u64) {
+fn summary(store: &str, lease: Option<u64>, admitted: u64) {
+    let lease = lease.map(|n| format!(" lease={n}")).unwrap_or_default();
     println!(
-        "store={store} replicas={REPLICAS} limit={LIMIT} sent={} admitted={admitted}",
+        "store={store} replicas={REPLICAS} limit={LIMIT}{lease} sent={} admitted={admitted}",
         3 * LIMIT
     );
+}
+
+fn rule() -> Rule {
+    Rule::new("replicas", Quota::per_hour(LIMIT))
 }
 
 #[tokio::main]
@@ -83,9 +93,9 @@ async fn main() -> ExitCode {
 async fn fleet() -> Result<(), Box<dyn std::error::Error>> {
     let mut replicas = Vec::new();
     for _ in 0..REPLICAS {
-        replicas.push(replica(MemoryStore::new()).await?);
+        replicas.push(replica(MemoryStore::new(), rule()).await?);
     }
-    summary("memory", run(&replicas).await?);
+    summary("memory", None, run(&replicas).await?);
 
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     // A prefix of its own per run: earlier runs' budgets (100 per hour) do not count.
@@ -96,15 +106,22 @@ async fn fleet() -> Result<(), Box<dyn std::error::Error>> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis()
     );
-    let mut replicas = Vec::new();
-    for _ in 0..REPLICAS {
-        let store = RedisStore::builder(url.as_str())
-            .prefix(&prefix)
-            .connect()
-            .await
-            .map_err(|e| format!("cannot use Redis at {url} (set REDIS_URL): {e}"))?;
-        replicas.push(replica(store).await?);
+    for (store, lease) in [("redis", None), ("redis-lease", Some(LEASE))] {
+        let mut replicas = Vec::new();
+        for _ in 0..REPLICAS {
+            let redis = RedisStore::builder(url.as_str())
+                .prefix(format!("{prefix}-{store}"))
+                .connect()
+                .await
+                .map_err(|e| format!("cannot use Redis at {url} (set REDIS_URL): {e}"))?;
+            // Leased units live 10 s here, far longer than the run: every one is spent.
+            let rule = match lease {
+                Some(units) => rule().lease(units).lease_ttl(Duration::from_secs(10)),
+                None => rule(),
+            };
+            replicas.push(replica(redis, rule).await?);
+        }
+        summary(store, lease, run(&replicas).await?);
     }
-    summary("redis", run(&replicas).await?);
     Ok(())
 }

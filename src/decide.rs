@@ -36,7 +36,7 @@ use crate::policy::{Live, Registrar, SharedTenantExtractor};
 use crate::response::is_grpc;
 use crate::store::{Charge, MemoryStore, Store, StoreError};
 use crate::warn::{Every, unix_micros};
-use crate::{ConfigError, Decision, FailureMode, RuleMode};
+use crate::{ConfigError, Decision, DecisionSource, FailureMode, RuleMode};
 
 /// Indices of the rules that applied to one request, in rule order.
 pub(crate) type Applied = SmallVec<[u16; 4]>;
@@ -590,6 +590,8 @@ impl<St: Store> Shared<St> {
                     Verdict::ShadowDenied
                 } else if ctx.phase.delayed {
                     Verdict::Delayed
+                } else if decision.source() == DecisionSource::Lease {
+                    Verdict::LeaseAllowed
                 } else {
                     Verdict::Allowed
                 };
@@ -599,7 +601,10 @@ impl<St: Store> Shared<St> {
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
             }
-            Ok(decision) => self.deny(snapshot, ctx, applied, keys, decision, Verdict::Denied),
+            Ok(decision) => {
+                let verdict = denied(&decision);
+                self.deny(snapshot, ctx, applied, keys, decision, verdict)
+            }
             Err(error) => {
                 self.report(&error);
                 match self.without_store(snapshot, applied, keys) {
@@ -653,7 +658,8 @@ impl<St: Store> Shared<St> {
         let enforced_denial = denying().any(|(i, _)| mode(*i) != RuleMode::Shadow);
         let Some(keys) = keys else {
             // Kept for every policy with shadow or delay rules: not reached.
-            return self.deny(snapshot, ctx, applied, keys, decision, Verdict::Denied);
+            let verdict = denied(&decision);
+            return self.deny(snapshot, ctx, applied, keys, decision, verdict);
         };
         if !enforced_denial {
             let shadow: SmallVec<[u16; 2]> = denying()
@@ -708,14 +714,8 @@ impl<St: Store> Shared<St> {
                 phase,
             ));
         }
-        self.deny(
-            snapshot,
-            ctx,
-            applied,
-            Some(keys),
-            decision,
-            Verdict::Denied,
-        )
+        let verdict = denied(&decision);
+        self.deny(snapshot, ctx, applied, Some(keys), decision, verdict)
     }
 
     /// Checks `keys` again: at once (`delay` is `None`), or after waiting for a delay rule's
@@ -860,6 +860,15 @@ impl<St: Store> Shared<St> {
             .collect();
         let fallback = self.fallback.get_or_init(MemoryStore::new);
         WithoutStore::Decided(fallback.decide(&local))
+    }
+}
+
+/// The verdict of a denial: by the store, or by its deny cache.
+fn denied(decision: &Decision) -> Verdict {
+    if decision.source() == DecisionSource::DenyCache {
+        Verdict::CacheDenied
+    } else {
+        Verdict::Denied
     }
 }
 

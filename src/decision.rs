@@ -19,9 +19,33 @@ use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 /// assert_eq!(decision.retry_after_micros(), Some(1_500_000));
 /// assert_eq!(decision.retry_after_seconds(), Some(2)); // rounded up, never 0
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct Decision {
     outcomes: SmallVec<[Outcome; 2]>,
+    source: DecisionSource,
+}
+
+/// Two decisions are equal when their outcomes are: where they were made does not change them.
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.outcomes == other.outcomes
+    }
+}
+
+impl Eq for Decision {}
+
+/// Where a [`Decision`] was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DecisionSource {
+    /// By the store (the default).
+    #[default]
+    Store,
+    /// By a remote store's local deny cache: the store denied these keys moments ago, and
+    /// would until the retry-after it computed.
+    DenyCache,
+    /// From units a remote store leased to this replica.
+    Lease,
 }
 
 impl Decision {
@@ -29,6 +53,7 @@ impl Decision {
     pub fn from_outcomes(outcomes: impl IntoIterator<Item = Outcome>) -> Self {
         Decision {
             outcomes: outcomes.into_iter().collect(),
+            source: DecisionSource::Store,
         }
     }
 
@@ -37,7 +62,19 @@ impl Decision {
     pub fn single(outcome: Outcome) -> Self {
         Decision {
             outcomes: smallvec::smallvec![outcome],
+            source: DecisionSource::Store,
         }
+    }
+
+    /// The same decision, made at `source`.
+    pub fn made_by(mut self, source: DecisionSource) -> Self {
+        self.source = source;
+        self
+    }
+
+    /// Where the decision was made.
+    pub fn source(&self) -> DecisionSource {
+        self.source
     }
 
     /// Adds the outcome of the next rule.

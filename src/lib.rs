@@ -79,14 +79,14 @@ pub use http;
 struct ReadmeDoctests;
 
 pub use algorithm::kind::Algorithm;
-pub use decision::Decision;
+pub use decision::{Decision, DecisionSource};
 pub use error::ConfigError;
 pub use layer::{DEFAULT_MAX_WAITING, MAX_RULES, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::cost::Cost;
 pub use policy::failure::FailureMode;
 pub use policy::mode::RuleMode;
 pub use policy::quota::Quota;
-pub use policy::rule::Rule;
+pub use policy::rule::{DEFAULT_LEASE_TTL, Rule};
 pub use response::{Headers, RateLimited, ResetFormat, ResponseBody};
 pub use service::RateLimit;
 #[cfg(feature = "redis")]

@@ -151,3 +151,24 @@ async fn the_tiers_example_limits_by_tier_tenant_and_route_and_reloads_its_file(
     assert!(printed.contains("Edit "), "{printed}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The replicas example against a Redis of the test's own: its three lines, as its documentation
+/// gives them.
+#[test]
+fn the_replicas_example_admits_the_limit_once_on_redis_with_and_without_leases() {
+    let server = support::RedisServer::start();
+    let output = std::process::Command::new(support::example::binary("replicas"))
+        .env("REDIS_URL", server.url())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{output:?}");
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(
+        printed.lines().collect::<Vec<_>>(),
+        [
+            "store=memory replicas=3 limit=100 sent=300 admitted=300",
+            "store=redis replicas=3 limit=100 sent=300 admitted=100",
+            "store=redis-lease replicas=3 limit=100 lease=10 sent=300 admitted=100",
+        ]
+    );
+}

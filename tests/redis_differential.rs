@@ -395,7 +395,10 @@ async fn standalone_batched_checks_match_the_model_one_by_one() {
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        // One connection, one call out at a time: checks reach Redis in the order they were
+        // made (with two, two calls race, as concurrent requests may).
         let redis = RedisStore::builder(server.url())
+            .pool_size(1)
             .response_timeout(Duration::from_secs(10))
             .clock(clock.clone())
             .connect()

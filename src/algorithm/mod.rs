@@ -335,6 +335,38 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// The units a lease of up to `lease` takes for a request of `cost`: every unit there is
+    /// now, at most `lease`, at least `cost` (then checked and charged as the cost of the
+    /// request: denied when fewer than `cost` are there). `cost` itself when `lease` or `cost`
+    /// is 0, or when `cost` is above the capacity.
+    ///
+    /// ```
+    /// use tollgate::Algorithm;
+    /// use tollgate::algorithm::Limits;
+    ///
+    /// let limits = Limits::new(100, 3_600_000_000, 100).unwrap();
+    /// // A full bucket of 100: a lease of 10 for a request of 1 takes 10.
+    /// assert_eq!(Algorithm::TokenBucket.lease_take(&limits, None, 0, 1, 10), 10);
+    /// ```
+    #[inline]
+    pub fn lease_take(
+        self,
+        limits: &Limits,
+        state: Option<&State>,
+        now: u64,
+        cost: u64,
+        lease: u64,
+    ) -> u64 {
+        if lease == 0 || cost == 0 || cost > self.capacity(limits) {
+            return cost;
+        }
+        // What a check at cost 0 leaves is exactly the largest cost it would admit now.
+        let available = self.check(limits, state, now, 0).remaining;
+        lease.min(available).max(cost)
+    }
+}
+
 impl State {
     fn token_bucket(&self) -> Option<&TokenBucketState> {
         match self {

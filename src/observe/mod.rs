@@ -97,12 +97,17 @@ pub enum Verdict {
     NotLimited,
     /// The client went away before the request was decided.
     Cancelled,
+    /// Denied by a remote store's local deny cache: the store denied the same request moments
+    /// ago, until a time not yet come (429, as from the store).
+    CacheDenied,
+    /// Admitted from units a remote store leased to this replica.
+    LeaseAllowed,
 }
 
 impl Verdict {
     /// The label value: `allowed`, `denied`, `shadow_denied`, `delayed`, `failed_open`,
     /// `failed_closed`, `local_allowed`, `local_denied`, `listed_allowed`, `listed_denied`,
-    /// `not_limited`, `cancelled`.
+    /// `not_limited`, `cancelled`, `cache_denied`, `lease_allowed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allowed => "allowed",
@@ -117,6 +122,8 @@ impl Verdict {
             Verdict::ListedDenied => "listed_denied",
             Verdict::NotLimited => "not_limited",
             Verdict::Cancelled => "cancelled",
+            Verdict::CacheDenied => "cache_denied",
+            Verdict::LeaseAllowed => "lease_allowed",
         }
     }
 }
@@ -142,8 +149,10 @@ pub(crate) fn rule_outcome(
         (Verdict::LocalAllowed | Verdict::LocalDenied, Some(false)) => "local_denied",
         (Verdict::LocalAllowed | Verdict::LocalDenied, _) => "local_allowed",
         (_, Some(false)) if mode == RuleMode::Shadow => "shadow_denied",
+        (Verdict::CacheDenied, Some(false)) => "cache_denied",
         (_, Some(false)) => "denied",
-        (Verdict::Denied, _) => "not_charged",
+        (Verdict::Denied | Verdict::CacheDenied, _) => "not_charged",
+        (Verdict::LeaseAllowed, _) => "lease_allowed",
         (Verdict::Delayed, _) if matches!(mode, RuleMode::Delay { .. }) => "delayed",
         _ => "allowed",
     }
@@ -213,7 +222,10 @@ pub(crate) struct Observer {
 impl Decided<'_> {
     /// The `Retry-After` of a denial, in seconds: shadow rules, which never deny, left out.
     pub(crate) fn retry_after_seconds(&self) -> Option<u64> {
-        if !matches!(self.verdict, Verdict::Denied | Verdict::LocalDenied) {
+        if !matches!(
+            self.verdict,
+            Verdict::Denied | Verdict::LocalDenied | Verdict::CacheDenied
+        ) {
             return None;
         }
         let decision = self.decision?;
@@ -277,8 +289,10 @@ impl Observer {
         if !span.is_disabled() {
             record_span(span, decided);
         }
-        let log =
-            matches!(decided.verdict, Verdict::Denied | Verdict::LocalDenied) && self.log.enabled();
+        let log = matches!(
+            decided.verdict,
+            Verdict::Denied | Verdict::LocalDenied | Verdict::CacheDenied
+        ) && self.log.enabled();
         if !(cfg!(feature = "metrics") || log || self.hook.is_some()) {
             return;
         }

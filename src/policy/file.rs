@@ -100,6 +100,9 @@ struct RuleDef {
     max_delay: Option<Spanned<String>>,
     #[serde(default)]
     skip_unidentified: bool,
+    lease: Option<u64>,
+    lease_ttl: Option<Spanned<String>>,
+    split: Option<u16>,
 }
 
 #[derive(Default, Deserialize)]
@@ -350,6 +353,24 @@ fn rule_of(
     }
     if def.skip_unidentified {
         rule = rule.skip_unidentified();
+    }
+    match (def.lease, &def.lease_ttl) {
+        (Some(units), ttl) => {
+            rule = rule.lease(units);
+            if let Some(ttl) = ttl {
+                rule = rule.lease_ttl(duration(ttl.get_ref()).map_err(|m| in_rule(ttl.span(), m))?);
+            }
+        }
+        (None, Some(ttl)) => {
+            return Err(in_rule(
+                ttl.span(),
+                "lease_ttl is for a leased rule; remove it or add lease = <units>".into(),
+            ));
+        }
+        (None, None) => {}
+    }
+    if let Some(parts) = def.split {
+        rule = rule.split(parts);
     }
     Ok(rule)
 }

@@ -44,7 +44,14 @@ pub struct Rule {
     pub(crate) on_store_error: Option<FailureMode>,
     pub(crate) skip_unidentified: bool,
     pub(crate) mode: RuleMode,
+    /// Units leased at once to each replica of a remote store, and their time to live.
+    pub(crate) lease: Option<(u64, Duration)>,
+    /// Sub-keys of each key in a remote store.
+    pub(crate) split: Option<u16>,
 }
+
+/// How long leased units live, unless [`Rule::lease_ttl`] says otherwise.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
 
 impl Rule {
     /// A token-bucket rule named `name` with `quota`.
@@ -59,6 +66,8 @@ impl Rule {
             on_store_error: None,
             skip_unidentified: false,
             mode: RuleMode::Enforce,
+            lease: None,
+            split: None,
         }
     }
 
@@ -115,6 +124,51 @@ impl Rule {
         self
     }
 
+    /// For a hot key on a remote store (Redis): each replica takes up to `units` of the key's
+    /// budget in the one call that checks a request, and spends them on the key's next
+    /// requests itself, for at most [`lease_ttl`](Rule::lease_ttl) (default 1 s) and never past
+    /// the end of a fixed or sliding-counter window. A replica then asks Redis about once per
+    /// `units` requests of the key instead of once per request.
+    ///
+    /// The fleet never admits more than the shared budget: every unit is charged to Redis
+    /// before it is spent, up to a time to live earlier. While replicas hold units, it may
+    /// refuse a request the budget would admit, by at most `(units - 1)` units per replica.
+    /// The answers' budget fields are Redis's at the lease, with the units still held here.
+    /// The memory store ignores leases. A lease is 2 units or more, at most the rule's burst
+    /// (token bucket, GCRA) or quota; a rule is leased or [split](Rule::split), not both.
+    pub fn lease(mut self, units: u64) -> Self {
+        let ttl = self.lease.map_or(DEFAULT_LEASE_TTL, |(_, ttl)| ttl);
+        self.lease = Some((units, ttl));
+        self
+    }
+
+    /// How long leased units may be spent (default [`DEFAULT_LEASE_TTL`], at most 60 s): the
+    /// longest time between a unit's charge in Redis and its use. Only with [`lease`](Rule::lease).
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        let units = self.lease.map_or(0, |(units, _)| units);
+        self.lease = Some((units, ttl));
+        self
+    }
+
+    /// For a hot key on a remote store (Redis): each key becomes `parts` sub-keys, each with
+    /// `1/parts` of the quota and the burst (rounded down), whose hash tags differ, so that a
+    /// Redis Cluster spreads them over its primaries. Each request goes to one sub-key: a
+    /// replica gives a key's requests to its sub-keys in turn (starting from one the key's hash
+    /// chooses).
+    ///
+    /// The precision it costs: the fleet never admits more than the quota (the sub-keys' shares
+    /// add up to at most it); a request is refused when its sub-key is spent though others are
+    /// not, and with R replicas taking turns on their own, no sub-key is more than R requests
+    /// ahead of another, so a key is refused at the earliest when about
+    /// `(parts - 1) × R` units are left elsewhere. The answers report the sub-key's numbers for
+    /// the whole key (its remaining times `parts`). Refused at build time when a sub-key would
+    /// hold less than one unit, or a fixed cost more than a sub-key holds. The memory store
+    /// keeps one key with the whole quota.
+    pub fn split(mut self, parts: u16) -> Self {
+        self.split = Some(parts);
+        self
+    }
+
     /// What the rule does with a request over its limit (default [`RuleMode::Enforce`]).
     pub fn mode(&self) -> RuleMode {
         self.mode
@@ -149,6 +203,8 @@ impl Rule {
             && self.on_store_error == other.on_store_error
             && self.skip_unidentified == other.skip_unidentified
             && self.mode == other.mode
+            && self.lease == other.lease
+            && self.split == other.split
             && same_key
             && self.key_spec == other.key_spec
             && same_cost
@@ -207,7 +263,25 @@ impl Rule {
                 ),
             ));
         }
-        let spec = RuleSpec::new(name, self.algorithm, limits)?;
+        let mut spec = RuleSpec::new(name, self.algorithm, limits)?;
+        if let Some((units, ttl)) = self.lease {
+            spec = spec.with_lease(units, ttl)?;
+        }
+        if let Some(parts) = self.split {
+            spec = spec.with_parts(parts)?;
+            if let Cost::Fixed(cost) = self.cost {
+                let capacity = self.algorithm.capacity(spec.part_limits());
+                if cost > capacity {
+                    return Err(ConfigError::in_rule(
+                        spec.name(),
+                        format_args!(
+                            "a request costs {cost} but each of its {parts} sub-keys holds at \
+                             most {capacity}; split into fewer, or lower the cost"
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(CompiledRule {
             spec: Arc::new(spec),
             key: match (self.key_spec, self.key) {

@@ -144,11 +144,11 @@ pub use crate::error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 #[cfg(feature = "redis")]
 pub use redis::{
-    ConnectError, DEFAULT_MAX_BATCH, RedisClusterStore, RedisClusterStoreBuilder, RedisStore,
-    RedisStoreBuilder,
+    ConnectError, DEFAULT_DENY_CACHE, DEFAULT_MAX_BATCH, RedisClusterStore,
+    RedisClusterStoreBuilder, RedisStore, RedisStoreBuilder,
 };
 pub use registry::RuleRegistry;
-pub use spec::RuleSpec;
+pub use spec::{Lease, MAX_LEASE_TTL, MAX_PARTS, RuleSpec};
 
 use std::future::Future;
 

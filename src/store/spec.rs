@@ -1,7 +1,8 @@
 //! [`RuleSpec`]: a rule as a store sees it.
 
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::algorithm::{Limits, MAX_LOG_ENTRIES, MICROS_PER_SECOND};
 use crate::{Algorithm, ConfigError};
@@ -28,7 +29,29 @@ pub struct RuleSpec {
     algorithm: Algorithm,
     limits: Limits,
     id: u64,
+    /// A stable number derived from the name, the algorithm and the numbers.
+    fingerprint: u64,
+    lease: Option<Lease>,
+    /// The number of sub-keys a remote store splits a key into (1: not split), and the numbers
+    /// of each sub-key.
+    parts: u16,
+    part_limits: Limits,
 }
+
+/// How many units a replica leases at once for a rule, and for how long it may spend them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Lease {
+    /// The most units taken from the shared budget in one call.
+    pub units: u64,
+    /// How long leased units may be spent; past it, those left are dropped.
+    pub ttl: Duration,
+}
+
+/// The longest time leased units may be spent.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60);
+
+/// The most sub-keys a key may be split into.
+pub const MAX_PARTS: u16 = 64;
 
 impl RuleSpec {
     /// Validates a rule as a store sees it: the name (1 to 64 characters of
@@ -63,12 +86,109 @@ impl RuleSpec {
             foldhash::fast::FixedState::with_seed(0x746f_6c6c_6761_7465).build_hasher();
         hasher.write(name.as_bytes());
         let id = hasher.finish();
+        let mut hasher = foldhash::fast::FixedState::with_seed(id).build_hasher();
+        algorithm.hash(&mut hasher);
+        limits.hash(&mut hasher);
         Ok(RuleSpec {
             name,
             algorithm,
             limits,
             id,
+            fingerprint: hasher.finish(),
+            lease: None,
+            parts: 1,
+            part_limits: limits,
         })
+    }
+
+    /// Leases up to `units` at once to each replica of a remote store, spent locally for at
+    /// most `ttl` (see [`Rule::lease`](crate::Rule::lease)). The memory store ignores it.
+    pub fn with_lease(mut self, units: u64, ttl: Duration) -> Result<Self, ConfigError> {
+        let capacity = self.algorithm.capacity(&self.limits);
+        if units < 2 || units > capacity {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                format_args!(
+                    "a lease of {units} units; lease 2 to {capacity} (the most the rule holds)"
+                ),
+            ));
+        }
+        if ttl.is_zero() || ttl > MAX_LEASE_TTL {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                format_args!(
+                    "leased units live {ttl:?}; give them between 1 ms and {} s",
+                    MAX_LEASE_TTL.as_secs()
+                ),
+            ));
+        }
+        if self.parts > 1 {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                "a rule is either leased or split, not both: both spread a hot key's load, and \
+                 together their error bounds would multiply",
+            ));
+        }
+        self.lease = Some(Lease { units, ttl });
+        Ok(self)
+    }
+
+    /// The rule's lease, if it has one.
+    pub fn lease(&self) -> Option<Lease> {
+        self.lease
+    }
+
+    /// Splits each key of this rule into `parts` sub-keys in a remote store, each with
+    /// `1/parts` of the quota and burst, rounded down (see [`Rule::split`](crate::Rule::split)).
+    /// The memory store keeps one key, with the whole quota.
+    pub fn with_parts(mut self, parts: u16) -> Result<Self, ConfigError> {
+        if !(2..=MAX_PARTS).contains(&parts) {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                format_args!("split into {parts} sub-keys; split into 2 to {MAX_PARTS}"),
+            ));
+        }
+        let l = &self.limits;
+        let k = u64::from(parts);
+        if self.lease.is_some() {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                "a rule is either leased or split, not both: both spread a hot key's load, and \
+                 together their error bounds would multiply",
+            ));
+        }
+        let part = Limits::new(l.limit / k, l.period, l.burst / k).map_err(|_| {
+            ConfigError::in_rule(
+                &self.name,
+                format_args!(
+                    "split into {parts} sub-keys, each would hold less than one unit (a quota of \
+                     {} and a burst of {}); split into fewer, or raise the quota",
+                    l.limit, l.burst
+                ),
+            )
+        })?;
+        self.parts = parts;
+        self.part_limits = part;
+        let mut hasher = foldhash::fast::FixedState::with_seed(self.fingerprint).build_hasher();
+        hasher.write_u16(parts);
+        self.fingerprint = hasher.finish();
+        Ok(self)
+    }
+
+    /// Into how many sub-keys a remote store splits a key of this rule (1: not split).
+    pub fn parts(&self) -> u16 {
+        self.parts
+    }
+
+    /// The numbers of each sub-key (the rule's own when it is not split).
+    pub fn part_limits(&self) -> &Limits {
+        &self.part_limits
+    }
+
+    /// A stable number derived from the name, the algorithm and the numbers: two specs with
+    /// the same fingerprint count the same budget in the same way.
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
     }
 
     /// The rule's name.

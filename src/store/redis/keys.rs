@@ -31,6 +31,20 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
 /// hashes to the same Cluster slot. An empty identity would make Redis hash the whole name, so it
 /// is written as `%` (a text no other identity has: `Key::text` escapes every `%`).
 pub(crate) fn write_key(out: &mut String, prefix: &str, identity: &Key, rule: &str) {
+    write_part_key(out, prefix, identity, None, rule);
+}
+
+/// Writes the key of one sub-key of a split rule, `prefix:{identity~part}:rule`, or of a whole
+/// key when `part` is `None`. The part is inside the hash tag, so that a cluster spreads the
+/// sub-keys of one identity over its slots; `~` is escaped in text identities, so no identity
+/// reads like another's sub-key.
+pub(crate) fn write_part_key(
+    out: &mut String,
+    prefix: &str,
+    identity: &Key,
+    part: Option<u16>,
+    rule: &str,
+) {
     out.clear();
     out.push_str(prefix);
     out.push_str(":{");
@@ -39,14 +53,22 @@ pub(crate) fn write_key(out: &mut String, prefix: &str, identity: &Key, rule: &s
     if out.len() == start {
         out.push('%');
     }
+    if let Some(part) = part {
+        let _ = write!(out, "~{part}");
+    }
     out.push_str("}:");
     out.push_str(rule);
 }
 
 /// The key of one charge, as a new string.
 pub(crate) fn key_name(prefix: &str, identity: &Key, rule: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + rule.len() + 48);
-    write_key(&mut out, prefix, identity, rule);
+    part_key_name(prefix, identity, None, rule)
+}
+
+/// The key of one charge of a sub-key (or the whole key), as a new string.
+pub(crate) fn part_key_name(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> String {
+    let mut out = String::with_capacity(prefix.len() + rule.len() + 52);
+    write_part_key(&mut out, prefix, identity, part, rule);
     out
 }
 

@@ -33,6 +33,14 @@ macro_rules! settings_setters {
             self
         }
 
+        /// The most keys whose denials this replica keeps, to answer their next requests itself
+        /// until the retry-after Redis computed (default 100,000; 0 turns the deny cache off).
+        /// See [`store`](crate::store#the-deny-cache).
+        pub fn deny_cache(mut self, max_keys: usize) -> Self {
+            self.settings.deny_cache = max_keys;
+            self
+        }
+
         /// Takes the time from `clock` instead of the server's `TIME` (feature `testing`):
         /// **for tests and simulations only**. Replicas with different clocks disagree, and keys
         /// still expire on the server's clock (with an hour of slack, so that they outlive
@@ -50,6 +58,7 @@ mod cluster;
 mod error;
 mod health;
 mod keys;
+mod local;
 mod script;
 mod standalone;
 mod startup;
@@ -74,6 +83,12 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// The most checks one call may carry.
 const MAX_BATCH: usize = 1024;
 
+/// The most keys whose denials a store keeps, by default.
+pub const DEFAULT_DENY_CACHE: usize = 100_000;
+
+/// The most keys a store holds leased units for.
+const MAX_LEASED_KEYS: usize = 100_000;
+
 /// The future of a Redis check.
 pub(crate) type CheckFuture =
     Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
@@ -86,6 +101,8 @@ struct Settings {
     response_timeout: Duration,
     breaker: CircuitBreaker,
     clock: Option<Arc<dyn Clock>>,
+    /// The most cached denials (0: none).
+    deny_cache: usize,
 }
 
 impl Default for Settings {
@@ -96,6 +113,7 @@ impl Default for Settings {
             response_timeout: Duration::from_millis(100),
             breaker: CircuitBreaker::default(),
             clock: None,
+            deny_cache: DEFAULT_DENY_CACHE,
         }
     }
 }
@@ -129,6 +147,16 @@ impl Settings {
         } else {
             &script::SERVER_CLOCK
         }
+    }
+
+    /// The local decisions of a store: on the injected clock when there is one, else on this
+    /// machine's monotonic clock.
+    fn local(&self) -> Arc<local::Local> {
+        let clock: Arc<dyn Clock> = match &self.clock {
+            Some(clock) => clock.clone(),
+            None => Arc::new(crate::clock::SystemClock::new()),
+        };
+        Arc::new(local::Local::new(clock, self.deny_cache, MAX_LEASED_KEYS))
     }
 
     /// The time to pass to the script: only with an injected clock.

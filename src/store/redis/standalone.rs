@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
 use super::health::Health;
+use super::local::Local;
 use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
@@ -63,6 +64,8 @@ struct Inner {
     pool_size: u32,
     settings: Settings,
     program: &'static Program,
+    /// Denials and leases decided on this replica.
+    local: Arc<Local>,
     /// Whether the server runs functions or scripts.
     form: ServerForm,
     /// Checks waiting to go out together.
@@ -191,6 +194,7 @@ impl RedisStoreBuilder {
                 server,
                 pool_size: self.pool_size,
                 program: self.settings.program(),
+                local: self.settings.local(),
                 form: ServerForm::default(),
                 batcher: Arc::new(Batcher::new(self.pool_size as usize, self.max_batch)),
                 breaker,
@@ -525,6 +529,10 @@ impl Store for RedisStore {
         if charges.is_empty() {
             return Box::pin(async { Ok(Decision::default()) });
         }
+        let plan = inner.local.plan(charges);
+        if !plan.sends() {
+            return Box::pin(std::future::ready(plan.settle(None)));
+        }
         inner.start();
         if let Some(error) = inner.refusal() {
             return Box::pin(async move { Err(error) });
@@ -532,22 +540,23 @@ impl Store for RedisStore {
         let Some(permit) = inner.breaker.admit() else {
             return Box::pin(async { Err(StoreError::CircuitOpen) });
         };
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
+        let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
-            let reply = inner.decide(prepared, now, permit).await?;
-            Ok(Decision::from_outcomes(reply.outcomes))
+            let reply = inner.decide(prepared, now, permit).await;
+            plan.settle(Some(reply))
         })
     }
 
-    /// Answers at once only a check that cannot be sent: the store has not connected yet, or
-    /// its circuit breaker is open.
+    /// Answers at once a check decided here (a denial Redis made moments ago, units leased to
+    /// this replica), or one that cannot be sent: the store has not connected yet, or its
+    /// circuit breaker is open.
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         if charges.is_empty() {
             return None;
+        }
+        if let Some(decision) = self.inner.local.answer(charges) {
+            return Some(Ok(decision));
         }
         self.inner.start();
         self.inner.refusal().map(Err)

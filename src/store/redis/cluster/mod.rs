@@ -19,6 +19,7 @@ use tokio::sync::Notify;
 use self::node::Node;
 use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use super::local::Local;
 use super::script::{self, Mode, Prepared, Program, Reply, Request};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, Settings, keys, redact};
@@ -84,6 +85,8 @@ struct Inner {
     template: ConnectionInfo,
     settings: Settings,
     program: &'static Program,
+    /// Denials and leases decided on this replica.
+    local: Arc<Local>,
     topology: RwLock<Option<Arc<Topology>>>,
     /// Every node seen, by address: connections and breakers outlive a new slot map.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
@@ -183,6 +186,7 @@ impl RedisClusterStoreBuilder {
                 servers: format!("Redis Cluster ({servers})").into(),
                 template: template.unwrap_or_else(|| unreachable!("at least one node")),
                 program: self.settings.program(),
+                local: self.settings.local(),
                 settings: self.settings,
                 topology: RwLock::new(None),
                 nodes: Mutex::new(HashMap::new()),
@@ -482,18 +486,21 @@ impl Inner {
             .ok_or_else(|| StoreError::Protocol("the rate-limit code answered no request".into()))
     }
 
-    async fn check(&self, prepared: &[Prepared], now: Option<u64>) -> Result<Decision, StoreError> {
+    async fn check(&self, prepared: &[Prepared], now: Option<u64>) -> Result<Reply, StoreError> {
         let Some(first) = prepared.first() else {
-            return Ok(Decision::default());
+            return Ok(Reply {
+                now: now.unwrap_or(0),
+                outcomes: Vec::new(),
+                taken: Vec::new(),
+            });
         };
         let deadline = Instant::now() + self.settings.response_timeout;
         let slot = first.slot();
         if prepared.iter().all(|p| p.slot() == slot) {
             let charges: Vec<&Prepared> = prepared.iter().collect();
-            let reply = self
+            return self
                 .reply(slot, Mode::Charge, now, &charges, deadline)
-                .await?;
-            return Ok(Decision::from_outcomes(reply.outcomes));
+                .await;
         }
         self.check_across_slots(prepared, now, deadline).await
     }
@@ -504,7 +511,7 @@ impl Inner {
         prepared: &[Prepared],
         now: Option<u64>,
         deadline: Instant,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Reply, StoreError> {
         let groups = groups(prepared);
         let group_charges: Vec<Vec<&Prepared>> = groups
             .iter()
@@ -543,20 +550,35 @@ impl Inner {
         }
 
         // 3. A group denied (a concurrent request took the last units) or failed: give back what
-        // the other groups took. The refunds get a budget of their own: they repair.
+        // the other groups took (a lease, all it took). The refunds get a budget of their own:
+        // they repair.
         let refund_deadline = Instant::now() + self.settings.response_timeout;
-        let refunds = groups.iter().zip(&group_charges).zip(&charged).filter_map(
-            |(((slot, _), charges), reply)| match reply {
-                Ok(reply) if reply.allowed() => Some(self.call(
+        let to_refund: Vec<(u16, u64, Vec<Prepared>)> = groups
+            .iter()
+            .zip(&group_charges)
+            .zip(&charged)
+            .filter_map(|(((slot, _), charges), reply)| match reply {
+                Ok(reply) if reply.allowed() => Some((
                     *slot,
-                    Mode::Refund(reply.now),
-                    now,
-                    charges,
-                    refund_deadline,
+                    reply.now,
+                    charges
+                        .iter()
+                        .zip(&reply.taken)
+                        .map(|(charge, &taken)| Prepared {
+                            cost: taken,
+                            lease: 0,
+                            ..(*charge).clone()
+                        })
+                        .collect(),
                 )),
                 _ => None,
-            },
-        );
+            })
+            .collect();
+        let refunds = to_refund.iter().map(|(slot, at, charges)| async move {
+            let charges: Vec<&Prepared> = charges.iter().collect();
+            self.call(*slot, Mode::Refund(*at), now, &charges, refund_deadline)
+                .await
+        });
         for result in join_all(refunds).await {
             if let Err(e) = result {
                 tracing::warn!(
@@ -593,7 +615,7 @@ fn denial(
     groups: &[(u16, Vec<usize>)],
     group_charges: &[Vec<&Prepared>],
     replies: Vec<Result<Reply, StoreError>>,
-) -> Decision {
+) -> Reply {
     let replies: Vec<Reply> = replies
         .into_iter()
         .zip(group_charges)
@@ -700,15 +722,22 @@ fn groups(prepared: &[Prepared]) -> Vec<(u16, Vec<usize>)> {
     groups
 }
 
-/// The outcomes of each group's reply, back in the order of the charges.
-fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Decision {
+/// The outcomes of each group's reply (and the units each charge took), back in the order of
+/// the charges; the time of the first group.
+fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Reply {
     let mut outcomes = vec![Outcome::default(); len];
+    let mut taken = vec![0; len];
     for ((_, indices), reply) in groups.iter().zip(replies) {
-        for (&i, outcome) in indices.iter().zip(&reply.outcomes) {
+        for ((&i, outcome), &units) in indices.iter().zip(&reply.outcomes).zip(&reply.taken) {
             outcomes[i] = *outcome;
+            taken[i] = units;
         }
     }
-    Decision::from_outcomes(outcomes)
+    Reply {
+        now: replies.first().map_or(0, |r| r.now),
+        outcomes,
+        taken,
+    }
 }
 
 impl Store for RedisClusterStore {
@@ -719,23 +748,31 @@ impl Store for RedisClusterStore {
         if charges.is_empty() {
             return Box::pin(async { Ok(Decision::default()) });
         }
+        let plan = inner.local.plan(charges);
+        if !plan.sends() {
+            return Box::pin(std::future::ready(plan.settle(None)));
+        }
         inner.start();
         if !inner.startup.is_connected() {
             let error = inner.startup.not_connected(&inner.servers);
             return Box::pin(async move { Err(error) });
         }
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
+        let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
-        Box::pin(async move { inner.check(&prepared, now).await })
+        Box::pin(async move {
+            let reply = inner.check(&prepared, now).await;
+            plan.settle(Some(reply))
+        })
     }
 
-    /// Answers at once only a check that cannot be sent: the store has not read the slot map
-    /// yet, or the breaker of the node that holds every key of the check is open.
+    /// Answers at once a check decided here (a denial the cluster made moments ago, units
+    /// leased to this replica), or one that cannot be sent: the store has not read the slot
+    /// map yet, or the breaker of the node that holds every key of the check is open.
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         let inner = &self.inner;
+        if let Some(decision) = inner.local.answer(charges) {
+            return Some(Ok(decision));
+        }
         let first = charges.first()?;
         inner.start();
         if !inner.startup.is_connected() {

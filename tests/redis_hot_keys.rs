@@ -1,0 +1,472 @@
+//! Hot keys on Redis: the deny cache answers a denied key's next requests here, with Redis's
+//! numbers, until the retry-after Redis computed; leases never admit more than the shared
+//! budget and under-admit by at most `(n - 1)` units per replica; split keys spread over a
+//! cluster's primaries and stay within their bound.
+
+#![cfg(all(feature = "redis", feature = "testing"))]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tollgate::algorithm::{Limits, MAX_PERIOD_MICROS, State};
+use tollgate::clock::ManualClock;
+use tollgate::key::Key;
+use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store};
+use tollgate::{Algorithm, Decision, DecisionSource};
+
+/// The calls of tollgate's code a server ran (`FCALL`).
+fn calls(server: &support::RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn check<S: Store>(store: &S, rule: &RuleSpec, key: &Key, cost: u64) -> Decision {
+    store
+        .check(&[Charge { rule, key, cost }])
+        .await
+        .expect("check")
+}
+
+async fn store_on(server: &support::RedisServer, clock: Option<&ManualClock>) -> RedisStore {
+    let mut builder = RedisStore::builder(server.url()).response_timeout(Duration::from_secs(5));
+    if let Some(clock) = clock {
+        builder = builder.clock(clock.clone());
+    }
+    builder.connect().await.unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The deny cache
+
+/// A denied key's next requests are answered here, with the numbers Redis would give (a store
+/// without the cache, on the same server and clock, asks Redis), until Redis's retry-after; the
+/// request after it goes to Redis and is admitted.
+#[tokio::test]
+async fn a_denied_key_is_answered_here_as_redis_would_until_its_retry_after() {
+    let server = support::RedisServer::start();
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let cached = store_on(&server, Some(&clock)).await;
+        let uncached = RedisStore::builder(server.url())
+            .clock(clock.clone())
+            .deny_cache(0)
+            .connect()
+            .await
+            .unwrap();
+        let limits = Limits::new(3, 60_000_000, 3).unwrap();
+        let rule = RuleSpec::new("cached", algorithm, limits).unwrap();
+        let key = Key::text(format!("cached-{algorithm}"));
+        for _ in 0..3 {
+            assert!(check(&cached, &rule, &key, 1).await.allowed());
+        }
+        let denied = check(&cached, &rule, &key, 1).await;
+        assert!(!denied.allowed());
+        assert_eq!(denied.source(), DecisionSource::Store);
+        let before = calls(&server);
+        for step in 0..20 {
+            clock.advance(Duration::from_millis(100));
+            let local = check(&cached, &rule, &key, 1).await;
+            let redis = check(&uncached, &rule, &key, 1).await;
+            if !redis.allowed() {
+                assert_eq!(
+                    local.source(),
+                    DecisionSource::DenyCache,
+                    "{algorithm}, {step}"
+                );
+            }
+            assert_eq!(
+                local, redis,
+                "{algorithm}, step {step}: the cached answer is Redis's"
+            );
+            if redis.allowed() {
+                break;
+            }
+        }
+        // Only the store without the cache asked Redis.
+        let asked = calls(&server) - before;
+        let wait = denied.retry_after_micros().unwrap();
+        assert!(
+            asked <= wait.div_ceil(100_000) + 1,
+            "{algorithm}: {asked} calls"
+        );
+        // Past the retry-after, Redis decides, and admits.
+        clock.advance(Duration::from_micros(wait));
+        assert!(
+            check(&cached, &rule, &key, 1).await.allowed(),
+            "{algorithm}"
+        );
+    }
+}
+
+/// 1,000 requests of a known-denied key cost Redis nothing; a new quota for the rule (a policy
+/// change) is a new budget, which Redis decides.
+#[tokio::test]
+async fn a_known_denied_key_costs_redis_nothing_and_a_new_quota_asks_it_again() {
+    let server = support::RedisServer::start();
+    let store = store_on(&server, None).await;
+    let hour = |limit| Limits::new(limit, 3_600_000_000, limit).unwrap();
+    let rule = RuleSpec::new("denied", Algorithm::TokenBucket, hour(1)).unwrap();
+    let key = Key::ip("203.0.113.9".parse().unwrap());
+    assert!(check(&store, &rule, &key, 1).await.allowed());
+    assert!(!check(&store, &rule, &key, 1).await.allowed());
+    let before = calls(&server);
+    for _ in 0..1000 {
+        let decision = check(&store, &rule, &key, 1).await;
+        assert!(!decision.allowed());
+        assert_eq!(decision.source(), DecisionSource::DenyCache);
+    }
+    assert_eq!(calls(&server), before, "no call for a known-denied key");
+    // Another cost is another request: Redis decides it.
+    assert!(!check(&store, &rule, &key, 2).await.allowed());
+    assert_eq!(calls(&server), before + 1);
+    // The same name with a new quota: Redis decides, with the new numbers (the bucket is full
+    // again at the same time, so a burst of 5 refills a token every 12 minutes from now).
+    let raised = RuleSpec::new("denied", Algorithm::TokenBucket, hour(5)).unwrap();
+    let decision = check(&store, &raised, &key, 1).await;
+    assert_eq!(decision.source(), DecisionSource::Store);
+    assert_eq!(decision.outcomes()[0].limit, 5);
+    assert_eq!(calls(&server), before + 2);
+}
+
+/// While Redis is away, a key Redis denied stays denied (Redis would deny it); other keys
+/// follow their failure mode.
+#[tokio::test]
+async fn a_denial_holds_while_redis_is_away() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let rule = RuleSpec::new(
+        "outage",
+        Algorithm::FixedWindow,
+        Limits::new(1, 3_600_000_000, 1).unwrap(),
+    )
+    .unwrap();
+    let denied_key = Key::text("over-its-limit");
+    assert!(check(&store, &rule, &denied_key, 1).await.allowed());
+    assert!(!check(&store, &rule, &denied_key, 1).await.allowed());
+    server.stop();
+    for _ in 0..5 {
+        let decision = store
+            .check(&[Charge {
+                rule: &rule,
+                key: &denied_key,
+                cost: 1,
+            }])
+            .await
+            .expect("answered here");
+        assert!(!decision.allowed());
+    }
+    let other = Key::text("new-client");
+    assert!(
+        store
+            .check(&[Charge {
+                rule: &rule,
+                key: &other,
+                cost: 1
+            }])
+            .await
+            .is_err(),
+        "a key Redis never denied needs Redis"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+
+const LIMIT: u64 = 100;
+const LEASE: u64 = 10;
+const REQUESTS: usize = 500;
+const REPLICAS: usize = 3;
+const TRIALS: usize = 50;
+
+fn leased(algorithm: Algorithm) -> Arc<RuleSpec> {
+    let limits = Limits::new(LIMIT, MAX_PERIOD_MICROS, LIMIT).unwrap();
+    Arc::new(
+        RuleSpec::new("leased", algorithm, limits)
+            .unwrap()
+            .with_lease(LEASE, Duration::from_secs(60))
+            .unwrap(),
+    )
+}
+
+async fn admitted<S: Store + Clone>(replicas: &[S], rule: &Arc<RuleSpec>, key: &Key) -> u64 {
+    let mut tasks = JoinSet::new();
+    for i in 0..REQUESTS {
+        let (store, rule, key) = (
+            replicas[i % replicas.len()].clone(),
+            rule.clone(),
+            key.clone(),
+        );
+        tasks.spawn(async move {
+            store
+                .check(&[Charge {
+                    rule: &rule,
+                    key: &key,
+                    cost: 1,
+                }])
+                .await
+        });
+    }
+    let mut admitted = 0;
+    while let Some(result) = tasks.join_next().await {
+        admitted += u64::from(result.unwrap().expect("no check fails").allowed());
+    }
+    admitted
+}
+
+async fn within_the_lease_bound<S: Store + Clone>(replicas: &[S], name: &str) {
+    let floor = LIMIT - (LEASE - 1) * REPLICAS as u64;
+    for algorithm in [Algorithm::TokenBucket, Algorithm::FixedWindow] {
+        let rule = leased(algorithm);
+        let mut lowest = LIMIT;
+        for trial in 0..TRIALS {
+            let key = Key::text(format!("{name}-{algorithm}-{trial}"));
+            let n = admitted(replicas, &rule, &key).await;
+            assert!(
+                n <= LIMIT,
+                "{name} {algorithm} trial {trial}: {n} admitted of {LIMIT}"
+            );
+            assert!(
+                n >= floor,
+                "{name} {algorithm} trial {trial}: {n} admitted, below {floor}"
+            );
+            lowest = lowest.min(n);
+        }
+        println!("{name} {algorithm}: at least {lowest} of {LIMIT} admitted in {TRIALS} trials");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_never_admit_more_than_the_budget_nor_less_than_the_bound_standalone() {
+    // Three replicas on one budget: one server, one prefix.
+    let prefix = support::unique_prefix("lease");
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(
+            RedisStore::builder(support::standalone().url())
+                .prefix(&prefix)
+                .response_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    within_the_lease_bound(&replicas, "standalone").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_never_admit_more_than_the_budget_nor_less_than_the_bound_cluster() {
+    let prefix = support::unique_prefix("lease");
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(
+            RedisClusterStore::builder(support::cluster().urls())
+                .prefix(&prefix)
+                .response_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    within_the_lease_bound(&replicas, "cluster").await;
+}
+
+/// One replica with a lease of 10 asks Redis about once per 10 requests of a hot key.
+#[tokio::test]
+async fn a_lease_asks_redis_once_per_lease() {
+    let server = support::RedisServer::start();
+    let store = store_on(&server, None).await;
+    let rule = leased(Algorithm::TokenBucket);
+    let key = Key::text("hot");
+    let mut sources = Vec::new();
+    for _ in 0..100 {
+        let decision = check(&store, &rule, &key, 1).await;
+        assert!(decision.allowed());
+        sources.push(decision.source());
+    }
+    assert_eq!(calls(&server), 10, "100 requests, a lease of 10");
+    assert_eq!(
+        sources
+            .iter()
+            .filter(|s| **s == DecisionSource::Lease)
+            .count(),
+        90
+    );
+    // The budget is spent: the next request is denied by Redis.
+    assert!(!check(&store, &rule, &key, 1).await.allowed());
+}
+
+/// A replica with a lease decides as the reference model with the same leases does: one
+/// replica, random costs and times within the leases' time to live, every algorithm.
+#[tokio::test]
+async fn a_leased_replica_decides_as_the_model_of_leases() {
+    let server = support::RedisServer::start();
+    let mut seed = 0x001e_a5e5_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = store_on(&server, Some(&clock)).await;
+        let limit = 20;
+        let limits = Limits::new(limit, 10_000_000, limit).unwrap();
+        let (lease, ttl) = (6, Duration::from_secs(2));
+        let rule = RuleSpec::new(format!("model-{algorithm}"), algorithm, limits)
+            .unwrap()
+            .with_lease(lease, ttl)
+            .unwrap();
+        let key = Key::text("model");
+        // The model: Redis's state, the units held here and until when.
+        let mut state: Option<State> = None;
+        let (mut held, mut until) = (0u64, 0u64);
+        for step in 0..300 {
+            clock.advance(Duration::from_micros(next() % 400_000));
+            let now = tollgate::clock::Clock::now_micros(&clock);
+            let cost = 1 + next() % 3;
+            if now >= until {
+                held = 0;
+            }
+            let expected = if held >= cost {
+                held -= cost;
+                true
+            } else {
+                let (need, want) = (cost - held, lease - held);
+                let take = algorithm.lease_take(&limits, state.as_ref(), now, need, want);
+                let outcome = algorithm.check(&limits, state.as_ref(), now, take);
+                if outcome.allowed {
+                    algorithm.commit(&limits, &mut state, now, take);
+                    held = take - need;
+                    let horizon = match algorithm {
+                        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+                            limits.period - now % limits.period
+                        }
+                        _ => u64::MAX,
+                    };
+                    until = now + (ttl.as_micros() as u64).min(horizon);
+                }
+                outcome.allowed
+            };
+            let decision = check(&store, &rule, &key, cost).await;
+            assert_eq!(
+                decision.allowed(),
+                expected,
+                "{algorithm}, step {step}, cost {cost}, held {held}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Split keys
+
+/// The sub-keys of one hot key live on more than one primary of the cluster, and the key admits
+/// at most its quota, and at least the quota less `(parts - 1) × replicas`.
+#[tokio::test]
+async fn a_split_key_spreads_over_the_primaries_within_its_bound() {
+    let cluster = support::cluster();
+    let prefix = support::unique_prefix("split");
+    let (quota, parts) = (80u64, 8u16);
+    let rule = Arc::new(
+        RuleSpec::new(
+            "split",
+            Algorithm::FixedWindow,
+            Limits::new(quota, MAX_PERIOD_MICROS, quota).unwrap(),
+        )
+        .unwrap()
+        .with_parts(parts)
+        .unwrap(),
+    );
+    let key = Key::text("big-tenant");
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        replicas.push(
+            RedisClusterStore::builder(cluster.urls())
+                .prefix(&prefix)
+                .response_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    let mut admitted = 0;
+    for i in 0..200 {
+        admitted += u64::from(
+            check(&replicas[i % REPLICAS], &rule, &key, 1)
+                .await
+                .allowed(),
+        );
+    }
+    let floor = quota - u64::from(parts - 1) * REPLICAS as u64;
+    assert!(admitted <= quota, "{admitted} admitted of {quota}");
+    assert!(admitted >= floor, "{admitted} admitted, below {floor}");
+    // Where the sub-keys live.
+    let mut conn = cluster.nodes[0].conn();
+    let mut primaries = std::collections::HashSet::new();
+    let mut written = 0;
+    for part in 0..parts {
+        let name = format!("{prefix}:{{big-tenant~{part}}}:split");
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&name)
+            .query(&mut conn)
+            .unwrap();
+        primaries.insert(cluster.primary_of(slot).expect("a primary"));
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&name)
+            .query(&mut cluster.conn_for(&name))
+            .unwrap();
+        written += u32::from(exists);
+    }
+    assert_eq!(written, u32::from(parts), "every sub-key was used");
+    assert!(
+        primaries.len() >= 2,
+        "sub-keys on {} primaries",
+        primaries.len()
+    );
+}
+
+/// A split key's denials are cached per sub-key: once every sub-key is spent, its requests
+/// cost Redis nothing.
+#[tokio::test]
+async fn a_spent_split_key_costs_redis_nothing() {
+    let server = support::RedisServer::start();
+    let store = store_on(&server, None).await;
+    let rule = RuleSpec::new(
+        "split-denied",
+        Algorithm::TokenBucket,
+        Limits::new(8, 3_600_000_000, 8).unwrap(),
+    )
+    .unwrap()
+    .with_parts(4)
+    .unwrap();
+    let key = Key::text("spent");
+    let outcomes: Vec<bool> = {
+        let mut all = Vec::new();
+        for _ in 0..12 {
+            all.push(check(&store, &rule, &key, 1).await.allowed());
+        }
+        all
+    };
+    assert_eq!(outcomes.iter().filter(|a| **a).count(), 8, "{outcomes:?}");
+    let before = calls(&server);
+    for _ in 0..100 {
+        assert!(!check(&store, &rule, &key, 1).await.allowed());
+    }
+    assert_eq!(calls(&server), before);
+}
