@@ -37,19 +37,21 @@ enum Config {
     GovernorAllow,
     GovernorReject,
     RedisAllow,
+    RedisAllowUnbatched,
     RedisReject,
     MetricsAllow,
     MetricsReject,
 }
 
 impl Config {
-    const ALL: [Config; 9] = [
+    const ALL: [Config; 10] = [
         Config::Bare,
         Config::TollgateAllow,
         Config::TollgateReject,
         Config::GovernorAllow,
         Config::GovernorReject,
         Config::RedisAllow,
+        Config::RedisAllowUnbatched,
         Config::RedisReject,
         Config::MetricsAllow,
         Config::MetricsReject,
@@ -63,14 +65,18 @@ impl Config {
             Config::GovernorAllow => "tower_governor, allowing all",
             Config::GovernorReject => "tower_governor, rejecting all",
             Config::RedisAllow => "tollgate + Redis, allowing all",
-            Config::RedisReject => "tollgate + Redis, rejecting all",
+            Config::RedisAllowUnbatched => "tollgate + Redis, allowing, max_batch 1",
+            Config::RedisReject => "tollgate + Redis, rejecting a denied key",
             Config::MetricsAllow => "tollgate + Prometheus, allowing all",
             Config::MetricsReject => "tollgate + Prometheus, rejecting all",
         }
     }
 
     fn uses_redis(self) -> bool {
-        matches!(self, Config::RedisAllow | Config::RedisReject)
+        matches!(
+            self,
+            Config::RedisAllow | Config::RedisAllowUnbatched | Config::RedisReject
+        )
     }
 
     fn records_metrics(self) -> bool {
@@ -81,9 +87,10 @@ impl Config {
     /// an empty budget).
     async fn app(self, redis: &(String, String)) -> Router {
         let app = Router::new().route("/", get(|| async { "Hello, World!" }));
-        let redis_store = || async {
+        let redis_store = |max_batch: usize| async move {
             RedisStore::builder(&redis.0)
                 .prefix(&redis.1)
+                .max_batch(max_batch)
                 .connect()
                 .await
                 .expect("connect to Redis (set REDIS_URL)")
@@ -122,20 +129,28 @@ impl Config {
                     .expect("valid configuration");
                 app.layer(tower_governor::GovernorLayer::new(config))
             }
-            Config::RedisAllow => app.layer(
+            Config::RedisAllow | Config::RedisAllowUnbatched => app.layer(
                 RateLimitLayer::builder()
                     .rule(Rule::new(
                         "load",
                         Quota::per_second(1_000_000).burst(1_000_000_000),
                     ))
-                    .store(redis_store().await)
+                    .store(
+                        redis_store(if self == Config::RedisAllow {
+                            tollgate::store::DEFAULT_MAX_BATCH
+                        } else {
+                            1
+                        })
+                        .await,
+                    )
                     .build()
                     .expect("valid configuration"),
             ),
+            // After its first request the client is a known-denied key (the deny cache).
             Config::RedisReject => app.layer(
                 RateLimitLayer::builder()
                     .rule(Rule::new("load", Quota::per_hour(1)))
-                    .store(redis_store().await)
+                    .store(redis_store(tollgate::store::DEFAULT_MAX_BATCH).await)
                     .build()
                     .expect("valid configuration"),
             ),
@@ -229,10 +244,39 @@ impl Drop for Server {
     }
 }
 
+/// Calls of tollgate's code (`FCALL`, `EVALSHA`) Redis ran so far, and the µs it spent in them.
+fn redis_calls(url: &str) -> Option<(f64, f64)> {
+    let mut conn = redis::Client::open(url).ok()?.get_connection().ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .ok()?;
+    let mut calls = 0.0;
+    let mut usec = 0.0;
+    for line in info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+    {
+        let field = |name: &str| {
+            line.split(name)
+                .nth(1)
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        calls += field("calls=");
+        usec += field("usec=");
+    }
+    Some((calls, usec))
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Measurement {
     /// Server CPU time per request, in µs (NaN where /proc is not available).
     cpu_micros_per_request: f64,
+    /// Redis calls per request, and Redis µs per request (NaN without Redis).
+    redis_calls_per_request: f64,
+    redis_micros_per_request: f64,
     requests_per_second: f64,
     p50_micros: f64,
     p99_micros: f64,
@@ -287,6 +331,8 @@ fn measure_wrk(addr: SocketAddr, seconds: u64, connections: u64) -> Measurement 
         .unwrap_or(0.0);
     Measurement {
         cpu_micros_per_request: f64::NAN,
+        redis_calls_per_request: f64::NAN,
+        redis_micros_per_request: f64::NAN,
         requests_per_second: field("Requests/sec:")
             .and_then(|v| v.parse().ok())
             .unwrap_or(f64::NAN),
@@ -353,6 +399,8 @@ fn measure_hyper(addr: SocketAddr, seconds: u64, connections: u64) -> Measuremen
         };
         Measurement {
             cpu_micros_per_request: f64::NAN,
+            redis_calls_per_request: f64::NAN,
+            redis_micros_per_request: f64::NAN,
             requests_per_second: all.len() as f64 / seconds as f64,
             p50_micros: pct(0.50),
             p99_micros: pct(0.99),
@@ -420,6 +468,7 @@ fn main() {
             let prefix = format!("tollgate-load-{}-{round}-{i}", std::process::id());
             let server = Server::start(*config, (url.clone(), prefix));
             let cpu_before = server.cpu_seconds();
+            let redis_before = config.uses_redis().then(|| redis_calls(&url)).flatten();
             let mut m = if wrk {
                 measure_wrk(server.addr, seconds, connections)
             } else {
@@ -430,6 +479,13 @@ fn main() {
                     (after - before) * 1e6 / (m.requests_per_second * seconds as f64);
             } else {
                 m.cpu_micros_per_request = f64::NAN;
+            }
+            if let (Some((calls, usec)), Some((calls_after, usec_after))) =
+                (redis_before, redis_calls(&url))
+            {
+                let requests = m.requests_per_second * seconds as f64;
+                m.redis_calls_per_request = (calls_after - calls) / requests;
+                m.redis_micros_per_request = (usec_after - usec) / requests;
             }
             drop(server);
             eprintln!(
@@ -459,6 +515,12 @@ fn main() {
                     cpu_micros_per_request: median(
                         ms.iter().map(|m| m.cpu_micros_per_request).collect(),
                     ),
+                    redis_calls_per_request: median(
+                        ms.iter().map(|m| m.redis_calls_per_request).collect(),
+                    ),
+                    redis_micros_per_request: median(
+                        ms.iter().map(|m| m.redis_micros_per_request).collect(),
+                    ),
                 }
             }
         })
@@ -466,12 +528,19 @@ fn main() {
     let bare = summary[0];
     println!();
     println!(
-        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx |"
+        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx | Redis calls/req | Redis µs/req |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (config, m) in configs.iter().zip(&summary) {
+        let redis = |v: f64, digits: usize| {
+            if v.is_nan() {
+                String::new()
+            } else {
+                format!("{v:.digits$}")
+            }
+        };
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% | {} | {} |",
             config.name(),
             m.requests_per_second,
             m.requests_per_second / bare.requests_per_second,
@@ -480,7 +549,9 @@ fn main() {
             m.p50_micros,
             m.p99_micros,
             m.p99_micros - bare.p99_micros,
-            100.0 * m.non_2xx_share
+            100.0 * m.non_2xx_share,
+            redis(m.redis_calls_per_request, 4),
+            redis(m.redis_micros_per_request, 2)
         );
     }
 }

@@ -1,5 +1,5 @@
-//! Store-level benchmark of the Redis stores, side by side with `redis-benchmark` running an
-//! `EVALSHA` of the same script with the same arguments, in the same run.
+//! Store-level benchmark of the Redis stores, side by side with `redis-benchmark` calling the
+//! same code with the same arguments, and the seed's plain token-bucket script, in the same run.
 //!
 //! ```text
 //! flock /tmp/tollgate-bench.lock cargo bench --bench redis_store
@@ -9,11 +9,15 @@
 //! It starts its own `redis-server` (and a 3-primary cluster) on free loopback ports, and
 //! measures, for token-bucket checks of 10,000 clients from one process (one runtime thread):
 //!
-//! 1. `RedisStore` at a fixed concurrency, for pool sizes 1, 2 and 4: decisions/s, p50, p99;
-//! 2. `redis-benchmark` with the same concurrency, the same `EVALSHA`, with `-P 16` and without;
+//! 1. `RedisStore` at a fixed concurrency, for pool sizes 1, 2 and 4 (batched), and with
+//!    `max_batch(1)` (each check its own call): decisions/s, p50, p99, decisions per call and
+//!    the server's µs per decision (`INFO commandstats`);
+//! 2. `redis-benchmark` with the same concurrency calling tollgate's function (one decision
+//!    per call) and the seed's plain token-bucket script, twice each, interleaved; and the
+//!    function with `-P 16`;
 //! 3. `RedisStore` in open loop at half of its best rate: p50, p99;
-//! 4. the cluster: `RedisClusterStore` (one multiplexed cluster connection) against a bb8 pool of
-//!    4 cluster connections sending the same `EVALSHA`;
+//! 4. the cluster: `RedisClusterStore` (one multiplexed connection per primary) against a bb8
+//!    pool of 4 cluster connections sending the same `FCALL`;
 //! 5. `MEMORY USAGE` of one key per algorithm.
 
 #[path = "../tests/support/mod.rs"]
@@ -64,18 +68,29 @@ fn reset_stats(server: &support::RedisServer) {
         .expect("CONFIG RESETSTAT");
 }
 
-/// The server's mean time in `EVALSHA` since the last reset, in µs per call.
-fn script_micros(server: &support::RedisServer) -> f64 {
+/// The calls of scripts and functions (`FCALL`, `EVALSHA`) since the last reset, and the µs
+/// the server spent in them.
+fn script_calls(server: &support::RedisServer) -> (f64, f64) {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut server.conn())
         .expect("INFO");
-    info.lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .and_then(|l| l.split("usec_per_call=").nth(1))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
+    let (mut calls, mut usec) = (0.0, 0.0);
+    for line in info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+    {
+        let field = |name: &str| {
+            line.split(name)
+                .nth(1)
+                .and_then(|v| v.split(',').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        calls += field("calls=");
+        usec += field("usec=");
+    }
+    (calls, usec)
 }
 
 /// The load average of the last minute (other work on the machine skews every figure).
@@ -218,10 +233,31 @@ async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figur
     }
 }
 
-/// `redis-benchmark` sending the store's `EVALSHA` for random clients.
+/// The seed's plain token bucket (000/001): one key, `TIME`, `HMGET`, `HSET`, `PEXPIRE`.
+const SEED_SCRIPT: &str = r#"
+local cap, rate, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens = tonumber(b[1]) or cap
+local ts = tonumber(b[2]) or now
+tokens = math.min(cap, tokens + (now - ts) / 1000 * rate)
+local allowed = 0
+if tokens >= cost then
+  tokens = tokens - cost
+  allowed = 1
+end
+redis.call('HSET', KEYS[1], 'tokens', tokens, 'ts', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(cap / rate * 1000) + 1000)
+local retry_ms = 0
+if allowed == 0 then retry_ms = math.ceil((cost - tokens) / rate * 1000) end
+return { allowed, math.floor(tokens), retry_ms }
+"#;
+
+/// `redis-benchmark` sending `command` (`__rand_int__` for random clients).
 fn redis_benchmark(
     port: u16,
-    sha: &str,
+    command_line: &[&str],
     concurrency: u64,
     requests: u64,
     pipeline: u64,
@@ -241,27 +277,15 @@ fn redis_benchmark(
         "-P",
         &pipeline.to_string(),
         "--csv",
-        "EVALSHA",
-        sha,
-        "1",
-        "tollgate:{__rand_int__}:bench",
-        "c",
-        "0",
-        "0",
-        "tb",
-        "1",
-        "1000000000",
-        "3600000000",
-        "1000000000",
-        "4",
     ]);
+    command.args(command_line);
     eprintln!("  $ {command:?}");
     let output = command.output().expect("run redis-benchmark");
     let text = String::from_utf8_lossy(&output.stdout);
     // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
     let line = text
         .lines()
-        .find(|l| l.starts_with("\"EVALSHA"))
+        .find(|l| l.starts_with(&format!("\"{}", command_line[0])))
         .unwrap_or_else(|| panic!("redis-benchmark answered: {text}"));
     let fields: Vec<f64> = line
         .split("\",\"")
@@ -286,15 +310,53 @@ fn row(name: &str, f: Figures) {
     );
 }
 
-/// A row of the standalone table, with the server's time per script call.
-fn server_row(name: &str, f: Figures, server: &support::RedisServer) {
+/// The CPU time (user + system) of this process and of the server so far, in seconds.
+fn cpu(server: &support::RedisServer) -> (f64, f64) {
+    let own = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| {
+            let rest = stat[stat.rfind(')')? + 2..].to_owned();
+            let fields: Vec<f64> = rest
+                .split_whitespace()
+                .map(|f| f.parse().unwrap_or(0.0))
+                .collect();
+            Some((fields.get(11)? + fields.get(12)?) / 100.0)
+        })
+        .unwrap_or(f64::NAN);
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query(&mut server.conn())
+        .expect("INFO cpu");
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(f64::NAN)
+    };
+    (own, field("used_cpu_user:") + field("used_cpu_sys:"))
+}
+
+/// A row of the standalone table: `decisions` made, with the server's calls and time in them
+/// per decision, and the CPU this process and the server used per decision since `cpu_before`.
+fn server_row(
+    name: &str,
+    f: Figures,
+    decisions: f64,
+    cpu_before: (f64, f64),
+    server: &support::RedisServer,
+) {
+    let (calls, usec) = script_calls(server);
+    let (own, redis) = cpu(server);
     println!(
-        "| {name} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {} |",
+        "| {name} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {} |",
         f.rate,
         f.p50,
         f.p99,
         f.failed,
-        script_micros(server),
+        decisions / calls,
+        usec / decisions,
+        (own - cpu_before.0) * 1e6 / decisions,
+        (redis - cpu_before.1) * 1e6 / decisions,
         load_average()
     );
 }
@@ -323,10 +385,11 @@ fn main() {
     );
     println!();
     println!(
-        "| what | decisions/s | p50 µs | p99 µs | failed | server µs per EVALSHA | load average |"
+        "| what | decisions/s | p50 µs | p99 µs | failed | decisions per call | Redis µs in calls per decision | client CPU µs per decision | Redis CPU µs per decision | load average |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
 
+    let secs = seconds as f64;
     if let Ok(rates) = std::env::var("BENCH_OPEN_RATES") {
         // Only the open loop, at the given rates (a latency curve).
         let store = rt
@@ -337,41 +400,113 @@ fn main() {
             .filter_map(|r| r.trim().parse::<f64>().ok())
         {
             reset_stats(&server);
+            let before = cpu(&server);
             let f = rt.block_on(open_loop(store.clone(), rate, seconds));
-            server_row(&format!("RedisStore, open loop at {rate:.0}/s"), f, &server);
+            server_row(
+                &format!("RedisStore, open loop at {rate:.0}/s"),
+                f,
+                f.rate * secs,
+                before,
+                &server,
+            );
         }
         return;
     }
     let mut best = Figures::default();
     let mut best_store = None;
-    for pool in [1, 2, 4] {
+    for (pool, max_batch) in [(1, 64), (2, 64), (4, 64), (2, 1)] {
         let store = rt.block_on(async {
             RedisStore::builder(server.url())
                 .pool_size(pool)
+                .max_batch(max_batch)
                 .response_timeout(Duration::from_secs(5))
                 .connect()
                 .await
                 .expect("store")
         });
         reset_stats(&server);
+        let before = cpu(&server);
         let f = rt.block_on(closed_loop(store.clone(), concurrency, seconds));
-        server_row(&format!("RedisStore, pool_size {pool}"), f, &server);
+        server_row(
+            &format!("RedisStore, pool_size {pool}, max_batch {max_batch}"),
+            f,
+            f.rate * secs,
+            before,
+            &server,
+        );
         if f.rate > best.rate {
             best = f;
             best_store = Some(store);
         }
     }
-    let sha = redis::Script::new(RedisStore::script_source())
-        .get_hash()
-        .to_owned();
-    let requests = (best.rate * seconds as f64) as u64;
+    // The same code called by redis-benchmark, one decision per call, and the seed's script.
+    let (library, function) = RedisStore::function_library();
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query(&mut server.conn())
+        .expect("FUNCTION LOAD");
+    let seed_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(SEED_SCRIPT)
+        .query(&mut server.conn())
+        .expect("SCRIPT LOAD");
+    let fcall = [
+        "FCALL",
+        function,
+        "1",
+        "tollgate:{__rand_int__}:bench",
+        "c",
+        "tb:1000000000:3600000000:1000000000:4:1:0",
+    ];
+    let seed = [
+        "EVALSHA",
+        &seed_sha,
+        "1",
+        "seed:{__rand_int__}:bench",
+        "1000000000",
+        "277777.8",
+        "1",
+    ];
+    let requests = (best.rate * secs) as u64;
+    let mut seed_figures = Vec::new();
+    for round in 0..2 {
+        for (name, command) in [
+            ("tollgate's FCALL", &fcall[..]),
+            ("the seed's script", &seed[..]),
+        ] {
+            reset_stats(&server);
+            let before = cpu(&server);
+            let f = redis_benchmark(server.port, command, concurrency, requests, 1);
+            let (calls, usec) = script_calls(&server);
+            server_row(
+                &format!(
+                    "redis-benchmark, {name}, no pipelining (round {})",
+                    round + 1
+                ),
+                f,
+                requests as f64,
+                before,
+                &server,
+            );
+            if name.starts_with("the seed") {
+                seed_figures.push(usec / calls);
+            }
+        }
+    }
     reset_stats(&server);
-    let plain = redis_benchmark(server.port, &sha, concurrency, requests, 1);
-    server_row("redis-benchmark EVALSHA, no pipelining", plain, &server);
+    let before = cpu(&server);
+    let pipelined = redis_benchmark(server.port, &fcall, concurrency, requests * 2, 16);
+    server_row(
+        "redis-benchmark, tollgate's FCALL, -P 16",
+        pipelined,
+        (requests * 2) as f64,
+        before,
+        &server,
+    );
     reset_stats(&server);
-    let pipelined = redis_benchmark(server.port, &sha, concurrency, requests * 2, 16);
-    server_row("redis-benchmark EVALSHA, -P 16", pipelined, &server);
-    reset_stats(&server);
+    let before = cpu(&server);
     let half = rt.block_on(open_loop(
         best_store.expect("a store"),
         best.rate / 2.0,
@@ -383,13 +518,15 @@ fn main() {
             best.rate / 2.0
         ),
         half,
+        half.rate * secs,
+        before,
         &server,
     );
     println!();
     println!(
-        "best RedisStore / pipelined redis-benchmark: {:.2}; / unpipelined: {:.2}",
+        "best RedisStore / pipelined redis-benchmark FCALL: {:.2}; the seed's script: {:.2} µs per call",
         best.rate / pipelined.rate,
-        best.rate / plain.rate
+        median(seed_figures)
     );
 
     // The cluster: the store's one multiplexed connection against a bb8 pool of connections.
@@ -408,31 +545,43 @@ fn main() {
         "RedisClusterStore (a multiplexed connection per primary)",
         rt.block_on(closed_loop(store, concurrency, seconds)),
     );
-    row(
-        "bb8 pool of 4 cluster connections, same EVALSHA",
-        rt.block_on(pooled_cluster(&cluster, &sha, concurrency, seconds)),
+    cluster.on_every_node(
+        redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(library),
     );
     row(
-        "one multiplexed cluster connection, same EVALSHA",
-        rt.block_on(shared_cluster(&cluster, &sha, concurrency, seconds)),
+        "bb8 pool of 4 cluster connections, same FCALL",
+        rt.block_on(pooled_cluster(&cluster, function, concurrency, seconds)),
+    );
+    row(
+        "one multiplexed cluster connection, same FCALL",
+        rt.block_on(shared_cluster(&cluster, function, concurrency, seconds)),
     );
 
     memory_usage(&rt, &server);
 }
 
-fn evalsha(sha: &str, client: u64) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
+/// The store's call for one client, as `FCALL` of its function.
+fn fcall(function: &str, client: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(function)
         .arg(1)
         .arg(format!("tollgate:{{{client}}}:bench"))
-        .arg(&["c", "0", "0", "tb", "1"][..])
-        .arg(&["1000000000", "3600000000", "1000000000", "4"][..]);
+        .arg("c")
+        .arg("tb:1000000000:3600000000:1000000000:4:1:0");
     cmd
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 async fn pooled_cluster(
     cluster: &support::RedisCluster,
-    sha: &str,
+    function: &str,
     concurrency: u64,
     seconds: u64,
 ) -> Figures {
@@ -442,14 +591,14 @@ async fn pooled_cluster(
         .build(client)
         .await
         .expect("pool");
-    let sha = sha.to_owned();
+    let function = function.to_owned();
     timed_loop(concurrency, seconds, move |client| {
-        let (pool, cmd) = (pool.clone(), evalsha(&sha, client));
+        let (pool, cmd) = (pool.clone(), fcall(&function, client));
         async move {
             let mut conn = pool.get().await.expect("pooled connection");
             cmd.query_async::<redis::Value>(&mut *conn)
                 .await
-                .expect("EVALSHA");
+                .expect("FCALL");
         }
     })
     .await
@@ -457,19 +606,19 @@ async fn pooled_cluster(
 
 async fn shared_cluster(
     cluster: &support::RedisCluster,
-    sha: &str,
+    function: &str,
     concurrency: u64,
     seconds: u64,
 ) -> Figures {
     let client = redis::cluster::ClusterClient::new(cluster.urls()).expect("client");
     let conn = client.get_async_connection().await.expect("connection");
-    let sha = sha.to_owned();
+    let function = function.to_owned();
     timed_loop(concurrency, seconds, move |client| {
-        let (mut conn, cmd) = (conn.clone(), evalsha(&sha, client));
+        let (mut conn, cmd) = (conn.clone(), fcall(&function, client));
         async move {
             cmd.query_async::<redis::Value>(&mut conn)
                 .await
-                .expect("EVALSHA");
+                .expect("FCALL");
         }
     })
     .await

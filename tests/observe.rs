@@ -576,3 +576,68 @@ fn label_values_never_grow_with_tenants_api_keys_or_grpc_paths() {
         "{many:#?}"
     );
 }
+
+/// A store that answers from its deny cache, or from leases.
+struct Answering(tollgate::DecisionSource, bool);
+
+impl Store for Answering {
+    type Future = std::future::Ready<Result<Decision, StoreError>>;
+
+    fn check(&self, charges: &[Charge<'_>]) -> Self::Future {
+        let outcomes = charges.iter().map(|_| tollgate::algorithm::Outcome {
+            allowed: self.1,
+            limit: 10,
+            remaining: if self.1 { 5 } else { 0 },
+            reset: 1_000_000,
+            retry_after: if self.1 { 0 } else { 1_000_000 },
+            window: 1_000_000,
+        });
+        std::future::ready(Ok(Decision::from_outcomes(outcomes).made_by(self.0)))
+    }
+
+    fn kind(&self) -> &'static str {
+        "answering"
+    }
+}
+
+#[test]
+fn denials_from_a_deny_cache_and_admissions_from_leases_are_counted_as_such() {
+    use tollgate::DecisionSource;
+
+    let metrics = recorded(|| async {
+        for (source, allowed, expected) in [
+            (
+                DecisionSource::DenyCache,
+                false,
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            (DecisionSource::Lease, true, StatusCode::OK),
+        ] {
+            let layer = RateLimitLayer::builder()
+                .rule(Rule::new("hot", Quota::per_minute(10)))
+                .store(Answering(source, allowed))
+                .build()
+                .unwrap();
+            let mut app = Router::new()
+                .route("/hot", get(|| async { "ok" }))
+                .layer(layer);
+            assert_eq!(
+                send(&mut app, request("/hot", [10, 0, 0, 1])).await,
+                expected
+            );
+        }
+    });
+    for (name, outcome) in [
+        ("tollgate_requests_total", "cache_denied"),
+        ("tollgate_requests_total", "lease_allowed"),
+        ("tollgate_rule_decisions_total", "cache_denied"),
+        ("tollgate_rule_decisions_total", "lease_allowed"),
+    ] {
+        assert!(
+            metrics.iter().any(|(k, v)| k.starts_with(name)
+                && k.contains(&format!("outcome=\"{outcome}\""))
+                && *v == 1),
+            "{name} {outcome}: {metrics:#?}"
+        );
+    }
+}

@@ -17,17 +17,19 @@ use tollgate::key::Key;
 use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store};
 use tollgate::{Algorithm, Decision, DecisionSource};
 
-/// The calls of tollgate's code a server ran (`FCALL`).
+/// The calls of tollgate's code a server ran (`FCALL`, and `EVALSHA` where it has no functions).
 fn calls(server: &support::RedisServer) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query(&mut server.conn())
         .unwrap();
     info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+        .filter_map(|l| {
+            l.strip_prefix("cmdstat_fcall:calls=")
+                .or_else(|| l.strip_prefix("cmdstat_evalsha:calls="))
+        })
+        .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 async fn check<S: Store>(store: &S, rule: &RuleSpec, key: &Key, cost: u64) -> Decision {
@@ -72,39 +74,37 @@ async fn a_denied_key_is_answered_here_as_redis_would_until_its_retry_after() {
         let denied = check(&cached, &rule, &key, 1).await;
         assert!(!denied.allowed());
         assert_eq!(denied.source(), DecisionSource::Store);
+        let wait = denied.retry_after_micros().unwrap();
         let before = calls(&server);
-        for step in 0..20 {
-            clock.advance(Duration::from_millis(100));
+        assert!(before > 0);
+        // Ten steps up to a microsecond before the retry-after: answered here, as Redis would.
+        for step in 0..10 {
+            let by = if step < 9 {
+                wait / 10
+            } else {
+                wait - 9 * (wait / 10) - 1
+            };
+            clock.advance(Duration::from_micros(by));
             let local = check(&cached, &rule, &key, 1).await;
             let redis = check(&uncached, &rule, &key, 1).await;
-            if !redis.allowed() {
-                assert_eq!(
-                    local.source(),
-                    DecisionSource::DenyCache,
-                    "{algorithm}, {step}"
-                );
-            }
+            assert!(!redis.allowed(), "{algorithm}, step {step}");
+            assert_eq!(
+                local.source(),
+                DecisionSource::DenyCache,
+                "{algorithm}, {step}"
+            );
             assert_eq!(
                 local, redis,
                 "{algorithm}, step {step}: the cached answer is Redis's"
             );
-            if redis.allowed() {
-                break;
-            }
         }
         // Only the store without the cache asked Redis.
-        let asked = calls(&server) - before;
-        let wait = denied.retry_after_micros().unwrap();
-        assert!(
-            asked <= wait.div_ceil(100_000) + 1,
-            "{algorithm}: {asked} calls"
-        );
-        // Past the retry-after, Redis decides, and admits.
-        clock.advance(Duration::from_micros(wait));
-        assert!(
-            check(&cached, &rule, &key, 1).await.allowed(),
-            "{algorithm}"
-        );
+        assert_eq!(calls(&server) - before, 10, "{algorithm}");
+        // At the retry-after, Redis decides, and admits.
+        clock.advance(Duration::from_micros(1));
+        let admitted = check(&cached, &rule, &key, 1).await;
+        assert_eq!(admitted.source(), DecisionSource::Store, "{algorithm}");
+        assert!(admitted.allowed(), "{algorithm}");
     }
 }
 
@@ -469,4 +469,107 @@ async fn a_spent_split_key_costs_redis_nothing() {
         assert!(!check(&store, &rule, &key, 1).await.allowed());
     }
     assert_eq!(calls(&server), before);
+}
+
+/// A leased rule's units go back when another rule of the request denies it, and only to the
+/// lease they came from: the replica never holds more than `n - 1`, and the budget is exact.
+#[tokio::test]
+async fn units_taken_for_a_denied_request_go_back_to_their_lease() {
+    let server = support::RedisServer::start();
+    let store = store_on(&server, None).await;
+    let leased = leased(Algorithm::TokenBucket);
+    let strict = RuleSpec::new(
+        "strict",
+        Algorithm::FixedWindow,
+        Limits::new(1, MAX_PERIOD_MICROS, 1).unwrap(),
+    )
+    .unwrap();
+    let (key, other) = (Key::text("giveback"), Key::text("giveback-other"));
+    let both = |strict_key: &Key| {
+        [
+            Charge {
+                rule: &leased,
+                key: &key,
+                cost: 1,
+            },
+            Charge {
+                rule: &strict,
+                key: strict_key,
+                cost: 1,
+            },
+        ]
+        .map(|c| (c.rule.clone(), c.key.clone(), c.cost))
+    };
+    let run = |charges: [(RuleSpec, Key, u64); 2]| {
+        let store = store.clone();
+        async move {
+            let charges: Vec<Charge<'_>> = charges
+                .iter()
+                .map(|(rule, key, cost)| Charge {
+                    rule,
+                    key,
+                    cost: *cost,
+                })
+                .collect();
+            store.check(&charges).await.unwrap()
+        }
+    };
+    // The first request leases 10 and passes the strict rule once.
+    assert!(run(both(&other)).await.allowed());
+    // The strict rule now denies: the leased unit taken for each goes back.
+    for _ in 0..20 {
+        assert!(!run(both(&other)).await.allowed());
+    }
+    // The lease alone: the 9 units held are all there (no Redis call), then a refill.
+    let before = calls(&server);
+    for _ in 0..9 {
+        let d = check(&store, &leased, &key, 1).await;
+        assert_eq!(d.source(), DecisionSource::Lease);
+    }
+    assert_eq!(calls(&server), before, "9 units held, not 9 + 20");
+    assert_eq!(
+        check(&store, &leased, &key, 1).await.source(),
+        DecisionSource::Store
+    );
+    // The whole budget: 100 admitted in all, never more.
+    let mut admitted = 11; // 1 with the strict rule, 9 from the lease, 1 refill
+    while check(&store, &leased, &key, 1).await.allowed() {
+        admitted += 1;
+        assert!(admitted <= LIMIT, "more than the budget");
+    }
+    assert!(admitted >= LIMIT - (LEASE - 1), "{admitted}");
+}
+
+/// Leased units of a fixed window are never spent in the next window: each window admits at
+/// most its quota, however long the lease's time to live.
+#[tokio::test]
+async fn leased_units_of_a_window_are_not_spent_in_the_next() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = store_on(&server, Some(&clock)).await;
+    let limits = Limits::new(10, 1_000_000, 10).unwrap();
+    let rule = RuleSpec::new("windowed", Algorithm::FixedWindow, limits)
+        .unwrap()
+        .with_lease(8, Duration::from_secs(60))
+        .unwrap();
+    let key = Key::text("windowed");
+    for window in 0..6u64 {
+        // To the start of the next window. Every other window spends 5 of the 8 units it leased
+        // and leaves 3; the next must not spend them.
+        let now = tollgate::clock::Clock::now_micros(&clock);
+        clock.advance(Duration::from_micros(1_000_000 - now % 1_000_000));
+        let requests = if window % 2 == 0 { 5 } else { 30 };
+        let mut admitted = 0;
+        for step in 0..requests {
+            if step == 3 {
+                clock.advance(Duration::from_millis(900));
+            }
+            admitted += u64::from(check(&store, &rule, &key, 1).await.allowed());
+        }
+        assert_eq!(
+            admitted,
+            requests.min(10),
+            "window {window}: at most its quota, leases or not"
+        );
+    }
 }

@@ -130,9 +130,11 @@ impl Rule {
     /// the end of a fixed or sliding-counter window. A replica then asks Redis about once per
     /// `units` requests of the key instead of once per request.
     ///
-    /// The fleet never admits more than the shared budget: every unit is charged to Redis
-    /// before it is spent, up to a time to live earlier. While replicas hold units, it may
-    /// refuse a request the budget would admit, by at most `(units - 1)` units per replica.
+    /// The fleet never admits more than the shared budget as counted when units are charged:
+    /// every unit is charged to Redis before it is spent, at most a time to live earlier (so
+    /// over a period it may spend, on top, the units replicas held at its start). While
+    /// replicas hold units, it may refuse a request the budget would admit, by at most
+    /// `(units - 1)` units per replica.
     /// The answers' budget fields are Redis's at the lease, with the units still held here.
     /// The memory store ignores leases. A lease is 2 units or more, at most the rule's burst
     /// (token bucket, GCRA) or quota; a rule is leased or [split](Rule::split), not both.

@@ -41,6 +41,8 @@ impl CircuitBreaker {
     pub const MAX_COOLDOWN: Duration = Duration::from_secs(86_400);
 
     /// Opens after `failures` consecutive failures (default 5), for the default cooldown of 1 s.
+    /// A failure is a call to the server that failed: a batch of checks that fails together
+    /// (see [`max_batch`](crate::store::RedisStoreBuilder::max_batch)) counts once.
     pub const fn after_failures(failures: u32) -> Self {
         CircuitBreaker {
             failures,

@@ -66,17 +66,67 @@
 //!
 //! ## One atomic step per request
 //!
-//! A check is one `EVALSHA` of one Lua script that reads the server's `TIME` once, checks every
-//! rule of the request and, only when all of them admit it, charges them all. Nothing can run
-//! between the read and the write, so concurrent requests from any number of replicas are counted
-//! exactly, and a request denied by one rule is charged to none. The script mirrors the reference
-//! model of [`algorithm`](crate::algorithm) decision for decision (a differential test holds them
-//! together). When the server lost the script (restart, failover, `SCRIPT FLUSH`), the store loads
-//! it again and sends the check once more, which is safe: the script did not run.
+//! A check is one call of tollgate's code in Redis, which reads the server's `TIME` once, checks
+//! every rule of the request and, only when all of them admit it, charges them all. Nothing can
+//! run between the read and the write, so concurrent requests from any number of replicas are
+//! counted exactly, and a request denied by one rule is charged to none. The code mirrors the
+//! reference model of [`algorithm`](crate::algorithm) decision for decision (a differential test
+//! holds them together).
 //!
-//! A check is sent **at most once** otherwise. A connection that drops after the script ran but
+//! The code is loaded once per server as a function library (Redis 7 and later, Valkey:
+//! `FUNCTION LOAD`, then `FCALL` per call), so that a call runs only the check it asks for; a
+//! server without functions (Redis 6.2) runs the same code as a script (`EVALSHA`). When the
+//! server lost the code (restart, failover, `FUNCTION FLUSH`), the store loads it again and
+//! sends the check once more, which is safe: it did not run.
+//!
+//! **Batches.** Concurrent checks of a [`RedisStore`] go to Redis together: two calls per
+//! connection are out at a time, and the checks that arrive meanwhile leave in the next one (at
+//! most [`max_batch`](RedisStoreBuilder::max_batch), default 64), each still all or nothing by
+//! itself, decided in order with the server's time read once. A lone check leaves at once: no
+//! timer. A busy replica makes a tenth or less of the calls, and the server spends less per
+//! decision. A check whose caller stopped waiting is not sent. The cluster store pipelines its
+//! calls per node (keys of one call must share a slot). A repeated charge (one rule and one
+//! key twice in a check) is refused: merge its costs.
+//!
+//! A check is sent **at most once** otherwise. A connection that drops after the code ran but
 //! before its reply arrived would, if sent again, charge twice (or refund twice, which would
 //! over-admit), so a check whose reply is lost fails, and its rules' failure modes decide.
+//!
+//! ## The deny cache
+//!
+//! When Redis denies a request, the store keeps its answer, and answers the same request (same
+//! rules, keys and costs) itself until the sooner of the denying rule's retry-after and the
+//! time its next unit comes back, with Redis's numbers aged by the time since: a client that
+//! is already denied costs Redis nothing. Within that time Redis would deny it too (other
+//! requests only spend), so the cache never denies what Redis would admit; its time is counted
+//! from when the check was sent, before Redis read its clock. The exceptions are units given
+//! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and
+//! a denial cached in that instant may last until its time. A rule with other numbers (a policy that
+//! changed) is a new rule to it, and an admitted request clears its keys. Bounded:
+//! [`deny_cache`](RedisStoreBuilder::deny_cache) keys (default 100,000; 0 turns it off). While
+//! Redis is away, keys it denied stay denied until their time; other requests follow their
+//! rules' failure modes.
+//!
+//! ## Leases and split keys
+//!
+//! For a hot key, [`Rule::lease`](crate::Rule::lease) lets each replica take up to `n` units in
+//! the call that checks one request and spend them itself, and
+//! [`Rule::split`](crate::Rule::split) spreads a key over `k` sub-keys in distinct hash tags
+//! (distinct cluster slots). Their precision, next to the deny cache's:
+//!
+//! | | calls to Redis | never admits more than | may refuse early by | answers' numbers |
+//! |---|---|---|---|---|
+//! | deny cache (default) | none for a denied key until its retry-after | the budget | nothing | Redis's, aged |
+//! | `lease(n)` | about one per `n` requests of the key | the budget, as counted when each unit was charged; a unit is spent at most the lease's time to live (1 s) after its charge, so over any period the fleet may spend up to the units held at its start on top | `(n − 1)` units per replica holding some | Redis's at the lease, with the units held |
+//! | `split(k)` | one per request, spread over `k` slots | the budget (each sub-key has `1/k`, rounded down) | about `(k − 1) × R` requests' units with R replicas | the sub-key's, its remaining × `k` |
+//!
+//! Leased units left when their time to live ends (never past the end of a fixed or
+//! sliding-counter window, as the leased key's node counts time) are dropped, not given back;
+//! units a request took and did not spend go back only to the lease they came from, while it
+//! lives. A refill whose reply is lost (a time-out, a client that went away) loses what it took.
+//! A split key's request whose cost is more than a sub-key holds (possible only with a computed
+//! cost) is never admitted. A rule is leased or split, not both. The memory store ignores both:
+//! it has no round trip to save and no hot shard.
 //!
 //! ## Keys and values
 //!
@@ -136,7 +186,7 @@
 pub(crate) mod breaker;
 mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 mod registry;
 mod spec;
 

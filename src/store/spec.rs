@@ -36,6 +36,10 @@ pub struct RuleSpec {
     /// of each sub-key.
     parts: u16,
     part_limits: Limits,
+    /// The rule as the Redis code reads each charge's argument, up to the cost:
+    /// `<algorithm>:<limit>:<period>:<burst>:<interval>:`; and of a sub-key.
+    #[cfg(feature = "redis")]
+    wire: (Arc<str>, Arc<str>),
 }
 
 /// How many units a replica leases at once for a rule, and for how long it may spend them.
@@ -98,6 +102,11 @@ impl RuleSpec {
             lease: None,
             parts: 1,
             part_limits: limits,
+            #[cfg(feature = "redis")]
+            wire: {
+                let wire = crate::store::redis::wire(algorithm, &limits);
+                (wire.clone(), wire)
+            },
         })
     }
 
@@ -169,6 +178,10 @@ impl RuleSpec {
         })?;
         self.parts = parts;
         self.part_limits = part;
+        #[cfg(feature = "redis")]
+        {
+            self.wire.1 = crate::store::redis::wire(self.algorithm, &part);
+        }
         let mut hasher = foldhash::fast::FixedState::with_seed(self.fingerprint).build_hasher();
         hasher.write_u16(parts);
         self.fingerprint = hasher.finish();
@@ -178,6 +191,13 @@ impl RuleSpec {
     /// Into how many sub-keys a remote store splits a key of this rule (1: not split).
     pub fn parts(&self) -> u16 {
         self.parts
+    }
+
+    /// The rule as the Redis code reads it, up to a charge's cost: of the whole key, and of a
+    /// sub-key.
+    #[cfg(feature = "redis")]
+    pub(crate) fn wire(&self) -> &(Arc<str>, Arc<str>) {
+        &self.wire
     }
 
     /// The numbers of each sub-key (the rule's own when it is not split).

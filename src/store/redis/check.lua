@@ -6,15 +6,17 @@
 -- ARGV[1], for one request: "c" check and charge, "p" check only (peek), or "r<time>" refund
 --          charges made at <time> (cross-slot compensation); with an injected clock, followed by
 --          "@<time>". Then one argument per charge (below).
--- ARGV[1], for a batch: "b". Then per request its number of charges (with an injected clock,
---          "<n>@<time>"), then one argument per charge.
--- A charge: "<algorithm>:<cost>:<limit>:<period>:<burst>:<interval>:<lease>" (lease 0: charge
+-- ARGV[1], for a batch: "B". Then per request its number of charges (with an injected clock,
+--          "<n>@<time>"), then one argument per charge. A batch of requests of one charge each,
+--          with the server's time, is "b", then one argument per charge: no counts.
+-- A charge: "<algorithm>:<limit>:<period>:<burst>:<interval>:<cost>:<lease>" (lease 0: charge
 -- `cost`; n > 0: take every unit there is up to n, at least `cost`).
 --
--- Returns the time of the call, then per charge: remaining, reset, retry_after (0 when admitted;
--- -1: never), window, and for a lease the units taken (0 unless admitted). A request that is not
--- charged (denied, or a peek) reports every rule's budget as it stands: a rule that would admit
--- it is checked again at cost 0 for its numbers. A refund returns only the time.
+-- Returns one string of integers separated by spaces (a client parses one string much faster
+-- than an array): the time of the call, then per charge: remaining, reset, retry_after (0 when
+-- admitted; -1: never), window, and for a lease the units taken (0 unless admitted). A request
+-- that is not charged (denied, or a peek) reports every rule's budget as it stands: a rule that
+-- would admit it is checked again at cost 0 for its numbers. A refund returns only the time.
 --
 -- A server spends more on each argument, table and call here than on anything else: hence one
 -- argument per charge, parsed once, and a request of one charge decided without tables.
@@ -32,7 +34,7 @@ local CHARGES, CHARGES_LEN = {}, 0
 local function charge_of(text)
   local c = CHARGES[text]
   if c == nil then
-    local algorithm, cost, limit, period, burst, interval, lease =
+    local algorithm, limit, period, burst, interval, cost, lease =
       string.match(text, '^(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
     c = {
       algorithm = ALGORITHMS[algorithm],
@@ -76,8 +78,23 @@ local function check_charge(key, c, now)
   return state, other, take, remaining, reset, retry, window
 end
 
+-- Numbers from 10^14 on are written with all their digits: table.concat writes 14 at most.
+local BIG = 100000000000000
+
 -- Appends a charge's numbers to `out` after position `len`; the new length.
 local function answer(out, len, c, remaining, reset, retry, window)
+  if remaining >= BIG then
+    remaining = int(remaining)
+  end
+  if reset >= BIG then
+    reset = int(reset)
+  end
+  if retry >= BIG then
+    retry = int(retry)
+  end
+  if window >= BIG then
+    window = int(window)
+  end
   out[len + 1] = remaining
   out[len + 2] = reset
   out[len + 3] = retry
@@ -107,12 +124,12 @@ local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
       if mode == 'c' then
         c.algorithm.commit(key, c.limits, state, now, take, reset, other)
         if c.lease > 0 then
-          out[at + 5] = take
+          out[at + 5] = take < BIG and take or int(take)
         end
       elseif take > 0 then
         -- A peek (Algorithm::uncharged): the budget as it stands.
         local _, remaining, reset, _, window = c.algorithm.check(c.limits, state, now, 0)
-        out[at + 1], out[at + 2], out[at + 4] = remaining, reset, window
+        answer(out, at, c, remaining, reset, 0, window)
       end
     end
     return len
@@ -139,7 +156,7 @@ local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
       local r = RULES[i]
       if r.allowed and r.take > 0 then
         local _, remaining, reset, _, window = r.c.algorithm.check(r.c.limits, r.state, now, 0)
-        out[r.at + 1], out[r.at + 2], out[r.at + 4] = remaining, reset, window
+        answer(out, r.at, r.c, remaining, reset, 0, window)
       end
     end
     return len
@@ -159,7 +176,7 @@ local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
     written[r.key] = true
     A.commit(r.key, l, state, now, r.take, reset, other)
     if r.c.lease > 0 then
-      out[r.at + 5] = r.take
+      out[r.at + 5] = r.take < BIG and r.take or int(r.take)
     end
   end
   return len
@@ -170,6 +187,12 @@ local function refund(KEYS, ARGV, at, now)
     local c = charge_of(ARGV[i + 1])
     c.algorithm.refund(KEYS[i], c.limits, now, c.cost, at)
   end
+end
+
+-- The answer: `out` as one string (its first number is the time, always past 10^14).
+local function reply(out)
+  out[1] = int(out[1])
+  return table.concat(out, ' ')
 end
 
 local function check(KEYS, ARGV)
@@ -188,18 +211,27 @@ local function check(KEYS, ARGV)
     for i = len + 1, 5 do
       out[i] = nil
     end
-    return out
+    return reply(out)
   end
-  if mode ~= 'b' then
+  if mode == 'b' then
+    -- A batch of requests of one charge each, with the server's time: no counts.
+    local out = { now }
+    local len = 1
+    for i = 1, #KEYS do
+      len = request(KEYS, ARGV, 'c', now, i - 1, i, 1, out, len)
+    end
+    return reply(out)
+  end
+  if mode ~= 'B' then
     local letter, at, given = string.match(mode, '^(%a)(%d*)@?(%d*)$')
     now = now or tonumber(given)
     if letter == 'r' then
       refund(KEYS, ARGV, tonumber(at), now)
-      return { now }
+      return int(now)
     end
     local out = { now }
     request(KEYS, ARGV, letter, now, 0, 1, #KEYS, out, 1)
-    return out
+    return reply(out)
   end
   local out = { now or 0 }
   local len, a, k = 1, 1, 0
@@ -214,5 +246,5 @@ local function check(KEYS, ARGV)
     len = request(KEYS, ARGV, 'c', now, k, a + 1, n, out, len)
     a, k = a + 1 + n, k + n
   end
-  return out
+  return reply(out)
 end

@@ -1,6 +1,7 @@
 //! Key names: `prefix:{identity}:rule`, and the Redis Cluster slot of a key.
 
 use std::fmt::Write as _;
+use std::net::IpAddr;
 
 use crate::ConfigError;
 use crate::key::Key;
@@ -49,15 +50,45 @@ pub(crate) fn write_part_key(
     out.push_str(prefix);
     out.push_str(":{");
     let start = out.len();
-    let _ = write!(out, "{identity}");
+    match (identity.as_ip(), identity.as_text()) {
+        // The common keys without the formatting machinery: they are written on every check.
+        (Some(IpAddr::V4(v4)), _) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                push_integer(out, u64::from(octet));
+            }
+        }
+        (_, Some(text)) => out.push_str(text),
+        _ => {
+            let _ = write!(out, "{identity}");
+        }
+    }
     if out.len() == start {
         out.push('%');
     }
     if let Some(part) = part {
-        let _ = write!(out, "~{part}");
+        out.push('~');
+        push_integer(out, u64::from(part));
     }
     out.push_str("}:");
     out.push_str(rule);
+}
+
+/// Appends the decimal digits of `n`.
+pub(crate) fn push_integer(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend(digits[start..].iter().map(|&d| char::from(d)));
 }
 
 /// The key of one charge, as a new string.

@@ -6,7 +6,7 @@
 //! retry-after and its window (the time until one more unit is there), the same request (same
 //! rules, keys and costs) is denied here, with Redis's outcome aged by the time since: within
 //! that time no unit comes back to the denying rule, so Redis would deny it too, with those
-//! numbers (others can only spend). The time is counted from when the check was *sent*, before
+//! numbers (other requests only spend; a cluster's cross-slot refund is the exception). The time is counted from when the check was *sent*, before
 //! Redis read its clock, so a cached denial never outlives the one Redis computed. A rule whose
 //! numbers change is a new rule here (its fingerprint changes), and an admitted request clears
 //! the entries of its charges.
@@ -19,21 +19,22 @@
 //! left when the lease expires are dropped, not given back.
 //!
 //! The bound: every unit spent here was charged to Redis first and is spent once, so the fleet
-//! never admits more than the shared budget; the units are charged up to a lease's time to
-//! live before they are spent. A replica holds at most `n − cost ≤ n − 1` units of a key after
-//! a refill (it asks for `n − held` at most, and spends `cost − held` at once), and only spends
-//! from there, so while R replicas hold units the fleet may refuse a request that the budget
+//! never admits more than the shared budget as counted when the units were charged; a unit is
+//! spent up to a lease's time to live after its charge, so over a period the fleet may spend,
+//! on top of that period's budget, the units replicas held at its start. Units given back (a
+//! request denied by another rule) return only to the lease they came from, while it lives.
+//! A replica holds at most `n − cost ≤ n − 1` units of a key after a refill (it asks for
+//! `n − held` at most, and spends `cost − held` at once), and only spends from there, so while R replicas hold units the fleet may refuse a request that the budget
 //! would admit by at most `(n − 1) × R` units (plus, for each refill whose reply was lost to a
 //! time-out or a client that went away, the units it took).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use smallvec::SmallVec;
 
-use super::keys;
 use super::script::{Prepared, Reply};
 use crate::algorithm::Outcome;
 use crate::clock::Clock;
@@ -59,6 +60,9 @@ type Shard<V> = HashMap<(u64, Key), V, foldhash::fast::RandomState>;
 /// A sharded map, bounded, that tells at once when it is empty.
 struct Table<V> {
     shards: Box<[Mutex<Shard<V>>]>,
+    /// When each shard, full, may be swept for expired entries again (local microseconds): at
+    /// most once a second, so that a full shard of live entries is not scanned per insert.
+    next_sweep: Box<[AtomicU64]>,
     hasher: foldhash::fast::RandomState,
     len: AtomicUsize,
     max_per_shard: usize,
@@ -81,18 +85,22 @@ struct Denial {
 #[derive(Clone, Copy, Debug, Default)]
 struct Held {
     units: u64,
+    algorithm: Algorithm,
     /// The outcome Redis reported when they were taken, and when (local microseconds).
     outcome: Outcome,
     at: u64,
     until: u64,
     /// A refill is out: other requests are charged to Redis one by one meanwhile.
     refilling: bool,
+    /// Counts the leases of this key: units taken from one go back only to it, while it lives.
+    generation: u64,
 }
 
 impl<V> Table<V> {
     fn new(max_entries: usize) -> Self {
         Table {
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            next_sweep: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
             hasher: foldhash::fast::RandomState::default(),
             len: AtomicUsize::new(0),
             max_per_shard: max_entries.div_ceil(SHARDS),
@@ -103,29 +111,43 @@ impl<V> Table<V> {
         self.len.load(Ordering::Relaxed) == 0
     }
 
-    fn shard(
-        &self,
-        key: &(u64, Key),
-    ) -> MutexGuard<'_, HashMap<(u64, Key), V, foldhash::fast::RandomState>> {
-        let hash = self.hasher.hash_one(key) as usize;
-        self.shards[hash % SHARDS]
+    fn index(&self, key: &(u64, Key)) -> usize {
+        self.hasher.hash_one(key) as usize % SHARDS
+    }
+
+    fn shard(&self, key: &(u64, Key)) -> MutexGuard<'_, Shard<V>> {
+        self.shards[self.index(key)]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Inserts or replaces; when the shard is full, first drops the entries `expired` says are
-    /// gone, and keeps nothing new if it is still full.
-    fn put(&self, key: (u64, Key), value: V, expired: impl Fn(&V) -> bool) {
-        let mut shard = self.shard(&key);
-        if shard.len() >= self.max_per_shard && !shard.contains_key(&key) {
-            let before = shard.len();
-            shard.retain(|_, v| !expired(v));
-            self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
-            if shard.len() >= self.max_per_shard {
-                return;
-            }
+    /// Whether `shard` (of `key`) has room for `key`: when it is full, it drops the entries
+    /// `gone` says may go, at most once a second.
+    fn room(
+        &self,
+        shard: &mut Shard<V>,
+        key: &(u64, Key),
+        now: u64,
+        gone: impl Fn(&V) -> bool,
+    ) -> bool {
+        if shard.len() < self.max_per_shard || shard.contains_key(key) {
+            return true;
         }
-        if shard.insert(key, value).is_none() {
+        let next = &self.next_sweep[self.index(key)];
+        if now < next.load(Ordering::Relaxed) {
+            return false;
+        }
+        next.store(now.saturating_add(1_000_000), Ordering::Relaxed);
+        let before = shard.len();
+        shard.retain(|_, v| !gone(v));
+        self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
+        shard.len() < self.max_per_shard
+    }
+
+    /// Inserts or replaces, when there is room (see [`room`](Table::room)).
+    fn put(&self, key: (u64, Key), value: V, now: u64, gone: impl Fn(&V) -> bool) {
+        let mut shard = self.shard(&key);
+        if self.room(&mut shard, &key, now, gone) && shard.insert(key, value).is_none() {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -150,6 +172,8 @@ pub(crate) struct Plan {
 struct Planned {
     /// The rule's fingerprint, mixed with the sub-key of a split rule.
     fingerprint: u64,
+    /// The key of its leases, for a leased rule.
+    lease_key: u64,
     key: Key,
     cost: u64,
     algorithm: Algorithm,
@@ -167,11 +191,18 @@ enum How {
     Sent,
     /// Denied here: Redis denied the same request moments ago (a split key's sub-key).
     Cached(Outcome),
-    /// Taken from this replica's lease, not sent; its outcome as the lease reports it.
-    Leased(Outcome),
-    /// Sent as a lease refill: `held` units were taken from the lease here (they are spent on
-    /// this request too), and Redis is asked for `cost - held` to `lease - held`.
-    Refill { held: u64, lease: u64, ttl: u64 },
+    /// Taken from this replica's lease (of that generation), not sent; its outcome as the lease
+    /// reports it.
+    Leased(Outcome, u64),
+    /// Sent as a lease refill: `held` units were taken from the lease here (of generation
+    /// `generation`; they are spent on this request too), and Redis is asked for `cost - held`
+    /// to `lease - held`.
+    Refill {
+        held: u64,
+        lease: u64,
+        ttl: u64,
+        generation: u64,
+    },
 }
 
 impl Local {
@@ -219,7 +250,11 @@ impl Local {
                 return None;
             }
             denied |= entry.denies;
-            outcomes.push(aged(entry.outcome, now.saturating_sub(entry.at)));
+            outcomes.push(aged(
+                entry.outcome,
+                now.saturating_sub(entry.at),
+                charge.rule.algorithm(),
+            ));
         }
         denied.then(|| Decision::from_outcomes(outcomes).made_by(DecisionSource::DenyCache))
     }
@@ -227,24 +262,29 @@ impl Local {
     fn paid_by_leases(&self, charges: &[Charge<'_>]) -> Option<Decision> {
         let now = self.now();
         let mut outcomes = SmallVec::<[Outcome; 2]>::new();
-        for (i, charge) in charges.iter().enumerate() {
-            let key = (charge.rule.fingerprint(), charge.key.clone());
-            let taken = {
+        let mut taken = SmallVec::<[u64; 2]>::new();
+        for charge in charges {
+            let key = (lease_key(charge.rule), charge.key.clone());
+            let paid = {
                 let mut shard = self.leases.shard(&key);
                 match shard.get_mut(&key) {
                     Some(held) if held.units >= charge.cost && now < held.until => {
                         held.units -= charge.cost;
-                        Some(held.spent(now))
+                        Some((held.spent(now), held.generation))
                     }
                     _ => None,
                 }
             };
-            match taken {
-                Some(outcome) => outcomes.push(outcome),
+            match paid {
+                Some((outcome, generation)) => {
+                    outcomes.push(outcome);
+                    taken.push(generation);
+                }
                 None => {
                     // All or nothing: what the earlier charges took goes back.
-                    for earlier in &charges[..i] {
-                        self.give_back(earlier.rule.fingerprint(), earlier.key, earlier.cost);
+                    for (earlier, generation) in charges.iter().zip(taken) {
+                        let key = (lease_key(earlier.rule), earlier.key.clone());
+                        self.give_back(&key, earlier.cost, generation, now);
                     }
                     return None;
                 }
@@ -253,9 +293,13 @@ impl Local {
         Some(Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease))
     }
 
-    fn give_back(&self, fingerprint: u64, key: &Key, units: u64) {
-        let key = (fingerprint, key.clone());
-        if let Some(held) = self.leases.shard(&key).get_mut(&key) {
+    /// Gives back units taken from a lease of generation `generation`, if it still lives: units
+    /// of an expired or refilled lease are dropped, never spent past their time.
+    fn give_back(&self, key: &(u64, Key), units: u64, generation: u64, now: u64) {
+        if let Some(held) = self.leases.shard(key).get_mut(key)
+            && held.generation == generation
+            && now < held.until
+        {
             held.units += units;
         }
     }
@@ -274,6 +318,7 @@ impl Local {
                         Some((part, _)) => mix(rule.fingerprint(), part),
                         None => rule.fingerprint(),
                     },
+                    lease_key: lease_key(rule),
                     key: charge.key.clone(),
                     cost: charge.cost,
                     algorithm: rule.algorithm(),
@@ -301,7 +346,7 @@ impl Local {
                 && entries.iter().any(|d| d.denies)
             {
                 for (p, d) in planned.iter_mut().zip(entries) {
-                    p.how = How::Cached(aged(d.outcome, at.saturating_sub(d.at)));
+                    p.how = How::Cached(aged(d.outcome, at.saturating_sub(d.at), p.algorithm));
                 }
                 return Plan {
                     local: self.clone(),
@@ -337,9 +382,11 @@ impl Local {
             return part;
         }
         if shard.len() >= self.parts.max_per_shard {
-            // Full: forget the turns of the others, which start again at a random sub-key.
-            self.parts.len.fetch_sub(shard.len(), Ordering::Relaxed);
-            shard.clear();
+            // Full: one key forgets its turn (it starts again at its own first sub-key).
+            if let Some(evicted) = shard.keys().next().cloned() {
+                shard.remove(&evicted);
+                self.parts.len.fetch_sub(1, Ordering::Relaxed);
+            }
         }
         // A key starts at a sub-key of its own, so that many keys spread from the start.
         let first = (self.parts.hasher.hash_one(&key) % u64::from(parts)) as u16;
@@ -350,31 +397,30 @@ impl Local {
 
     fn lease_for(&self, charge: &Charge<'_>, lease: crate::store::Lease, now: u64) -> How {
         let ttl = u64::try_from(lease.ttl.as_micros()).unwrap_or(u64::MAX);
-        let key = (charge.rule.fingerprint(), charge.key.clone());
+        let key = (lease_key(charge.rule), charge.key.clone());
         let mut shard = self.leases.shard(&key);
-        if !shard.contains_key(&key) && shard.len() >= self.leases.max_per_shard {
-            // Full: leases that expired, with no refill out, make room.
-            let before = shard.len();
-            shard.retain(|_, held| held.refilling || now < held.until);
-            self.leases
-                .len
-                .fetch_sub(before - shard.len(), Ordering::Relaxed);
-            if shard.len() >= self.leases.max_per_shard {
-                // Still full: this request is charged to Redis alone.
-                return How::Sent;
-            }
+        // Full: leases that expired, with no refill out, make room; still full, this request is
+        // charged to Redis alone.
+        if !self.leases.room(&mut shard, &key, now, |held| {
+            !held.refilling && now >= held.until
+        }) {
+            return How::Sent;
         }
         let held = shard.entry(key).or_insert_with(|| {
             self.leases.len.fetch_add(1, Ordering::Relaxed);
-            Held::default()
+            Held {
+                algorithm: charge.rule.algorithm(),
+                ..Held::default()
+            }
         });
-        if now >= held.until {
-            // Expired: what is left is dropped.
+        if now >= held.until && held.units > 0 {
+            // Expired: what is left is dropped, and what was taken from it cannot come back.
             held.units = 0;
+            held.generation += 1;
         }
         if held.units >= charge.cost {
             held.units -= charge.cost;
-            return How::Leased(held.spent(now));
+            return How::Leased(held.spent(now), held.generation);
         }
         if held.refilling {
             return How::Sent;
@@ -385,6 +431,7 @@ impl Local {
             held: taken,
             lease: lease.units,
             ttl,
+            generation: held.generation,
         }
     }
 }
@@ -393,12 +440,18 @@ impl Held {
     /// The outcome of a request paid from this lease: what Redis reported, aged, with the units
     /// still held here counted as remaining.
     fn spent(&self, now: u64) -> Outcome {
-        let mut outcome = aged(self.outcome, now.saturating_sub(self.at));
+        let mut outcome = aged(self.outcome, now.saturating_sub(self.at), self.algorithm);
         outcome.allowed = true;
         outcome.retry_after = 0;
         outcome.remaining = (outcome.remaining + self.units).min(outcome.limit);
         outcome
     }
+}
+
+/// The key of a rule's leases: its fingerprint and its lease's size (a new size is a new lease).
+fn lease_key(rule: &crate::store::RuleSpec) -> u64 {
+    let units = rule.lease().map_or(0, |lease| lease.units);
+    (rule.fingerprint() ^ units.rotate_left(32)).wrapping_mul(0xff51_afd7_ed55_8ccd)
 }
 
 /// The fingerprint of one sub-key of a split rule.
@@ -419,15 +472,26 @@ fn whole(outcome: Outcome, parts: u16, capacity: u64) -> Outcome {
     }
 }
 
-/// An outcome `elapsed` microseconds later, nothing else having changed.
-fn aged(outcome: Outcome, elapsed: u64) -> Outcome {
+/// An outcome `elapsed` microseconds later, nothing else having changed (and no unit come back:
+/// callers age an outcome at most until its window). A full budget's window is a constant of
+/// the token bucket, GCRA and sliding log (an interval, a period), not a time that runs out.
+fn aged(outcome: Outcome, elapsed: u64, algorithm: Algorithm) -> Outcome {
+    let constant_window = outcome.remaining >= outcome.limit
+        && matches!(
+            algorithm,
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::SlidingWindowLog
+        );
     Outcome {
         reset: outcome.reset.saturating_sub(elapsed),
         retry_after: match outcome.retry_after {
             0 | u64::MAX => outcome.retry_after,
             retry => retry.saturating_sub(elapsed).max(1),
         },
-        window: outcome.window.saturating_sub(elapsed).max(1),
+        window: if constant_window {
+            outcome.window
+        } else {
+            outcome.window.saturating_sub(elapsed).max(1)
+        },
         ..outcome
     }
 }
@@ -448,16 +512,16 @@ impl Plan {
             .filter_map(|(planned, charge)| {
                 let mut prepared = Prepared::new(prefix, charge);
                 if let Some((part, _)) = planned.part {
-                    prepared.key =
-                        keys::part_key_name(prefix, charge.key, Some(part), charge.rule.name());
-                    prepared.limits = *charge.rule.part_limits();
+                    prepared = prepared.of_part(prefix, charge, part);
                 }
                 match planned.how {
                     How::Sent => {}
-                    How::Leased(_) | How::Cached(_) => return None,
+                    How::Leased(..) | How::Cached(_) => return None,
                     How::Refill { held, lease, .. } => {
-                        prepared.cost = charge.cost - held;
-                        prepared.lease = lease - held;
+                        // A refill starts below the cost, and what is held never reaches the
+                        // lease (it holds at most `lease - cost` after a refill).
+                        prepared.cost = charge.cost.saturating_sub(held);
+                        prepared.lease = lease.saturating_sub(held).max(prepared.cost);
                     }
                 }
                 Some(prepared)
@@ -477,8 +541,8 @@ impl Plan {
         let reply = match reply {
             None => Reply {
                 now: 0,
-                outcomes: Vec::new(),
-                taken: Vec::new(),
+                outcomes: SmallVec::new(),
+                taken: SmallVec::new(),
             },
             Some(Ok(reply)) => reply,
             Some(Err(error)) => {
@@ -492,7 +556,7 @@ impl Plan {
         let mut taken = SmallVec::<[u64; 2]>::new();
         for planned in &self.charges {
             let (outcome, units) = match planned.how {
-                How::Leased(outcome) | How::Cached(outcome) => (outcome, 0),
+                How::Leased(outcome, _) | How::Cached(outcome) => (outcome, 0),
                 How::Sent | How::Refill { .. } => match sent.next() {
                     // A sub-key's outcome, told for the whole key: its capacity, and what is
                     // left of it if every sub-key has what this one has.
@@ -513,17 +577,25 @@ impl Plan {
         }
         let admitted = outcomes.iter().all(|o| o.allowed);
         for ((planned, outcome), units) in self.charges.iter().zip(outcomes.iter_mut()).zip(taken) {
-            let How::Refill { held, ttl, .. } = planned.how else {
+            let How::Refill {
+                held,
+                ttl,
+                generation,
+                ..
+            } = planned.how
+            else {
                 continue;
             };
-            let key = (planned.fingerprint, planned.key.clone());
+            let key = (planned.lease_key, planned.key.clone());
             let mut shard = local.leases.shard(&key);
             let Some(lease) = shard.get_mut(&key) else {
                 continue;
             };
             lease.refilling = false;
             if !admitted {
-                lease.units += held;
+                if lease.generation == generation && local.now() < lease.until {
+                    lease.units += held;
+                }
                 continue;
             }
             // What this request did not spend of what it took stays here until it expires,
@@ -534,7 +606,9 @@ impl Plan {
                 }
                 _ => u64::MAX,
             };
-            lease.units += units.saturating_sub(planned.cost - held);
+            // A new lease: units given back meanwhile to the old one are dropped with it.
+            lease.generation += 1;
+            lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
             lease.outcome = *outcome;
             lease.at = self.at;
             lease.until = self.at.saturating_add(ttl.min(horizon));
@@ -594,33 +668,43 @@ impl Plan {
                 denies: !outcome.allowed,
             };
             let now = self.at;
-            local
-                .denials
-                .put((planned.fingerprint, planned.key.clone()), denial, |d| {
-                    d.until <= now
-                });
+            local.denials.put(
+                (planned.fingerprint, planned.key.clone()),
+                denial,
+                now,
+                |d| d.until <= now,
+            );
         }
     }
 
-    /// Units taken from leases here go back (the request was not admitted).
+    /// Units taken from leases here go back (the request was not admitted), to the leases they
+    /// came from while those live.
     fn undo_leased(&self) {
+        let now = self.local.now();
         for planned in &self.charges {
-            if let How::Leased(_) = planned.how {
-                self.local
-                    .give_back(planned.fingerprint, &planned.key, planned.cost);
+            if let How::Leased(_, generation) = planned.how {
+                let key = (planned.lease_key, planned.key.clone());
+                self.local.give_back(&key, planned.cost, generation, now);
             }
         }
     }
 
-    /// Nothing of this check happened: leased units go back and refills end.
+    /// Nothing of this check happened (or it is not known whether it did): leased units go
+    /// back and refills end.
     fn undo(&self) {
         self.undo_leased();
+        let now = self.local.now();
         for planned in &self.charges {
-            if let How::Refill { held, .. } = planned.how {
-                let key = (planned.fingerprint, planned.key.clone());
+            if let How::Refill {
+                held, generation, ..
+            } = planned.how
+            {
+                let key = (planned.lease_key, planned.key.clone());
                 if let Some(lease) = self.local.leases.shard(&key).get_mut(&key) {
                     lease.refilling = false;
-                    lease.units += held;
+                    if lease.generation == generation && now < lease.until {
+                        lease.units += held;
+                    }
                 }
             }
         }
@@ -678,8 +762,8 @@ mod tests {
         let plan = local.plan(&charges);
         let reply = Reply {
             now: 1_000_000,
-            outcomes: vec![denied(6_000_000, 6_000_000)],
-            taken: vec![0],
+            outcomes: smallvec::smallvec![denied(6_000_000, 6_000_000)],
+            taken: smallvec::smallvec![0],
         };
         assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
         clock.advance(std::time::Duration::from_secs(2));

@@ -70,6 +70,7 @@ use std::time::Duration;
 
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::ConnectError;
+pub(crate) use script::wire;
 pub use standalone::{DEFAULT_MAX_BATCH, RedisStore, RedisStoreBuilder};
 
 use crate::clock::Clock;
@@ -163,6 +164,26 @@ impl Settings {
     fn now(&self) -> Option<u64> {
         self.clock.as_ref().map(|c| c.now_micros())
     }
+}
+
+/// The error of a check that charges one rule for one key twice: one call checks each charge
+/// against the state before the request, so the two would not add up. Layers never do (their
+/// rule names are unique); merge the costs.
+pub(crate) fn repeated(charges: &[crate::store::Charge<'_>]) -> Option<StoreError> {
+    for (i, a) in charges.iter().enumerate() {
+        if let Some(b) = charges[i + 1..]
+            .iter()
+            .find(|b| b.rule.name() == a.rule.name() && b.key == a.key)
+        {
+            return Some(StoreError::Protocol(format!(
+                "a check charges rule \"{}\" for key {} twice; charge it once with the sum \
+                 of the costs",
+                b.rule.name(),
+                b.key
+            )));
+        }
+    }
+    None
 }
 
 /// A Redis URL as it may be shown: without its password.

@@ -8,11 +8,12 @@
 
 use std::borrow::Borrow;
 use std::fmt::Write as _;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use smallvec::SmallVec;
 
 use crate::Algorithm;
 use crate::algorithm::{Limits, Outcome};
@@ -106,7 +107,8 @@ impl Program {
         match cmd.query_async::<Value>(conn).await {
             Ok(_) => Ok(Form::Function),
             Err(e) if already_loaded(&e) => Ok(Form::Function),
-            Err(e) if unknown_command(&e) => {
+            // No functions, or an account not allowed to load them: the script form.
+            Err(e) if unknown_command(&e) || no_permission(&e) => {
                 self.load_script(conn).await?;
                 Ok(Form::Script)
             }
@@ -127,6 +129,8 @@ impl Program {
         mode: Mode,
         requests: &[Request<'_, P>],
     ) -> Cmd {
+        // Batches charge: peeks and refunds are of one request.
+        debug_assert!(requests.len() == 1 || mode == Mode::Charge);
         let mut cmd = match form {
             Form::Function => {
                 let mut cmd = redis::cmd("FCALL");
@@ -155,20 +159,25 @@ impl Program {
             }
         };
         let single = requests.len() == 1 || matches!(mode, Mode::Refund(_));
+        // A batch of requests of one charge each, on the server's clock, needs no counts.
+        let simple = requests
+            .iter()
+            .all(|r| r.charges.len() == 1 && r.now.is_none());
         match (mode, single) {
             (Mode::Charge, true) => text.push('c'),
             (Mode::Peek, true) => text.push('p'),
             (Mode::Refund(time), _) => {
                 let _ = write!(text, "r{time}");
             }
-            (_, false) => text.push('b'),
+            (_, false) if simple => text.push('b'),
+            (_, false) => text.push('B'),
         }
         if single {
             at(&mut text, requests.first().and_then(|r| r.now));
         }
         cmd.arg(text.as_str());
         for request in requests {
-            if !single {
+            if !single && !simple {
                 text.clear();
                 let _ = write!(text, "{}", request.charges.len());
                 at(&mut text, request.now);
@@ -176,19 +185,11 @@ impl Program {
             }
             for charge in request.charges {
                 let charge = charge.borrow();
-                let l = &charge.limits;
                 text.clear();
-                let _ = write!(
-                    text,
-                    "{}:{}:{}:{}:{}:{}:{}",
-                    code(charge.algorithm),
-                    charge.cost,
-                    l.limit,
-                    l.period,
-                    l.burst,
-                    l.interval,
-                    charge.lease
-                );
+                text.push_str(&charge.descriptor);
+                keys::push_integer(&mut text, charge.cost);
+                text.push(':');
+                keys::push_integer(&mut text, charge.lease);
                 cmd.arg(text.as_str());
             }
         }
@@ -297,6 +298,10 @@ fn unknown_command(error: &RedisError) -> bool {
             .is_some_and(|d| d.starts_with("unknown command"))
 }
 
+fn no_permission(error: &RedisError) -> bool {
+    error.code() == Some("NOPERM")
+}
+
 fn already_loaded(error: &RedisError) -> bool {
     error.detail().is_some_and(|d| d.contains("already exists"))
 }
@@ -325,6 +330,8 @@ pub(crate) struct Prepared {
     pub(crate) key: String,
     pub(crate) algorithm: Algorithm,
     pub(crate) limits: Limits,
+    /// `<algorithm>:<limit>:<period>:<burst>:<interval>:`, the start of the charge's argument.
+    pub(crate) descriptor: Arc<str>,
     pub(crate) cost: u64,
     /// 0: charge `cost`; n > 0: take every unit there is up to n, at least `cost`.
     pub(crate) lease: u64,
@@ -336,15 +343,38 @@ impl Prepared {
             key: keys::key_name(prefix, charge.key, charge.rule.name()),
             algorithm: charge.rule.algorithm(),
             limits: *charge.rule.limits(),
+            descriptor: charge.rule.wire().0.clone(),
             cost: charge.cost,
             lease: 0,
         }
+    }
+
+    /// The same charge, of a split rule's sub-key `part`.
+    pub(crate) fn of_part(mut self, prefix: &str, charge: &Charge<'_>, part: u16) -> Self {
+        self.key = keys::part_key_name(prefix, charge.key, Some(part), charge.rule.name());
+        self.limits = *charge.rule.part_limits();
+        self.descriptor = charge.rule.wire().1.clone();
+        self
     }
 
     /// The Cluster slot of the key.
     pub(crate) fn slot(&self) -> u16 {
         keys::slot(self.key.as_bytes())
     }
+}
+
+/// The start of a charge's argument for a rule with these numbers:
+/// `<algorithm>:<limit>:<period>:<burst>:<interval>:` (the rule keeps it, made once).
+pub(crate) fn wire(algorithm: Algorithm, limits: &Limits) -> Arc<str> {
+    format!(
+        "{}:{}:{}:{}:{}:",
+        code(algorithm),
+        limits.limit,
+        limits.period,
+        limits.burst,
+        limits.interval
+    )
+    .into()
 }
 
 /// The code's name for an algorithm.
@@ -363,10 +393,9 @@ fn code(algorithm: Algorithm) -> &'static str {
 #[derive(Clone, Debug)]
 pub(crate) struct Reply {
     pub(crate) now: u64,
-    pub(crate) outcomes: Vec<Outcome>,
+    pub(crate) outcomes: SmallVec<[Outcome; 2]>,
     /// The units each charge took: its cost when admitted, up to its lease for a lease.
-    #[allow(dead_code)]
-    pub(crate) taken: Vec<u64>,
+    pub(crate) taken: SmallVec<[u64; 2]>,
 }
 
 impl Reply {
@@ -375,14 +404,56 @@ impl Reply {
     }
 }
 
+/// The integers of a reply: one string of integers separated by spaces.
+fn numbers(value: &Value) -> Result<SmallVec<[i64; 8]>, StoreError> {
+    let bytes = match value {
+        Value::BulkString(bytes) => bytes.as_slice(),
+        Value::SimpleString(text) => text.as_bytes(),
+        other => {
+            return Err(StoreError::Protocol(format!(
+                "the rate-limit code answered {other:?}, not a string of numbers"
+            )));
+        }
+    };
+    bytes
+        .split(|&b| b == b' ')
+        .map(|n| {
+            integer(n).ok_or_else(|| {
+                StoreError::Protocol(format!(
+                    "the rate-limit code answered {:?}, not an integer",
+                    String::from_utf8_lossy(n)
+                ))
+            })
+        })
+        .collect()
+}
+
+/// A decimal integer, optionally negative, of at most 18 digits.
+fn integer(text: &[u8]) -> Option<i64> {
+    let (negative, digits) = match text {
+        [b'-', rest @ ..] => (true, rest),
+        digits => (false, digits),
+    };
+    if digits.is_empty() || digits.len() > 18 {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n * 10 + i64::from(d - b'0');
+    }
+    Some(if negative { -n } else { n })
+}
+
 /// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`: the call's
 /// time, then four numbers per charge (five for a lease).
 pub(crate) fn decode<P: Borrow<Prepared>>(
     value: Value,
     requests: &[Request<'_, P>],
 ) -> Result<Vec<Reply>, StoreError> {
-    let numbers: Vec<i64> = redis::from_redis_value(value)
-        .map_err(|e| StoreError::Protocol(format!("the rate-limit code answered {e}")))?;
+    let numbers = numbers(&value)?;
     let per_charge = |p: &Prepared| if p.lease > 0 { 5 } else { 4 };
     let expected: usize = 1 + requests
         .iter()
@@ -404,8 +475,8 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
     let mut rest = &numbers[1..];
     let mut replies = Vec::with_capacity(requests.len());
     for request in requests {
-        let mut outcomes = Vec::with_capacity(request.charges.len());
-        let mut taken = Vec::with_capacity(request.charges.len());
+        let mut outcomes = SmallVec::with_capacity(request.charges.len());
+        let mut taken = SmallVec::with_capacity(request.charges.len());
         for charge in request.charges {
             let charge = charge.borrow();
             let (n, tail) = rest.split_at(per_charge(charge));

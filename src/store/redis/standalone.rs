@@ -90,11 +90,22 @@ pub struct RedisStoreBuilder {
 /// The most checks one call carries, by default.
 pub const DEFAULT_MAX_BATCH: usize = 64;
 
+/// Without batching, the most checks out at once (each its own call).
+const MAX_PIPELINED: usize = 4096;
+
+/// Batches out at once per connection: enough that Redis has the next one when it answers one
+/// (with one, it waits for the client a quarter of the time), few enough that checks wait to go
+/// together (BENCHMARKS.md: 4 in all did best at 64 concurrent checks, fewer for an HTTP server
+/// whose own thread is the busiest).
+const CALLS_PER_CONNECTION: usize = 2;
+
 /// One check waiting for its batch.
 struct Job {
     charges: Vec<Prepared>,
     now: Option<u64>,
     permit: Permit,
+    /// When its caller stops waiting: it is not sent after that, and its call ends by then.
+    deadline: tokio::time::Instant,
     reply: oneshot::Sender<Result<Reply, StoreError>>,
 }
 
@@ -157,9 +168,9 @@ impl RedisStoreBuilder {
     }
 
     /// The most checks sent to Redis in one call (default [`DEFAULT_MAX_BATCH`]; 1 sends each
-    /// check alone). One call per connection is out at a time: checks that arrive meanwhile
-    /// go together in the next, each still all or nothing by itself, so a busy server gets
-    /// fewer, larger calls and an idle one gets each check at once, with no timer.
+    /// check alone, pipelined). A few calls per connection are out at a time: checks that
+    /// arrive meanwhile go together in the next, each still all or nothing by itself, so a busy
+    /// server gets fewer, larger calls and an idle one gets each check at once, with no timer.
     pub fn max_batch(mut self, checks: usize) -> Self {
         self.max_batch = checks;
         self
@@ -196,7 +207,16 @@ impl RedisStoreBuilder {
                 program: self.settings.program(),
                 local: self.settings.local(),
                 form: ServerForm::default(),
-                batcher: Arc::new(Batcher::new(self.pool_size as usize, self.max_batch)),
+                batcher: Arc::new(Batcher::new(
+                    // A few batches out per connection; without batching, every check is its
+                    // own call, pipelined on the connections.
+                    if self.max_batch == 1 {
+                        MAX_PIPELINED
+                    } else {
+                        CALLS_PER_CONNECTION * self.pool_size as usize
+                    },
+                    self.max_batch,
+                )),
                 breaker,
                 settings: self.settings,
                 pool: OnceLock::new(),
@@ -309,6 +329,7 @@ impl Inner {
         mode: Mode,
         requests: &[Request<'_, Prepared>],
         permit: Permit,
+        deadline: tokio::time::Instant,
     ) -> Result<Value, StoreError> {
         // One timer for the whole check; `in_use` tells which connection a time-out caught.
         let mut in_use = None;
@@ -342,7 +363,7 @@ impl Inner {
             }
             Ok((result.map_err(|e| store_error(&self.server, e)), answered))
         };
-        let result = tokio::time::timeout(self.settings.response_timeout, attempt).await;
+        let result = tokio::time::timeout_at(deadline, attempt).await;
         let (result, answered) = match result {
             Ok(Ok(sent)) => sent,
             Ok(Err(error)) => (Err(error), false),
@@ -450,10 +471,12 @@ impl Inner {
         permit: Permit,
     ) -> Result<Reply, StoreError> {
         let (reply, answer) = oneshot::channel();
+        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
         let job = Job {
             charges,
             now,
             permit,
+            deadline,
             reply,
         };
         if let Some((batch, turn)) = self.batcher.push(job) {
@@ -465,7 +488,7 @@ impl Inner {
                 Err(_) => sending.await,
             }
         }
-        match tokio::time::timeout(self.settings.response_timeout, answer).await {
+        match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(StoreError::Unavailable(
                 format!("{}: the check was dropped before it was sent", self.server).into(),
@@ -474,9 +497,13 @@ impl Inner {
         }
     }
 
-    /// One call for `batch`; each check gets its own reply, or the call's error.
+    /// One call for `batch`, within the time its earliest check has left; each check gets its
+    /// own reply, or the call's error.
     async fn send(&self, batch: Vec<Job>) {
         let Some(permit) = batch.last().map(|job| job.permit) else {
+            return;
+        };
+        let Some(deadline) = batch.iter().map(|job| job.deadline).min() else {
             return;
         };
         let requests: Vec<Request<'_, Prepared>> = batch
@@ -487,7 +514,7 @@ impl Inner {
             })
             .collect();
         let result = self
-            .run(Mode::Charge, &requests, permit)
+            .run(Mode::Charge, &requests, permit, deadline)
             .await
             .and_then(|value| script::decode(value, &requests));
         drop(requests);
@@ -507,10 +534,11 @@ impl Inner {
 }
 
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
-/// went away (it timed out, its client left) is not sent.
+/// went away (its client left) or has no time left is not sent.
 async fn send_batches(inner: Arc<Inner>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
     loop {
-        batch.retain(|job| !job.reply.is_closed());
+        let now = tokio::time::Instant::now();
+        batch.retain(|job| !job.reply.is_closed() && job.deadline > now);
         if !batch.is_empty() {
             inner.send(batch).await;
         }
@@ -528,6 +556,9 @@ impl Store for RedisStore {
         let inner = self.inner.clone();
         if charges.is_empty() {
             return Box::pin(async { Ok(Decision::default()) });
+        }
+        if let Some(error) = super::repeated(charges) {
+            return Box::pin(std::future::ready(Err(error)));
         }
         let plan = inner.local.plan(charges);
         if !plan.sends() {

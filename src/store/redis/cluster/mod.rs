@@ -14,6 +14,7 @@ use redis::{
     ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
     Value,
 };
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use self::node::Node;
@@ -490,8 +491,8 @@ impl Inner {
         let Some(first) = prepared.first() else {
             return Ok(Reply {
                 now: now.unwrap_or(0),
-                outcomes: Vec::new(),
-                taken: Vec::new(),
+                outcomes: SmallVec::new(),
+                taken: SmallVec::new(),
             });
         };
         let deadline = Instant::now() + self.settings.response_timeout;
@@ -626,7 +627,7 @@ fn denial(
                     .iter()
                     .map(|p| p.algorithm.check(&p.limits, None, 0, 0))
                     .collect(),
-                taken: vec![0; charges.len()],
+                taken: smallvec::smallvec![0; charges.len()],
             })
         })
         .collect();
@@ -725,8 +726,8 @@ fn groups(prepared: &[Prepared]) -> Vec<(u16, Vec<usize>)> {
 /// The outcomes of each group's reply (and the units each charge took), back in the order of
 /// the charges; the time of the first group.
 fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Reply {
-    let mut outcomes = vec![Outcome::default(); len];
-    let mut taken = vec![0; len];
+    let mut outcomes: SmallVec<[Outcome; 2]> = smallvec::smallvec![Outcome::default(); len];
+    let mut taken: SmallVec<[u64; 2]> = smallvec::smallvec![0; len];
     for ((_, indices), reply) in groups.iter().zip(replies) {
         for ((&i, outcome), &units) in indices.iter().zip(&reply.outcomes).zip(&reply.taken) {
             outcomes[i] = *outcome;
@@ -747,6 +748,9 @@ impl Store for RedisClusterStore {
         let inner = self.inner.clone();
         if charges.is_empty() {
             return Box::pin(async { Ok(Decision::default()) });
+        }
+        if let Some(error) = super::repeated(charges) {
+            return Box::pin(std::future::ready(Err(error)));
         }
         let plan = inner.local.plan(charges);
         if !plan.sends() {
@@ -777,6 +781,10 @@ impl Store for RedisClusterStore {
         inner.start();
         if !inner.startup.is_connected() {
             return Some(Err(inner.startup.not_connected(&inner.servers)));
+        }
+        // A split key's sub-key (and so its node) is chosen when the check is planned.
+        if charges.iter().any(|c| c.rule.parts() > 1) {
+            return None;
         }
         let topology = inner.topology()?;
         // The common case, every breaker closed, costs a load per primary.
