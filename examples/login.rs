@@ -6,9 +6,11 @@
 //! TOLLGATE_ADDR=127.0.0.1:8080 cargo run --example login
 //! ```
 //!
-//! Each account (the normalised email of a JSON or form body) gets 3 attempts per minute; each
-//! IP gets 20 per minute on top. Bodies without a usable email (too large, another content type,
-//! no field) share one budget of 3 per minute: padding a body does not escape the account limit.
+//! Each account (the normalised email of a JSON or form body) gets 3 attempts per minute, and 5
+//! **failed** attempts per hour (a login that succeeds gives its unit back:
+//! `Rule::charge_on_status([401])`); each IP gets 20 per minute on top. Bodies without a usable
+//! email (too large, another content type, no field) share one budget of 3 per minute: padding a
+//! body does not escape the account limit. The password is `open-sesame`.
 
 use std::net::SocketAddr;
 
@@ -28,11 +30,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let no_account = |_: &http::request::Parts| Some(Key::text("login-without-account"));
     let limit = RateLimitLayer::builder()
         .rule(Rule::new("per-account", Quota::per_minute(3)).key(FromBody.or(no_account)))
+        // Counts only failed logins: reserved when a login is let in, given back if it succeeds.
+        .rule(
+            Rule::new("failed-logins", Quota::per_hour(5))
+                .key(FromBody.or(no_account))
+                .charge_on_status([401]),
+        )
         .rule(Rule::new("per-ip", Quota::per_minute(20)).key(PeerIp::new()))
         .build()?;
 
     // The handler receives the body exactly as it was sent.
     let check = |body: Bytes| async move {
+        if body.windows(11).any(|w| w == b"open-sesame") {
+            return (StatusCode::OK, "welcome\n".to_owned());
+        }
         (
             StatusCode::UNAUTHORIZED,
             format!(
@@ -54,7 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let url = format!("http://{}/login", listener.local_addr()?);
-    println!("listening on {url} (3 attempts per minute per account, 20 per IP)");
+    println!(
+        "listening on {url} (per account: 3 attempts per minute, 5 failed ones per hour; 20 per IP)"
+    );
     println!();
     println!("# JSON: four attempts on one account, the fourth is 429");
     println!(
@@ -65,6 +78,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("# another account has its own budget: 401");
     println!(
         "curl -i -H 'content-type: application/json' -d '{{\"email\":\"bob@example.com\",\"password\":\"x\"}}' {url}"
+    );
+    println!("# the right password: 200, and the failed-logins budget is not spent (r=5)");
+    println!(
+        "curl -i -H 'content-type: application/json' -d '{{\"email\":\"carol@example.com\",\"password\":\"open-sesame\"}}' {url}"
     );
     println!();
     println!("Ctrl-C to stop.");

@@ -34,7 +34,7 @@ use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant, TenantFuture};
 use crate::policy::{Live, Registrar, SharedTenantExtractor};
 use crate::response::is_grpc;
-use crate::store::{Charge, MemoryStore, Store, StoreError};
+use crate::store::{Adjustment, Change, Charge, MemoryStore, Store, StoreError};
 use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision, DecisionSource, FailureMode, RuleMode};
 
@@ -110,6 +110,8 @@ pub(crate) struct Shared<St> {
     /// This layer's registration of its rules on the store: while it lives, no other layer may
     /// give one of these rule names another quota on the same store.
     pub(crate) registration: Arc<()>,
+    /// Whether CORS preflights are limited.
+    pub(crate) count_preflight: bool,
 }
 
 impl<St> Drop for Shared<St> {
@@ -132,11 +134,18 @@ impl<St: Store> Registrar for Shared<St> {
     }
 }
 
+/// Charges to settle once the response head is there: the rules that charge by the response
+/// or settle their cost, their keys and what they reserved, and when.
+pub(crate) struct Settle {
+    pub(crate) charges: SmallVec<[(u16, Key, u64); 1]>,
+    pub(crate) at: u64,
+}
+
 /// What follows a request's check.
 pub(crate) enum Next {
     /// Call the inner service, then add the budget headers of this decision (none when no
-    /// rule limited the request).
-    Call(Option<Decision>),
+    /// rule limited the request), and settle what needs the response.
+    Call(Option<Decision>, Option<Box<Settle>>),
     /// Answer for the inner service: a denial, or a refusal when the store failed.
     Answer(Response<Bytes>),
     /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
@@ -253,6 +262,10 @@ impl<St: Store> Shared<St> {
         parts: &mut Parts,
         span: &tracing::Span,
     ) -> Start<St::Future> {
+        if !self.count_preflight && is_preflight(parts) {
+            self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
+            return nothing_applies();
+        }
         let mut listing = Listing::Unlisted;
         if snapshot.lists.has_key_entries() {
             // A key that needs a lookup is not listed: lists are for keys known at once.
@@ -596,7 +609,8 @@ impl<St: Store> Shared<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                Next::Call(Some(visible(snapshot, applied, decision)))
+                let settle = settle_of(snapshot, keys, &decision);
+                Next::Call(Some(visible(snapshot, applied, decision)), settle)
             }
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
@@ -628,11 +642,12 @@ impl<St: Store> Shared<St> {
                             keys,
                             Verdict::LocalAllowed,
                         );
-                        Next::Call(Some(visible(snapshot, applied, decision)))
+                        // Decided by the local limiter: nothing to settle in the store.
+                        Next::Call(Some(visible(snapshot, applied, decision)), None)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
-                        Next::Call(None)
+                        Next::Call(None, None)
                     }
                 }
             }
@@ -685,7 +700,8 @@ impl<St: Store> Shared<St> {
                     Some(keys),
                     Verdict::ShadowDenied,
                 );
-                return Next::Call(None);
+                // Only shadow rules denied: nothing was charged, nothing to settle.
+                return Next::Call(None, None);
             }
             self.observer.shadowed(snapshot, ctx.head, &shadow);
             let enforced: FoundKeys = keys
@@ -794,6 +810,70 @@ impl<St: Store> Shared<St> {
         })
     }
 
+    /// Settles what a response's head says of the charges it reserved: units back for the
+    /// responses a rule does not charge, the difference for a cost known now, in one store
+    /// call. The response waits for it (so that the next request sees it), unless the store
+    /// answered at once: the store's future is returned when it did not. Removes the headers
+    /// the real costs were read from.
+    pub(crate) fn settle<B>(
+        &self,
+        snapshot: &Snapshot,
+        settle: &Settle,
+        response: Response<B>,
+        answer: Option<(&mut Decision, &[u16])>,
+    ) -> (Response<B>, Option<crate::store::StoreFuture<()>>) {
+        let (mut parts, body) = response.into_parts();
+        let mut adjustments: SmallVec<[Adjustment<'_>; 1]> = SmallVec::new();
+        // Which rule each adjustment is of, by index.
+        let mut of_rule: SmallVec<[u16; 1]> = SmallVec::new();
+        for (i, key, cost) in &settle.charges {
+            let rule = &snapshot.rules[usize::from(*i)];
+            let Some(after) = &rule.after else {
+                continue;
+            };
+            let actual = after.actual(&parts, *cost);
+            let change = match actual.cmp(cost) {
+                std::cmp::Ordering::Equal => continue,
+                std::cmp::Ordering::Greater => Change::Charge(actual - cost),
+                std::cmp::Ordering::Less => Change::Refund(cost - actual),
+            };
+            adjustments.push(Adjustment {
+                rule: &rule.spec,
+                key,
+                change,
+                charged_at: settle.at,
+            });
+            of_rule.push(*i);
+        }
+        // The answer's budget is the settled one: what came back is there again, what was
+        // charged on top is not.
+        if let Some((decision, applied)) = answer {
+            for (a, i) in adjustments.iter().zip(&of_rule) {
+                let outcome = applied
+                    .iter()
+                    .position(|j| j == i)
+                    .and_then(|position| decision.outcome_mut(position));
+                if let Some(outcome) = outcome {
+                    outcome.remaining = match a.change {
+                        Change::Refund(units) => (outcome.remaining + units).min(outcome.limit),
+                        Change::Charge(units) => outcome.remaining.saturating_sub(units),
+                    };
+                }
+            }
+        }
+        for (i, _, _) in &settle.charges {
+            if let Some(after) = &snapshot.rules[usize::from(*i)].after
+                && let Some(name) = after.header()
+            {
+                parts.headers.remove(name);
+            }
+        }
+        let pending = (!adjustments.is_empty())
+            .then(|| self.store.adjust(&adjustments))
+            .and_then(poll_once);
+        (Response::from_parts(parts, body), pending)
+    }
+
     /// Logs a store failure: at `error` at most once a minute, else at `debug`.
     fn report(&self, error: &StoreError) {
         // The clock is read only for a failure that may be logged: with the breaker open, every
@@ -807,6 +887,7 @@ impl<St: Store> Shared<St> {
                 StoreError::Unavailable(_) => "unavailable",
                 StoreError::Protocol(_) => "protocol",
                 StoreError::CircuitOpen => "circuit_open",
+                StoreError::Unsupported(_) => "unsupported",
             },
         );
         if !matches!(error, StoreError::CircuitOpen)
@@ -863,6 +944,48 @@ impl<St: Store> Shared<St> {
     }
 }
 
+/// A store's future of an operation, polled once: `None` when it is done (a store that answers
+/// at once, as the memory store does), else the future to wait for.
+fn poll_once(mut future: crate::store::StoreFuture<()>) -> Option<crate::store::StoreFuture<()>> {
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut context) {
+        Poll::Ready(result) => {
+            report_settle(result);
+            None
+        }
+        Poll::Pending => Some(future),
+    }
+}
+
+/// Says when a settle failed: the reserved units stay charged.
+pub(crate) fn report_settle(result: Result<(), StoreError>) {
+    if let Err(error) = result {
+        tracing::warn!(%error, "tollgate: could not settle a charge; the reserved units stay");
+    }
+}
+
+/// What an admitted request settles once its response head is there, if anything.
+fn settle_of(
+    snapshot: &Snapshot,
+    keys: Option<&FoundKeys>,
+    decision: &Decision,
+) -> Option<Box<Settle>> {
+    if !snapshot.settles {
+        return None;
+    }
+    let charges: SmallVec<[(u16, Key, u64); 1]> = keys?
+        .iter()
+        .filter(|(i, _, _)| snapshot.rules[usize::from(*i)].after.is_some())
+        .cloned()
+        .collect();
+    (!charges.is_empty()).then(|| {
+        Box::new(Settle {
+            charges,
+            at: decision.made_at(),
+        })
+    })
+}
+
 /// The verdict of a denial: by the store, or by its deny cache.
 fn denied(decision: &Decision) -> Verdict {
     if decision.source() == DecisionSource::DenyCache {
@@ -872,10 +995,19 @@ fn denied(decision: &Decision) -> Verdict {
     }
 }
 
+/// Whether a request is a browser's CORS preflight: `OPTIONS` with
+/// `Access-Control-Request-Method`.
+fn is_preflight(parts: &Parts) -> bool {
+    parts.method == http::Method::OPTIONS
+        && parts
+            .headers
+            .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
 /// No rule applies to this request: it goes through, with no budget to report.
 fn nothing_applies<C>() -> Start<C> {
     Start::Decided {
-        next: Next::Call(None),
+        next: Next::Call(None, None),
         applied: Applied::new(),
     }
 }

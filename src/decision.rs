@@ -23,6 +23,8 @@ use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 pub struct Decision {
     outcomes: SmallVec<[Outcome; 2]>,
     source: DecisionSource,
+    /// When it was made, on the store's clock (0: not known).
+    made_at: u64,
 }
 
 /// Two decisions are equal when their outcomes are: where they were made does not change them.
@@ -54,6 +56,7 @@ impl Decision {
         Decision {
             outcomes: outcomes.into_iter().collect(),
             source: DecisionSource::Store,
+            made_at: 0,
         }
     }
 
@@ -63,6 +66,7 @@ impl Decision {
         Decision {
             outcomes: smallvec::smallvec![outcome],
             source: DecisionSource::Store,
+            made_at: 0,
         }
     }
 
@@ -75,6 +79,18 @@ impl Decision {
     /// Where the decision was made.
     pub fn source(&self) -> DecisionSource {
         self.source
+    }
+
+    /// The same decision, made at `micros` on the store's clock.
+    pub fn made_at_time(mut self, micros: u64) -> Self {
+        self.made_at = micros;
+        self
+    }
+
+    /// When the decision was made, in microseconds on the store's clock (0 when the store did
+    /// not say): what [`Adjustment::charged_at`](crate::store::Adjustment::charged_at) takes.
+    pub fn made_at(&self) -> u64 {
+        self.made_at
     }
 
     /// Adds the outcome of the next rule.
@@ -92,6 +108,11 @@ impl Decision {
     #[inline]
     pub fn outcomes(&self) -> &[Outcome] {
         &self.outcomes
+    }
+
+    /// The outcome of the `i`-th rule, to change (a charge settled after the response).
+    pub(crate) fn outcome_mut(&mut self, i: usize) -> Option<&mut Outcome> {
+        self.outcomes.get_mut(i)
     }
 
     /// For a denied request, microseconds until every denying rule would admit it; `None` when

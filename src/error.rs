@@ -73,6 +73,9 @@ pub enum StoreError {
     Protocol(String),
     /// The store was not asked: it failed repeatedly and its circuit breaker is open.
     CircuitOpen,
+    /// The store cannot do this (a store of your own that implements only
+    /// [`check`](crate::store::Store::check)); names the operation.
+    Unsupported(&'static str),
 }
 
 impl StoreError {
@@ -85,6 +88,7 @@ impl StoreError {
             StoreError::Unavailable(e) => StoreError::Unavailable(e.to_string().into()),
             StoreError::Protocol(e) => StoreError::Protocol(e.clone()),
             StoreError::CircuitOpen => StoreError::CircuitOpen,
+            StoreError::Unsupported(what) => StoreError::Unsupported(what),
         }
     }
 }
@@ -97,6 +101,12 @@ impl fmt::Display for StoreError {
             StoreError::Protocol(e) => write!(f, "rate-limit store answered unexpectedly: {e}"),
             StoreError::CircuitOpen => {
                 f.write_str("rate-limit store not asked: its circuit breaker is open")
+            }
+            StoreError::Unsupported(what) => {
+                write!(
+                    f,
+                    "rate-limit store cannot {what}: implement it on the store"
+                )
             }
         }
     }

@@ -36,13 +36,13 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::decide::{
-    Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Shared, Start,
+    Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Settle, Shared, Start,
 };
 use crate::observe::Head;
 use crate::policy::TenantFuture;
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::response::ResponseBody;
-use crate::store::Store;
+use crate::store::{Store, StoreFuture};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -52,7 +52,7 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S, Request<ReqBody>, S::Future, Check<St::Future>>,
+        state: State<S, Request<ReqBody>, S::Future, Check<St::Future>, S::Response>,
         applied: Applied,
         // The keys, kept only when they may be needed again (local fallback, shadow and delay
         // rules).
@@ -94,13 +94,19 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, R, F, C> {
+    enum State<S, R, F, C, Resp> {
         // The tenant is looked up; the ready inner service and the request wait here.
         Tenant { future: TenantFuture, listing: Listing, call: Option<(S, R)> },
         // The ready inner service and the request wait here for the decision.
         Checking { #[pin] check: C, call: Option<(S, R)> },
         Deferred { check: DeferredCheck, call: Option<(S, R)> },
-        Calling { #[pin] future: F, decision: Option<crate::Decision> },
+        Calling {
+            #[pin] future: F,
+            decision: Option<crate::Decision>,
+            settle: Option<Box<Settle>>,
+        },
+        // The inner service answered; its charges are settled in the store first.
+        Settling { future: StoreFuture<()>, response: Option<Resp> },
         // Decided in `call`: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
         Done,
@@ -159,7 +165,7 @@ fn enter<S, ReqBody, C>(
     applied: &mut Applied,
     keys: &mut Option<Box<FoundKeys>>,
     asked_at: &mut Option<std::time::Instant>,
-) -> State<S, Request<ReqBody>, S::Future, Check<C>>
+) -> State<S, Request<ReqBody>, S::Future, Check<C>, S::Response>
 where
     S: Service<Request<ReqBody>>,
 {
@@ -170,9 +176,10 @@ where
         } => {
             *applied = decided;
             match next {
-                Next::Call(decision) => State::Calling {
+                Next::Call(decision, settle) => State::Calling {
                     future: service.call(request),
                     decision,
+                    settle,
                 },
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
@@ -271,10 +278,19 @@ where
                     *this.keys = keys;
                     (result, call.take(), phase, latency)
                 }
-                StateProj::Calling { future, decision } => {
+                StateProj::Calling {
+                    future,
+                    decision,
+                    settle,
+                } => {
                     let mut response = ready!(future.poll(cx))?;
-                    let decision = decision.take();
-                    this.state.set(State::Done);
+                    let mut decision = decision.take();
+                    let mut pending = None;
+                    if let Some(settle) = settle.take() {
+                        let answer = decision.as_mut().map(|d| (d, &this.applied[..]));
+                        (response, pending) =
+                            this.shared.settle(this.snapshot, &settle, response, answer);
+                    }
                     if let Some(decision) = decision {
                         let snapshot = &**this.snapshot;
                         snapshot.answers.write_budget(
@@ -284,6 +300,23 @@ where
                             &decision,
                         );
                     }
+                    if let Some(future) = pending {
+                        this.state.set(State::Settling {
+                            future,
+                            response: Some(response),
+                        });
+                        continue;
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                }
+                StateProj::Settling { future, response } => {
+                    crate::decide::report_settle(ready!(future.as_mut().poll(cx)));
+                    let response = response.take();
+                    this.state.set(State::Done);
+                    let Some(response) = response else {
+                        panic!("ResponseFuture polled after completion");
+                    };
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Answered { response } => {
@@ -317,9 +350,10 @@ where
                 *this.span = tracing::Span::none();
             }
             match next {
-                Next::Call(decision) => this.state.set(State::Calling {
+                Next::Call(decision, settle) => this.state.set(State::Calling {
                     future: service.call(request),
                     decision,
+                    settle,
                 }),
                 Next::Answer(response) => {
                     this.state.set(State::Done);

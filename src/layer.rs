@@ -81,6 +81,7 @@ impl RateLimitLayer<MemoryStore> {
             hook: None,
             log_raw_keys: false,
             denial_log_per_second: 10,
+            count_preflight: false,
         }
     }
 }
@@ -89,6 +90,14 @@ impl<St> RateLimitLayer<St> {
     /// The store the layer checks.
     pub fn store(&self) -> &St {
         &self.shared.store
+    }
+
+    /// The layer's budgets from your own code: peek, charge, refund and reset one rule's key,
+    /// with the layer's rules and store (see [`Limiter`](crate::Limiter)).
+    pub fn limiter(&self) -> crate::Limiter<St> {
+        crate::Limiter {
+            shared: self.shared.clone(),
+        }
     }
 
     /// The handle of a layer built with a
@@ -168,6 +177,7 @@ pub struct RateLimitLayerBuilder<St> {
     hook: Option<DecisionHook>,
     log_raw_keys: bool,
     denial_log_per_second: u32,
+    count_preflight: bool,
 }
 
 /// Where the layer's policy comes from.
@@ -247,6 +257,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// Whether a browser's CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) is
+    /// limited like any request (default: `false`, it passes unlimited and uncounted: a
+    /// browser sends one before many requests, and the request that follows is counted).
+    pub fn count_preflight(mut self, count: bool) -> Self {
+        self.count_preflight = count;
+        self
+    }
+
     /// The extractor of rules that do not name their own (default: [`PeerIp`]).
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
         self.key = Arc::new(extractor);
@@ -272,6 +290,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             hook: self.hook,
             log_raw_keys: self.log_raw_keys,
             denial_log_per_second: self.denial_log_per_second,
+            count_preflight: self.count_preflight,
         }
     }
 
@@ -355,6 +374,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             waiting: Default::default(),
             max_waiting: self.max_waiting,
             registration: Arc::new(()),
+            count_preflight: self.count_preflight,
         });
         shared.register(&shared.snapshot())?;
         if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {

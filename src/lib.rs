@@ -63,11 +63,14 @@ mod error;
 pub mod future;
 pub mod key;
 mod layer;
+mod limiter;
 pub mod observe;
 pub mod policy;
 mod response;
 mod service;
 pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod warn;
 
 /// The `http` crate, whose types the layer takes and returns (as axum re-exports it).
@@ -82,9 +85,11 @@ pub use algorithm::kind::Algorithm;
 pub use decision::{Decision, DecisionSource};
 pub use error::ConfigError;
 pub use layer::{DEFAULT_MAX_WAITING, MAX_RULES, RateLimitLayer, RateLimitLayerBuilder};
+pub use limiter::{Limiter, LimiterError};
 pub use policy::cost::Cost;
 pub use policy::failure::FailureMode;
 pub use policy::mode::RuleMode;
+pub use policy::outcome::{ActualCost, ChargeWhen};
 pub use policy::quota::Quota;
 pub use policy::rule::{DEFAULT_LEASE_TTL, Rule};
 pub use response::{Headers, RateLimited, ResetFormat, ResponseBody};

@@ -172,3 +172,110 @@ fn the_replicas_example_admits_the_limit_once_on_redis_with_and_without_leases()
         ]
     );
 }
+
+/// A POST of `body` as JSON with these headers: the status and the `Retry-After`, if any.
+async fn post_json(
+    client: &Client<HttpConnector, http_body_util::Full<Bytes>>,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, Option<u64>, http::HeaderMap) {
+    let mut request = http::Request::post(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = client
+        .request(
+            request
+                .body(http_body_util::Full::new(Bytes::from(body.to_owned())))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let retry = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().parse().unwrap());
+    (
+        response.status().as_u16(),
+        retry,
+        response.headers().clone(),
+    )
+}
+
+fn json_client() -> Client<HttpConnector, http_body_util::Full<Bytes>> {
+    Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
+}
+
+#[tokio::test]
+async fn the_tokens_example_settles_what_each_request_used() {
+    let example = Example::start("tokens", "TOLLGATE_ADDR", &[]);
+    let url = format!("http://{}/complete", example.addr);
+    let client = json_client();
+    let key = [("x-api-key", "demo")];
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..4 {
+        let (status, retry, headers) =
+            post_json(&client, &url, &key, r#"{"max_tokens": 4000}"#).await;
+        assert!(
+            headers.get("x-tokens-used").is_none(),
+            "the layer reads and removes it"
+        );
+        statuses.push(status);
+        last = retry;
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    // The debt (12,000 used of 10,000) and the next estimate (500) at 10,000 per minute: 15 s.
+    let retry = last.expect("a Retry-After");
+    assert!((15..=16).contains(&retry), "Retry-After {retry}");
+    // Another key has its own budget.
+    let other = [("x-api-key", "other")];
+    assert_eq!(
+        post_json(&client, &url, &other, r#"{"max_tokens": 100}"#)
+            .await
+            .0,
+        200
+    );
+    let printed = example.stop();
+    assert!(printed.contains("x-api-key: demo"), "{printed}");
+}
+
+#[tokio::test]
+async fn the_login_example_counts_failed_logins_apart() {
+    let example = Example::start("login", "TOLLGATE_ADDR", &[]);
+    let url = format!("http://{}/login", example.addr);
+    let client = json_client();
+    let attempt =
+        |email: &str, password: &str| format!(r#"{{"email":"{email}","password":"{password}"}}"#);
+    // Successful logins do not spend the failed-logins budget.
+    for _ in 0..3 {
+        let (status, _, headers) = post_json(
+            &client,
+            &url,
+            &[],
+            &attempt("carol@example.com", "open-sesame"),
+        )
+        .await;
+        assert_eq!(status, 200);
+        let fields = headers
+            .get("ratelimit")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(fields.contains("\"failed-logins\";r=5;"), "{fields}");
+    }
+    // Failures do: 5 per hour, whatever the per-minute budget.
+    let (status, _, headers) =
+        post_json(&client, &url, &[], &attempt("dave@example.com", "x")).await;
+    assert_eq!(status, 401);
+    let fields = headers
+        .get("ratelimit")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(fields.contains("\"failed-logins\";r=4;"), "{fields}");
+    drop(example);
+}

@@ -448,3 +448,88 @@ async fn standalone_batched_checks_match_the_model_one_by_one() {
         "{calls} calls for {checks} checks: batched"
     );
 }
+
+/// Costs settled after the fact (a refund of what was not used, a forced charge of the rest,
+/// into debt): Redis holds them as the model does, over random timelines of estimates and real
+/// costs, for every algorithm that settles.
+async fn settle_matches_the_model<S, F, Fut>(redis: F, name: &str)
+where
+    S: Store,
+    F: Fn(ManualClock, String) -> Fut,
+    Fut: std::future::Future<Output = S>,
+{
+    use tollgate::store::{Adjustment, Change};
+
+    let mut rng = Rng(0x005e_771e);
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ];
+    for timeline in 0..24 {
+        let algorithm = algorithms[timeline % algorithms.len()];
+        let clock = ManualClock::new(1_700_000_000_000_000 + rng.below(1 << 40));
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = redis(clock.clone(), support::unique_prefix(name)).await;
+        let rule = RuleSpec::new("settled", algorithm, random_limits(&mut rng, algorithm)).unwrap();
+        let key = Key::text(format!("settled-{timeline}"));
+        let mut last: Option<Decision> = None;
+        for step in 0..60 {
+            advance(&mut rng, &clock, std::slice::from_ref(&rule), last.as_ref());
+            let estimate = random_cost(&mut rng, &rule);
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: estimate,
+            }];
+            let expected = memory.check(&charge).await.unwrap();
+            let actual = redis.check(&charge).await.unwrap();
+            assert_eq!(
+                actual, expected,
+                "{name} {algorithm}: timeline {timeline}, step {step}"
+            );
+            if expected.allowed() && estimate > 0 {
+                let real = rng.below(estimate * 3 + 1);
+                let change = if real > estimate {
+                    Change::Charge(real - estimate)
+                } else {
+                    Change::Refund(estimate - real)
+                };
+                let adjust = |decision: &Decision| {
+                    [Adjustment {
+                        rule: &rule,
+                        key: &key,
+                        change,
+                        charged_at: decision.made_at(),
+                    }]
+                };
+                memory.adjust(&adjust(&expected)).await.unwrap();
+                redis.adjust(&adjust(&actual)).await.unwrap();
+            }
+            // The budget after the settle, as a peek sees it.
+            let peek = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }];
+            let expected_peek = memory.peek(&peek).await.unwrap();
+            let actual_peek = redis.peek(&peek).await.unwrap();
+            assert_eq!(
+                actual_peek, expected_peek,
+                "{name} {algorithm}: after step {step}"
+            );
+            last = Some(expected);
+        }
+    }
+}
+
+#[tokio::test]
+async fn standalone_settled_costs_match_the_model() {
+    settle_matches_the_model(standalone, "standalone").await;
+}
+
+#[tokio::test]
+async fn cluster_settled_costs_match_the_model() {
+    settle_matches_the_model(cluster, "cluster").await;
+}

@@ -45,7 +45,21 @@
 //!
 //! A denied request is charged nothing, so the outcome of every rule it was checked against,
 //! denying or not, describes the budget as it stands ([`Algorithm::uncharged`]).
+//!
+//! # Debts
+//!
+//! [`Algorithm::force`] charges whatever the budget (a cost settled after the fact), and
+//! [`Algorithm::refund`] gives units back. What a charge beyond the budget leaves, by algorithm:
+//!
+//! * token bucket and GCRA: the time the bucket is full again moves further out, so the next
+//!   requests wait until the debt has refilled too;
+//! * fixed window: the window's count goes past the quota; the window's end forgives it;
+//! * sliding window counter: the current window's count goes past the quota; it weighs on the
+//!   next window too, as a previous window does;
+//! * sliding window log: one entry per unit, so it holds a debt only as entries, at most
+//!   [`MAX_LOG_ENTRIES`] in all; the layer refuses to settle rules of this algorithm.
 
+mod adjust;
 mod fixed_window;
 mod gcra;
 pub(crate) mod kind;

@@ -43,6 +43,7 @@ mod file;
 mod key_spec;
 pub(crate) mod mode;
 mod model;
+pub(crate) mod outcome;
 pub(crate) mod quota;
 pub(crate) mod rule;
 pub(crate) mod snapshot;

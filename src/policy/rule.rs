@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::key_spec::KeySpec;
+use super::outcome::{After, ChargeWhen, SettleFrom};
 use super::{Cost, FailureMode, Quota, RuleMode};
 use crate::algorithm::Limits;
 use crate::key::{KeyExtractor, SharedExtractor};
@@ -48,6 +49,8 @@ pub struct Rule {
     pub(crate) lease: Option<(u64, Duration)>,
     /// Sub-keys of each key in a remote store.
     pub(crate) split: Option<u16>,
+    /// What the rule does once the response head is there.
+    pub(crate) after: After,
 }
 
 /// How long leased units live, unless [`Rule::lease_ttl`] says otherwise.
@@ -68,6 +71,7 @@ impl Rule {
             mode: RuleMode::Enforce,
             lease: None,
             split: None,
+            after: After::default(),
         }
     }
 
@@ -171,6 +175,39 @@ impl Rule {
         self
     }
 
+    /// Charges only the requests whose response `when` matches; the others get their units back
+    /// once their response head is there (see [`ChargeWhen`]). A request still reserves its
+    /// units when it is admitted, so that concurrent requests are counted exactly.
+    pub fn charge_when(mut self, when: ChargeWhen) -> Self {
+        self.after.when = Some(when);
+        self
+    }
+
+    /// Charges only responses of these statuses: `charge_on_status([401, 403])` counts failed
+    /// logins, not logins.
+    pub fn charge_on_status(self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        self.charge_when(ChargeWhen::status(statuses))
+    }
+
+    /// Takes the rule's [`cost`](Rule::cost) as an estimate, reserved when a request is
+    /// admitted, and settles it at what the request really cost: the [`ActualCost`](crate::ActualCost) extension
+    /// its handler set on the response. The layer charges the difference, or gives back what
+    /// was not used, in one store call; past the budget, the key is in debt and its next
+    /// requests wait (see [`algorithm::Algorithm::force`](crate::Algorithm::force)). A response
+    /// without an `ActualCost` keeps the estimate. Not for the sliding window log (one entry per
+    /// unit cannot hold a debt), leased or split rules.
+    pub fn settle(mut self) -> Self {
+        self.after.settle = Some(SettleFrom::Extension);
+        self
+    }
+
+    /// [`settle`](Rule::settle), reading the real cost from a response header holding a number
+    /// (`x-tokens-used: 1234`), which the layer removes from the response.
+    pub fn settle_from_header(mut self, name: http::HeaderName) -> Self {
+        self.after.settle = Some(SettleFrom::Header(name));
+        self
+    }
+
     /// What the rule does with a request over its limit (default [`RuleMode::Enforce`]).
     pub fn mode(&self) -> RuleMode {
         self.mode
@@ -207,6 +244,8 @@ impl Rule {
             && self.mode == other.mode
             && self.lease == other.lease
             && self.split == other.split
+            && self.after.is_empty()
+            && other.after.is_empty()
             && same_key
             && self.key_spec == other.key_spec
             && same_cost
@@ -265,6 +304,20 @@ impl Rule {
                 ),
             ));
         }
+        if !self.after.is_empty() && (self.lease.is_some() || self.split.is_some()) {
+            return Err(ConfigError::in_rule(
+                &name,
+                "charge_when and settle give units back to the key that was charged: not for a \
+                 leased or split rule (whose units live on a replica or a sub-key)",
+            ));
+        }
+        if self.after.settle.is_some() && self.algorithm == Algorithm::SlidingWindowLog {
+            return Err(ConfigError::in_rule(
+                &name,
+                "a sliding window log keeps one entry per unit and cannot hold a debt: settle a \
+                 rule of another algorithm (Algorithm::SlidingWindowCounter is close to it)",
+            ));
+        }
         let mut spec = RuleSpec::new(name, self.algorithm, limits)?;
         if let Some((units, ttl)) = self.lease {
             spec = spec.with_lease(units, ttl)?;
@@ -295,6 +348,7 @@ impl Rule {
             on_store_error: self.on_store_error.unwrap_or(default_failure),
             skip_unidentified: self.skip_unidentified,
             mode: self.mode,
+            after: (!self.after.is_empty()).then(|| Arc::new(self.after)),
         })
     }
 }
@@ -320,6 +374,8 @@ pub(crate) struct CompiledRule {
     pub(crate) on_store_error: FailureMode,
     pub(crate) skip_unidentified: bool,
     pub(crate) mode: RuleMode,
+    /// What it does once the response head is there, if anything.
+    pub(crate) after: Option<Arc<After>>,
 }
 
 /// The longest a [`RuleMode::Delay`] rule may make a request wait.

@@ -52,13 +52,15 @@ pub(crate) struct Snapshot {
     pub(crate) uses_fallback: bool,
     /// Whether a rule is in shadow or delay mode (its decisions may need a second check).
     pub(crate) watches: bool,
+    /// Whether a rule charges by the response or settles its cost after it.
+    pub(crate) settles: bool,
 }
 
 impl Snapshot {
-    /// Whether a request's keys must be kept after its check: for the local fallback, or for a
-    /// second check of shadow and delay rules.
+    /// Whether a request's keys must be kept after its check: for the local fallback, for a
+    /// second check of shadow and delay rules, or to settle charges after the response.
     pub(crate) fn keeps_keys(&self) -> bool {
-        self.uses_fallback || self.watches
+        self.uses_fallback || self.watches || self.settles
     }
 
     /// Compiles and checks a policy; errors name where they are when the policy was read from
@@ -193,6 +195,7 @@ impl Snapshot {
                 .iter()
                 .any(|rule| rule.on_store_error == FailureMode::Local),
             watches: rules.iter().any(|rule| rule.mode != RuleMode::Enforce),
+            settles: rules.iter().any(|rule| rule.after.is_some()),
             rules,
             resolver: Resolver {
                 known_routes: tiers

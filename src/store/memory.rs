@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 
-use super::{Charge, RuleRegistry, Store, StoreError};
+use super::{Adjustment, Change, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, Outcome, State};
 use crate::clock::{Clock, SystemClock};
 use crate::key::Key;
@@ -193,12 +193,121 @@ impl MemoryStore {
 
     /// Checks and charges `charges` now (the store never waits).
     pub(crate) fn decide(&self, charges: &[Charge<'_>]) -> Decision {
-        // Keep every sum of the model below 2^53 whatever a custom clock says.
-        let now = self.inner.clock.now_micros().min(MAX_MICROS);
-        match charges {
+        let now = self.now();
+        let decision = match charges {
             [] => Decision::default(),
             [charge] => self.check_one(charge, now),
             _ => self.check_many(charges, now),
+        };
+        decision.made_at_time(now)
+    }
+
+    fn now(&self) -> u64 {
+        // Keep every sum of the model below 2^53 whatever a custom clock says.
+        self.inner.clock.now_micros().min(MAX_MICROS)
+    }
+
+    /// Applies `change` to the state of one rule's key (made when missing), under its shard's
+    /// lock: the key then lives until its new state is the same as no state.
+    fn modify(&self, charge: &Charge<'_>, now: u64, change: impl FnOnce(&mut Option<State>)) {
+        let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+        let rule = charge.rule.id();
+        let hash = self.hash(rule, charge.key);
+        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+        shard.maybe_sweep(now);
+        if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
+            self.make_room(&mut shard, now, 1);
+        }
+        match shard
+            .table
+            .find_entry(hash, |e| e.rule == rule && e.key == *charge.key)
+        {
+            Ok(mut occupied) => {
+                let entry = occupied.get_mut();
+                if entry.expires_at <= now {
+                    entry.state = None;
+                }
+                change(&mut entry.state);
+                match &entry.state {
+                    Some(state) => {
+                        entry.expires_at = now + algorithm.check(limits, Some(state), now, 0).reset;
+                    }
+                    None => {
+                        occupied.remove();
+                    }
+                }
+            }
+            Err(absent) => {
+                let mut state = None;
+                change(&mut state);
+                if let Some(state) = state {
+                    let expires_at = now + algorithm.check(limits, Some(&state), now, 0).reset;
+                    let entry = Entry {
+                        rule,
+                        key: charge.key.clone(),
+                        expires_at,
+                        state: Some(state),
+                    };
+                    absent
+                        .into_table()
+                        .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
+                }
+            }
+        }
+    }
+
+    /// [`Store::adjust`], at once.
+    pub fn adjust_now(&self, adjustments: &[Adjustment<'_>]) {
+        let now = self.now();
+        for a in adjustments {
+            let (algorithm, limits) = (a.rule.algorithm(), a.rule.limits());
+            let at = if a.charged_at == 0 { now } else { a.charged_at };
+            let charge = Charge {
+                rule: a.rule,
+                key: a.key,
+                cost: 0,
+            };
+            self.modify(&charge, now, |state| match a.change {
+                Change::Charge(units) => algorithm.force(limits, state, now, units),
+                Change::Refund(units) => algorithm.refund(limits, state, now, units, at),
+            });
+        }
+    }
+
+    /// [`Store::peek`], at once: every charge's outcome, uncharged.
+    pub fn peek_now(&self, charges: &[Charge<'_>]) -> Decision {
+        let now = self.now();
+        let outcomes = charges.iter().map(|charge| {
+            let hash = self.hash(charge.rule.id(), charge.key);
+            let shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            let state = shard.find(hash, charge, now);
+            charge
+                .rule
+                .algorithm()
+                .uncharged(charge.rule.limits(), state, now, charge.cost)
+        });
+        Decision::from_outcomes(outcomes.collect::<SmallVec<[_; 2]>>()).made_at_time(now)
+    }
+
+    /// [`Store::reset`], at once.
+    pub fn reset_now(&self, charges: &[Charge<'_>]) {
+        for charge in charges {
+            let rule = charge.rule.id();
+            let hash = self.hash(rule, charge.key);
+            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            if let Ok(occupied) = shard
+                .table
+                .find_entry(hash, |e| e.rule == rule && e.key == *charge.key)
+            {
+                occupied.remove();
+            }
+        }
+    }
+
+    /// Forgets every key of every rule: as new (for tests, between cases).
+    pub fn clear(&self) {
+        for shard in self.inner.shards.iter() {
+            lock(shard).table.clear();
         }
     }
 
@@ -563,6 +672,21 @@ impl Store for MemoryStore {
 
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
         Some(Ok(self.decide(charges)))
+    }
+
+    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+        self.adjust_now(adjustments);
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
+        let decision = self.peek_now(charges);
+        Box::pin(std::future::ready(Ok(decision)))
+    }
+
+    fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
+        self.reset_now(charges);
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn registry(&self) -> Option<&RuleRegistry> {

@@ -201,6 +201,7 @@ pub use registry::RuleRegistry;
 pub use spec::{Lease, MAX_LEASE_TTL, MAX_PARTS, RuleSpec};
 
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::Decision;
 use crate::key::Key;
@@ -214,6 +215,39 @@ pub struct Charge<'a> {
     pub key: &'a Key,
     /// How much (0 only looks).
     pub cost: u64,
+}
+
+/// A change to a charge already made: more units whatever the budget, or units given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Charge this many more units, whatever the budget: beyond it, a debt the next requests
+    /// wait for ([`Algorithm::force`](crate::Algorithm::force)).
+    Charge(u64),
+    /// Give this many units back ([`Algorithm::refund`](crate::Algorithm::refund)).
+    Refund(u64),
+}
+
+/// One [`Change`] to one rule's charge of one key.
+#[derive(Clone, Copy, Debug)]
+pub struct Adjustment<'a> {
+    /// The rule.
+    pub rule: &'a RuleSpec,
+    /// Whose charge.
+    pub key: &'a Key,
+    /// What changes.
+    pub change: Change,
+    /// When the units given back were charged, on the store's clock
+    /// ([`Decision::made_at`]); the window algorithms give back only to that window. 0: now
+    /// (the current window).
+    pub charged_at: u64,
+}
+
+/// The future of a store's operations outside the request path (see [`Store::adjust`]).
+pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
+
+/// A future of `error`, at once.
+fn unsupported<T: Send + 'static>(what: &'static str) -> StoreFuture<T> {
+    Box::pin(std::future::ready(Err(StoreError::Unsupported(what))))
 }
 
 /// Where rate-limit state lives.
@@ -249,5 +283,25 @@ pub trait Store: Send + Sync + 'static {
     /// `custom`). Bounded: never an address or a name given at run time.
     fn kind(&self) -> &'static str {
         "custom"
+    }
+
+    /// Changes charges already made, each on its own (settling a cost known after the
+    /// response, giving back a request's units). The stores of tollgate implement it; the
+    /// default answers [`StoreError::Unsupported`].
+    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+        let _ = adjustments;
+        unsupported("adjust charges")
+    }
+
+    /// Every charge's outcome as if it were checked now, charging nothing.
+    fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
+        let _ = charges;
+        unsupported("peek")
+    }
+
+    /// Forgets every charge of these rules and keys: their next requests find a full budget.
+    fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
+        let _ = charges;
+        unsupported("reset")
     }
 }

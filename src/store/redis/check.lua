@@ -3,9 +3,11 @@
 -- after the other, in order, as if each had been a call of its own.
 --
 -- KEYS: one key per charge, request after request.
--- ARGV[1], for one request: "c" check and charge, "p" check only (peek), or "r<time>" refund
---          charges made at <time> (cross-slot compensation); with an injected clock, followed by
---          "@<time>". Then one argument per charge (below).
+-- ARGV[1], for one request: "c" check and charge, "p" check only (peek), "r<time>" refund
+--          charges made at <time> (cross-slot compensation), "a<time>" adjust charges made at
+--          <time> (the lease field says how: 1 charge more, 0 give back), or "x" reset (delete
+--          the keys); with an injected clock, followed by "@<time>". Then one argument per
+--          charge (below).
 -- ARGV[1], for a batch: "B". Then per request its number of charges (with an injected clock,
 --          "<n>@<time>"), then one argument per charge. A batch of requests of one charge each,
 --          with the server's time, is "b", then one argument per charge: no counts.
@@ -189,6 +191,24 @@ local function refund(KEYS, ARGV, at, now)
   end
 end
 
+-- Adjusts charges already made, each on its own: a lease field of 1 charges `cost` more
+-- whatever the budget (Algorithm::force), 0 gives `cost` back (Algorithm::refund, of units
+-- charged at `at`).
+local function adjust(KEYS, ARGV, at, now)
+  if at == 0 then
+    at = now
+  end
+  for i = 1, #KEYS do
+    local c = charge_of(ARGV[i + 1])
+    if c.lease == 1 then
+      local state, other = c.algorithm.load(KEYS[i], c.limits, now)
+      c.algorithm.force(KEYS[i], c.limits, state, now, c.cost, other)
+    else
+      c.algorithm.refund(KEYS[i], c.limits, now, c.cost, at)
+    end
+  end
+end
+
 -- The answer: `out` as one string (its first number is the time, always past 10^14).
 local function reply(out)
   out[1] = int(out[1])
@@ -227,6 +247,17 @@ local function check(KEYS, ARGV)
     now = now or tonumber(given)
     if letter == 'r' then
       refund(KEYS, ARGV, tonumber(at), now)
+      return int(now)
+    end
+    if letter == 'a' then
+      adjust(KEYS, ARGV, tonumber(at), now)
+      return int(now)
+    end
+    if letter == 'x' then
+      -- Reset: every key of the call, as if never charged.
+      for i = 1, #KEYS do
+        call('DEL', KEYS[i])
+      end
       return int(now)
     end
     local out = { now }

@@ -65,3 +65,13 @@ function FixedWindow.refund(key, l, now, cost, at)
     call('DEL', key)
   end
 end
+
+-- Charges `cost` whatever the budget: the window's count may pass the quota (a debt the window's
+-- end forgives).
+function FixedWindow.force(key, l, s, now, cost)
+  local start, count = FixedWindow.count(l, s, now)
+  count = count + cost
+  if count > 0 then
+    call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(start + l.period - now))
+  end
+end

@@ -61,3 +61,12 @@ function Gcra.refund(key, l, now, cost, at)
     call('DEL', key)
   end
 end
+
+-- Charges `cost` whatever the budget: the theoretical arrival time moves on, past the burst if
+-- need be (a debt).
+function Gcra.force(key, l, s, now, cost)
+  local tat = Gcra.start(s, now) + cost * l.interval
+  if tat > now then
+    call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
+  end
+end

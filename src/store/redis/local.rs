@@ -221,6 +221,13 @@ impl Local {
         self.clock.now_micros()
     }
 
+    /// Forgets what is known here of one rule's key (a refund, a reset): its cached denial.
+    pub(crate) fn forget(&self, rule: &crate::store::RuleSpec, key: &Key) {
+        if !self.denials.is_empty() {
+            self.denials.remove(&(rule.fingerprint(), key.clone()));
+        }
+    }
+
     /// The decision of a request that needs no call to Redis: a denial Redis made moments ago,
     /// or every charge paid from this replica's leases.
     pub(crate) fn answer(&self, charges: &[Charge<'_>]) -> Option<Decision> {

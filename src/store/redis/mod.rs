@@ -90,9 +90,9 @@ pub const DEFAULT_DENY_CACHE: usize = 100_000;
 /// The most keys a store holds leased units for.
 const MAX_LEASED_KEYS: usize = 100_000;
 
-/// The future of a Redis check.
-pub(crate) type CheckFuture =
-    Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send + 'static>>;
+/// The future of a Redis check (or, for another output, of an operation outside checks).
+pub(crate) type CheckFuture<T = Decision> =
+    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
 /// What both stores are configured with.
 #[derive(Clone)]

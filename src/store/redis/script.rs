@@ -129,7 +129,7 @@ impl Program {
         mode: Mode,
         requests: &[Request<'_, P>],
     ) -> Cmd {
-        // Batches charge: peeks and refunds are of one request.
+        // Batches charge: peeks, refunds, adjustments and resets are of one request.
         debug_assert!(requests.len() == 1 || mode == Mode::Charge);
         let mut cmd = match form {
             Form::Function => {
@@ -158,7 +158,7 @@ impl Program {
                 let _ = write!(text, "@{now}");
             }
         };
-        let single = requests.len() == 1 || matches!(mode, Mode::Refund(_));
+        let single = requests.len() == 1 || mode.answers_time_only();
         // A batch of requests of one charge each, on the server's clock, needs no counts.
         let simple = requests
             .iter()
@@ -169,6 +169,10 @@ impl Program {
             (Mode::Refund(time), _) => {
                 let _ = write!(text, "r{time}");
             }
+            (Mode::Adjust(time), _) => {
+                let _ = write!(text, "a{time}");
+            }
+            (Mode::Reset, _) => text.push('x'),
             (_, false) if simple => text.push('b'),
             (_, false) => text.push('B'),
         }
@@ -315,6 +319,45 @@ pub(crate) enum Mode {
     Peek,
     /// Give back charges made at the given time (cross-slot compensation).
     Refund(u64),
+    /// Adjust charges made at the given time: each charge's lease field says how (1 charge
+    /// `cost` more whatever the budget, 0 give `cost` back).
+    Adjust(u64),
+    /// Forget the keys.
+    Reset,
+}
+
+impl Mode {
+    /// Whether the call answers only its time.
+    pub(crate) fn answers_time_only(self) -> bool {
+        matches!(self, Mode::Refund(_) | Mode::Adjust(_) | Mode::Reset)
+    }
+}
+
+/// The charges that carry `adjustments`, grouped by the time they change (one call each).
+pub(crate) fn adjustments(
+    prefix: &str,
+    adjustments: &[crate::store::Adjustment<'_>],
+) -> Vec<(u64, Vec<Prepared>)> {
+    let mut calls: Vec<(u64, Vec<Prepared>)> = Vec::new();
+    for a in adjustments {
+        let mut prepared = Prepared::new(
+            prefix,
+            &Charge {
+                rule: a.rule,
+                key: a.key,
+                cost: 0,
+            },
+        );
+        (prepared.cost, prepared.lease) = match a.change {
+            crate::store::Change::Charge(units) => (units, 1),
+            crate::store::Change::Refund(units) => (units, 0),
+        };
+        match calls.iter_mut().find(|(at, _)| *at == a.charged_at) {
+            Some((_, charges)) => charges.push(prepared),
+            None => calls.push((a.charged_at, vec![prepared])),
+        }
+    }
+    calls
 }
 
 /// One request of a call: its time (with an injected clock) and its charges.

@@ -161,3 +161,14 @@ function SlidingCounter.refund(key, l, now, cost, at)
     call('DEL', key)
   end
 end
+
+-- Charges `cost` whatever the budget: the current window's count may pass the quota (a debt that
+-- weighs on the next window too).
+function SlidingCounter.force(key, l, s, now, cost)
+  local c = SlidingCounter.counters(l, s, now)
+  local current = min(c.current + cost, 4294967295)
+  if current > 0 or c.previous > 0 then
+    call('SET', key, int(c.start) .. ':' .. int(c.previous) .. ':' .. int(current),
+      'PX', expiry_ms(c.start + 2 * l.period - now))
+  end
+end

@@ -120,3 +120,13 @@ function SlidingLog.refund(key, l, now, cost, at)
     call('LTRIM', key, 0, -(cost + 1))
   end
 end
+
+-- Charges `cost` whatever the budget, as entries at `now`, at most 10,000 in all (a debt the
+-- entries hold until they leave the window).
+function SlidingLog.force(key, l, s, now, cost, other)
+  local live = 0
+  if s ~= nil then
+    live = s.len - s.first
+  end
+  SlidingLog.commit(key, l, s, now, min(cost, max(10000 - live, 0)), l.period, other)
+end

@@ -18,7 +18,7 @@ use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
-use crate::store::{Charge, RuleRegistry, Store, StoreError};
+use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision};
 
@@ -533,6 +533,38 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// One call of `charges` outside the batches (peeks, adjustments, resets), within a
+    /// check's time budget.
+    async fn direct(
+        self: &Arc<Self>,
+        mode: Mode,
+        now: Option<u64>,
+        charges: &[Prepared],
+    ) -> Result<Value, StoreError> {
+        self.start();
+        if let Some(error) = self.refusal() {
+            return Err(error);
+        }
+        let Some(permit) = self.breaker.admit() else {
+            return Err(StoreError::CircuitOpen);
+        };
+        let requests = [Request { now, charges }];
+        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
+        self.run(mode, &requests, permit, deadline).await
+    }
+}
+
+/// The error of an operation on one key of a rule split into sub-keys: which sub-key is not
+/// known.
+pub(crate) fn split_rule<'a>(
+    mut rules: impl Iterator<Item = &'a crate::store::RuleSpec>,
+) -> Option<StoreError> {
+    rules
+        .find(|r| r.parts() > 1)
+        .map(|_| StoreError::Unsupported("adjust, peek or reset one key of a split rule"))
+}
+
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
 /// went away (its client left) or has no time left is not sent.
 async fn send_batches(inner: Arc<Inner>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
@@ -599,6 +631,63 @@ impl Store for RedisStore {
 
     fn kind(&self) -> &'static str {
         "redis"
+    }
+
+    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+        if let Some(error) = split_rule(adjustments.iter().map(|a| a.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        for a in adjustments {
+            inner.local.forget(a.rule, a.key);
+        }
+        let calls = script::adjustments(&inner.settings.prefix, adjustments);
+        let now = inner.settings.now();
+        Box::pin(async move {
+            for (at, charges) in calls {
+                inner.direct(Mode::Adjust(at), now, &charges).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
+        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        let prepared: Vec<Prepared> = charges
+            .iter()
+            .map(|c| Prepared::new(&inner.settings.prefix, c))
+            .collect();
+        let now = inner.settings.now();
+        Box::pin(async move {
+            let value = inner.direct(Mode::Peek, now, &prepared).await?;
+            let requests = [Request {
+                now,
+                charges: &prepared[..],
+            }];
+            let reply = script::decode(value, &requests)?
+                .pop()
+                .ok_or_else(|| StoreError::Protocol("no reply to a peek".into()))?;
+            Ok(Decision::from_outcomes(reply.outcomes).made_at_time(reply.now))
+        })
+    }
+
+    fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
+        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        for c in charges {
+            inner.local.forget(c.rule, c.key);
+        }
+        let prepared: Vec<Prepared> = charges
+            .iter()
+            .map(|c| Prepared::new(&inner.settings.prefix, c))
+            .collect();
+        let now = inner.settings.now();
+        Box::pin(async move { inner.direct(Mode::Reset, now, &prepared).await.map(drop) })
     }
 }
 

@@ -78,3 +78,16 @@ function TokenBucket.refund(key, l, now, cost, at)
     call('DEL', key)
   end
 end
+
+-- Charges `cost` whatever the budget (a settled cost above its estimate): the bucket is full
+-- again `cost` refills later, beyond its burst if need be (a debt the next requests wait for).
+function TokenBucket.force(key, l, s, now, cost)
+  local full_at = now
+  if s ~= nil then
+    full_at = max(s + l.burst * l.interval, now)
+  end
+  local tat = full_at + cost * l.interval
+  if tat > now then
+    call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
+  end
+end

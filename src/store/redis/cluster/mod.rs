@@ -22,11 +22,12 @@ use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use super::local::Local;
 use super::script::{self, Mode, Prepared, Program, Reply, Request};
+use super::standalone::split_rule;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
 use crate::key::Key;
-use crate::store::{Charge, RuleRegistry, Store, StoreError};
+use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError};
 use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision};
 
@@ -609,6 +610,26 @@ impl Inner {
     }
 }
 
+impl Inner {
+    /// One call of `mode` per slot of `charges` (each stands alone: adjustments, resets).
+    async fn each_slot(
+        &self,
+        mode: Mode,
+        now: Option<u64>,
+        charges: &[Prepared],
+    ) -> Result<(), StoreError> {
+        if !self.startup.is_connected() {
+            return Err(self.startup.not_connected(&self.servers));
+        }
+        let deadline = Instant::now() + self.settings.response_timeout;
+        for (slot, indices) in groups(charges) {
+            let group: Vec<&Prepared> = indices.iter().map(|&i| &charges[i]).collect();
+            self.call(slot, mode, now, &group, deadline).await?;
+        }
+        Ok(())
+    }
+}
+
 /// The decision of a request that a group denied. A group that could not answer reports its
 /// rules as if their keys were new: the request is denied whatever they say.
 fn denial(
@@ -814,6 +835,67 @@ impl Store for RedisClusterStore {
 
     fn kind(&self) -> &'static str {
         "redis_cluster"
+    }
+
+    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> CheckFuture<()> {
+        if let Some(error) = split_rule(adjustments.iter().map(|a| a.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        for a in adjustments {
+            inner.local.forget(a.rule, a.key);
+        }
+        let calls = script::adjustments(&inner.settings.prefix, adjustments);
+        let now = inner.settings.now();
+        Box::pin(async move {
+            for (at, charges) in calls {
+                inner.each_slot(Mode::Adjust(at), now, &charges).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn peek(&self, charges: &[Charge<'_>]) -> CheckFuture<Decision> {
+        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        let prepared: Vec<Prepared> = charges
+            .iter()
+            .map(|c| Prepared::new(&inner.settings.prefix, c))
+            .collect();
+        let now = inner.settings.now();
+        Box::pin(async move {
+            let deadline = Instant::now() + inner.settings.response_timeout;
+            let groups = groups(&prepared);
+            let mut replies = Vec::with_capacity(groups.len());
+            for (slot, indices) in &groups {
+                let charges: Vec<&Prepared> = indices.iter().map(|&i| &prepared[i]).collect();
+                replies.push(
+                    inner
+                        .reply(*slot, Mode::Peek, now, &charges, deadline)
+                        .await?,
+                );
+            }
+            let reply = scatter(prepared.len(), &groups, &replies);
+            Ok(Decision::from_outcomes(reply.outcomes).made_at_time(reply.now))
+        })
+    }
+
+    fn reset(&self, charges: &[Charge<'_>]) -> CheckFuture<()> {
+        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let inner = self.inner.clone();
+        for c in charges {
+            inner.local.forget(c.rule, c.key);
+        }
+        let prepared: Vec<Prepared> = charges
+            .iter()
+            .map(|c| Prepared::new(&inner.settings.prefix, c))
+            .collect();
+        let now = inner.settings.now();
+        Box::pin(async move { inner.each_slot(Mode::Reset, now, &prepared).await })
     }
 }
 

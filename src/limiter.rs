@@ -1,0 +1,167 @@
+//! [`Limiter`]: a layer's budgets from your own code, off the request path.
+//!
+//! ```
+//! use tollgate::key::Key;
+//! use tollgate::{Quota, RateLimitLayer, Rule};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("login", Quota::per_minute(5)))
+//!     .build()?;
+//! let limiter = layer.limiter();
+//! let alice = Key::text("alice@example.com");
+//! limiter.charge("login", &alice, 3).await?;
+//! assert_eq!(limiter.peek("login", &alice).await?.remaining, 2);
+//! // A successful login forgets the failures.
+//! limiter.reset("login", &alice).await?;
+//! assert_eq!(limiter.peek("login", &alice).await?.remaining, 5);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same rules (by name, from the policy in force) and the same store as the layer's
+//! requests, with the same atomicity: a charge is checked and made in one step, like a
+//! request's, and a refund or a reset is one step of its own.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::Decision;
+use crate::algorithm::Outcome;
+use crate::decide::Shared;
+use crate::key::Key;
+use crate::store::{Adjustment, Change, Charge, RuleSpec, Store, StoreError};
+
+/// A layer's budgets from your own code: see [`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter).
+pub struct Limiter<St> {
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+impl<St> Clone for Limiter<St> {
+    fn clone(&self) -> Self {
+        Limiter {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for Limiter<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limiter").finish_non_exhaustive()
+    }
+}
+
+/// Why a [`Limiter`] operation failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LimiterError {
+    /// The policy in force has no rule of this name.
+    UnknownRule(String),
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl fmt::Display for LimiterError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimiterError::UnknownRule(name) => write!(
+                f,
+                "no rule named \"{name}\" in the policy in force; use one of the layer's rule names"
+            ),
+            LimiterError::Store(error) => error.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for LimiterError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LimiterError::Store(error) => Some(error),
+            LimiterError::UnknownRule(_) => None,
+        }
+    }
+}
+
+impl From<StoreError> for LimiterError {
+    fn from(error: StoreError) -> Self {
+        LimiterError::Store(error)
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    fn rule(&self, name: &str) -> Result<Arc<RuleSpec>, LimiterError> {
+        self.shared
+            .snapshot()
+            .rules
+            .iter()
+            .find(|r| r.spec.name() == name)
+            .map(|r| r.spec.clone())
+            .ok_or_else(|| LimiterError::UnknownRule(name.to_owned()))
+    }
+
+    /// The budget of `rule` for `key`, charging nothing.
+    pub async fn peek(&self, rule: &str, key: &Key) -> Result<Outcome, LimiterError> {
+        let spec = self.rule(rule)?;
+        let charge = [Charge {
+            rule: &spec,
+            key,
+            cost: 0,
+        }];
+        let decision = self.shared.store.peek(&charge).await?;
+        first(decision)
+    }
+
+    /// Checks and charges `cost` to `rule` for `key`, as a request would be: charged only when
+    /// admitted. The decision says which, with the budget.
+    pub async fn charge(&self, rule: &str, key: &Key, cost: u64) -> Result<Decision, LimiterError> {
+        let spec = self.rule(rule)?;
+        let charge = [Charge {
+            rule: &spec,
+            key,
+            cost,
+        }];
+        Ok(self.shared.store.check(&charge).await?)
+    }
+
+    /// Gives `cost` units back to `rule` for `key` (to the current window, for the window
+    /// algorithms).
+    pub async fn refund(&self, rule: &str, key: &Key, cost: u64) -> Result<(), LimiterError> {
+        self.adjust(rule, key, Change::Refund(cost)).await
+    }
+
+    /// Charges `cost` units to `rule` for `key` whatever its budget: past it, the key is in
+    /// debt and its next requests wait (a cost learned later, a penalty).
+    pub async fn force(&self, rule: &str, key: &Key, cost: u64) -> Result<(), LimiterError> {
+        self.adjust(rule, key, Change::Charge(cost)).await
+    }
+
+    async fn adjust(&self, rule: &str, key: &Key, change: Change) -> Result<(), LimiterError> {
+        let spec = self.rule(rule)?;
+        let adjustment = [Adjustment {
+            rule: &spec,
+            key,
+            change,
+            charged_at: 0,
+        }];
+        Ok(self.shared.store.adjust(&adjustment).await?)
+    }
+
+    /// Forgets every charge of `rule` for `key`: its next request finds a full budget (after a
+    /// successful login, a solved captcha, a new billing cycle).
+    pub async fn reset(&self, rule: &str, key: &Key) -> Result<(), LimiterError> {
+        let spec = self.rule(rule)?;
+        let charge = [Charge {
+            rule: &spec,
+            key,
+            cost: 0,
+        }];
+        Ok(self.shared.store.reset(&charge).await?)
+    }
+}
+
+fn first(decision: Decision) -> Result<Outcome, LimiterError> {
+    decision.outcomes().first().copied().ok_or_else(|| {
+        LimiterError::Store(StoreError::Protocol("the store answered no outcome".into()))
+    })
+}
