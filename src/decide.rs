@@ -139,6 +139,8 @@ impl<St: Store> Registrar for Shared<St> {
 pub(crate) struct Settle {
     pub(crate) charges: SmallVec<[(u16, Key, u64); 1]>,
     pub(crate) at: u64,
+    /// Decided by the local limiter (the store failed): settled there too.
+    pub(crate) local: bool,
 }
 
 /// What follows a request's check.
@@ -609,7 +611,7 @@ impl<St: Store> Shared<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                let settle = settle_of(snapshot, keys, &decision);
+                let settle = settle_of(snapshot, applied, keys, &decision, false);
                 Next::Call(Some(visible(snapshot, applied, decision)), settle)
             }
             Ok(decision) if snapshot.watches => {
@@ -642,8 +644,9 @@ impl<St: Store> Shared<St> {
                             keys,
                             Verdict::LocalAllowed,
                         );
-                        // Decided by the local limiter: nothing to settle in the store.
-                        Next::Call(Some(visible(snapshot, applied, decision)), None)
+                        // Decided by the local limiter: settled there.
+                        let settle = settle_of(snapshot, applied, keys, &decision, true);
+                        Next::Call(Some(visible(snapshot, applied, decision)), settle)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
@@ -813,8 +816,7 @@ impl<St: Store> Shared<St> {
     /// Settles what a response's head says of the charges it reserved: units back for the
     /// responses a rule does not charge, the difference for a cost known now, in one store
     /// call. The response waits for it (so that the next request sees it), unless the store
-    /// answered at once: the store's future is returned when it did not. Removes the headers
-    /// the real costs were read from.
+    /// answered at once: the store's future is returned when it did not.
     pub(crate) fn settle<B>(
         &self,
         snapshot: &Snapshot,
@@ -822,7 +824,7 @@ impl<St: Store> Shared<St> {
         response: Response<B>,
         answer: Option<(&mut Decision, &[u16])>,
     ) -> (Response<B>, Option<crate::store::StoreFuture<()>>) {
-        let (mut parts, body) = response.into_parts();
+        let (parts, body) = response.into_parts();
         let mut adjustments: SmallVec<[Adjustment<'_>; 1]> = SmallVec::new();
         // Which rule each adjustment is of, by index.
         let mut of_rule: SmallVec<[u16; 1]> = SmallVec::new();
@@ -861,15 +863,11 @@ impl<St: Store> Shared<St> {
                 }
             }
         }
-        for (i, _, _) in &settle.charges {
-            if let Some(after) = &snapshot.rules[usize::from(*i)].after
-                && let Some(name) = after.header()
-            {
-                parts.headers.remove(name);
-            }
-        }
         let pending = (!adjustments.is_empty())
-            .then(|| self.store.adjust(&adjustments))
+            .then(|| match self.fallback.get().filter(|_| settle.local) {
+                Some(fallback) => fallback.adjust(&adjustments),
+                None => self.store.adjust(&adjustments),
+            })
             .and_then(poll_once);
         (Response::from_parts(parts, body), pending)
     }
@@ -967,21 +965,29 @@ pub(crate) fn report_settle(result: Result<(), StoreError>) {
 /// What an admitted request settles once its response head is there, if anything.
 fn settle_of(
     snapshot: &Snapshot,
+    applied: &Applied,
     keys: Option<&FoundKeys>,
     decision: &Decision,
+    local: bool,
 ) -> Option<Box<Settle>> {
     if !snapshot.settles {
         return None;
     }
     let charges: SmallVec<[(u16, Key, u64); 1]> = keys?
         .iter()
-        .filter(|(i, _, _)| snapshot.rules[usize::from(*i)].after.is_some())
+        .filter(|(i, _, _)| snapshot.rules[usize::from(*i)].after.is_some() && applied.contains(i))
         .cloned()
         .collect();
     (!charges.is_empty()).then(|| {
         Box::new(Settle {
             charges,
-            at: decision.made_at(),
+            // A store that does not say when it decided: now is as close as it gets, so that a
+            // window's units go back to the window that counted them.
+            at: match decision.made_at() {
+                0 => unix_micros(),
+                at => at,
+            },
+            local,
         })
     })
 }
@@ -995,10 +1001,13 @@ fn denied(decision: &Decision) -> Verdict {
     }
 }
 
-/// Whether a request is a browser's CORS preflight: `OPTIONS` with
-/// `Access-Control-Request-Method`.
+/// Whether a request is a browser's CORS preflight: `OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method` (the Fetch standard's definition). Any client can send
+/// these headers: an `OPTIONS` request is not counted, so the routes behind the layer must
+/// answer `OPTIONS` cheaply (a CORS layer does, before the handlers).
 fn is_preflight(parts: &Parts) -> bool {
     parts.method == http::Method::OPTIONS
+        && parts.headers.contains_key(http::header::ORIGIN)
         && parts
             .headers
             .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)

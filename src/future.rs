@@ -71,13 +71,21 @@ pin_project! {
         S: Service<Request<ReqBody>>,
         St: Store,
     {
-        // A request dropped before it was decided (its client went away) is told to events.
+        // A request dropped before it was decided (its client went away) is told to events. One
+        // dropped while its charges are settled has its settle finish on its own: the handler's
+        // work was done, its cost is charged.
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             let call = match this.state.project() {
                 StateProj::Tenant { call, .. }
                 | StateProj::Checking { call, .. }
                 | StateProj::Deferred { call, .. } => call.as_ref(),
+                StateProj::Settling { future, .. } => {
+                    if let Some(future) = future.take() {
+                        finish_settle(future);
+                    }
+                    None
+                }
                 _ => None,
             };
             if let Some((_, request)) = call {
@@ -106,7 +114,7 @@ pin_project! {
             settle: Option<Box<Settle>>,
         },
         // The inner service answered; its charges are settled in the store first.
-        Settling { future: StoreFuture<()>, response: Option<Resp> },
+        Settling { future: Option<StoreFuture<()>>, response: Option<Resp> },
         // Decided in `call`: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
         Done,
@@ -291,8 +299,11 @@ where
                         (response, pending) =
                             this.shared.settle(this.snapshot, &settle, response, answer);
                     }
+                    let snapshot = &**this.snapshot;
+                    for name in &snapshot.cost_headers {
+                        response.headers_mut().remove(name);
+                    }
                     if let Some(decision) = decision {
-                        let snapshot = &**this.snapshot;
                         snapshot.answers.write_budget(
                             response.headers_mut(),
                             &snapshot.rules,
@@ -302,7 +313,7 @@ where
                     }
                     if let Some(future) = pending {
                         this.state.set(State::Settling {
-                            future,
+                            future: Some(future),
                             response: Some(response),
                         });
                         continue;
@@ -311,7 +322,10 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::inner)));
                 }
                 StateProj::Settling { future, response } => {
-                    crate::decide::report_settle(ready!(future.as_mut().poll(cx)));
+                    if let Some(pending) = future {
+                        crate::decide::report_settle(ready!(pending.as_mut().poll(cx)));
+                        *future = None;
+                    }
                     let response = response.take();
                     this.state.set(State::Done);
                     let Some(response) = response else {
@@ -365,5 +379,13 @@ where
                 }),
             }
         }
+    }
+}
+
+/// Lets a settle whose request was dropped finish on the runtime (without one, it is dropped:
+/// the reserved units stay, as for a response that never came).
+fn finish_settle(future: StoreFuture<()>) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        runtime.spawn(async move { crate::decide::report_settle(future.await) });
     }
 }

@@ -257,9 +257,12 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// Whether a browser's CORS preflight (`OPTIONS` with `Access-Control-Request-Method`) is
-    /// limited like any request (default: `false`, it passes unlimited and uncounted: a
-    /// browser sends one before many requests, and the request that follows is counted).
+    /// Whether a browser's CORS preflight (`OPTIONS` with `Origin` and
+    /// `Access-Control-Request-Method`) is limited like any request (default: `false`, it
+    /// passes unlimited and uncounted: a browser sends one before many requests, and the
+    /// request that follows is counted). Any client can send these headers, so what answers
+    /// `OPTIONS` behind the layer must be cheap (a CORS layer answers it before any handler);
+    /// count them where it is not.
     pub fn count_preflight(mut self, count: bool) -> Self {
         self.count_preflight = count;
         self

@@ -100,6 +100,28 @@ impl<St: Store> Limiter<St> {
             .ok_or_else(|| LimiterError::UnknownRule(name.to_owned()))
     }
 
+    /// The key `rule` counts a request by: its extractor run on the request's head, as the
+    /// layer runs it (a request without one is counted under [`Key::unidentified`], unless the
+    /// rule skips such requests: `None` then). `None` too for an extractor that needs an
+    /// asynchronous lookup. How to address a request's budget from its handler.
+    pub fn key_of(
+        &self,
+        rule: &str,
+        parts: &http::request::Parts,
+    ) -> Result<Option<Key>, LimiterError> {
+        let snapshot = self.shared.snapshot();
+        let compiled = snapshot
+            .rules
+            .iter()
+            .find(|r| r.spec.name() == rule)
+            .ok_or_else(|| LimiterError::UnknownRule(rule.to_owned()))?;
+        Ok(match compiled.key.extract(parts) {
+            crate::key::Extracted::Found(key) => Some(key),
+            crate::key::Extracted::Missing => (!compiled.skip_unidentified).then(Key::unidentified),
+            crate::key::Extracted::Pending(_) => None,
+        })
+    }
+
     /// The budget of `rule` for `key`, charging nothing.
     pub async fn peek(&self, rule: &str, key: &Key) -> Result<Outcome, LimiterError> {
         let spec = self.rule(rule)?;

@@ -104,8 +104,25 @@ impl Budget {
                 })
                 .transpose()
         };
+        // A list field may come in several header lines: one list, joined (RFC 9651, 4.2).
+        let list = |name: &str| -> Result<Option<String>, ParseError> {
+            let mut joined: Option<String> = None;
+            for value in headers.get_all(name) {
+                let value = value
+                    .to_str()
+                    .map_err(|_| ParseError(format!("{name} is not text")))?;
+                match &mut joined {
+                    Some(list) => {
+                        list.push_str(", ");
+                        list.push_str(value);
+                    }
+                    None => joined = Some(value.to_owned()),
+                }
+            }
+            Ok(joined)
+        };
         let mut budget = Budget::default();
-        if let Some(policy) = text("ratelimit-policy")? {
+        if let Some(policy) = list("ratelimit-policy")?.as_deref() {
             for (name, params) in items(policy)? {
                 budget.policies.push(PolicyItem {
                     quota: number(&params, "q")?
@@ -119,7 +136,7 @@ impl Budget {
                 });
             }
         }
-        if let Some(limit) = text("ratelimit")? {
+        if let Some(limit) = list("ratelimit")?.as_deref() {
             for (name, params) in items(limit)? {
                 let field = |key: &str| {
                     number(&params, key)?
@@ -234,5 +251,31 @@ impl Problem {
                 })
                 .unwrap_or_default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_in_several_header_lines_is_one_list() {
+        let mut headers = HeaderMap::new();
+        headers.append("ratelimit-policy", "\"a\";q=10;w=60".parse().unwrap());
+        headers.append(
+            "ratelimit-policy",
+            "\"b\";q=2;qu=\"concurrent-requests\"".parse().unwrap(),
+        );
+        headers.append("ratelimit", "\"a\";r=9;t=6".parse().unwrap());
+        headers.append("ratelimit", "\"b\";r=1;t=0".parse().unwrap());
+        let budget = Budget::of(&headers).unwrap();
+        let names: Vec<&str> = budget.policies.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            budget.policies[1].unit.as_deref(),
+            Some("concurrent-requests")
+        );
+        assert_eq!(budget.limit("b").unwrap().remaining, 1);
+        assert_eq!(budget.limit("a").unwrap().reset, 6);
     }
 }

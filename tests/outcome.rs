@@ -17,7 +17,7 @@ use tollgate::key::Key;
 use tollgate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
 use tollgate::testing::{Budget, Problem};
 use tollgate::{ActualCost, Quota, RateLimitLayer, Rule};
-use tower::ServiceExt;
+use tower::{Service, ServiceExt};
 
 fn request(method: &str, path: &str) -> Request<Body> {
     let mut req = Request::builder()
@@ -218,11 +218,7 @@ async fn the_limiter<St: Store + Clone>(store: St, name: &str) {
     assert_eq!(spent.remaining, 0);
     // (Time moves on the stores' clocks: the budget, not its times, is compared.)
     let again = limiter.peek("login", &alice).await.unwrap();
-    assert_eq!(
-        (again.remaining, again.allowed),
-        (0, true),
-        "{name}: peek charges nothing"
-    );
+    assert_eq!(again.remaining, 0, "{name}: peek charges nothing");
     assert!(!limiter.charge("login", &alice, 1).await.unwrap().allowed());
     // A refund gives units back; a reset the whole budget.
     limiter.refund("login", &alice, 2).await.unwrap();
@@ -241,13 +237,17 @@ async fn the_limiter<St: Store + Clone>(store: St, name: &str) {
         limiter.charge("login", &alice, 1).await.unwrap().allowed(),
         "{name}"
     );
-    // A forced charge beyond the budget is a debt.
+    // A forced charge beyond the budget is a debt: 4 left, 10 forced, so 6 owed and one asked
+    // for, at one every 12 s: 84 s.
     limiter.force("login", &alice, 10).await.unwrap();
     let debt = limiter.peek("login", &alice).await.unwrap();
     assert_eq!(debt.remaining, 0);
+    let refused = limiter.charge("login", &alice, 1).await.unwrap();
+    assert!(!refused.allowed(), "{name}");
+    let retry = refused.outcomes()[0].retry_after;
     assert!(
-        !limiter.charge("login", &alice, 1).await.unwrap().allowed(),
-        "{name}"
+        (83_000_000..=84_000_000).contains(&retry),
+        "{name}: retry after {retry} µs"
     );
     assert!(matches!(
         limiter.peek("signup", &alice).await,
@@ -289,7 +289,11 @@ async fn a_peek_leaves_redis_as_it_was() {
     }
     let after = value();
     assert_eq!(after.0, before.0, "the value is untouched");
-    assert!(after.1 <= before.1, "the expiry is untouched");
+    // The expiry only ran down: neither rewritten later nor removed.
+    assert!(
+        0 < after.1 && after.1 <= before.1,
+        "the expiry is untouched: {before:?} then {after:?}"
+    );
 }
 
 fn cors_app() -> Router {
@@ -350,6 +354,8 @@ async fn a_429_behind_cors_carries_what_a_browser_needs_and_preflights_are_free(
         let mut req = request("OPTIONS", "/api");
         req.headers_mut()
             .insert("access-control-request-method", "GET".parse().unwrap());
+        req.headers_mut()
+            .insert("origin", "https://app.example".parse().unwrap());
         req
     };
     for _ in 0..10 {
@@ -364,6 +370,12 @@ async fn a_429_behind_cors_carries_what_a_browser_needs_and_preflights_are_free(
         429,
         "plain OPTIONS"
     );
+    // Without an Origin, it is no preflight.
+    let mut no_origin = request("OPTIONS", "/api");
+    no_origin
+        .headers_mut()
+        .insert("access-control-request-method", "GET".parse().unwrap());
+    assert_eq!(send(&app, no_origin).await.status(), 429, "no Origin");
     // Counted when asked.
     let counted = RateLimitLayer::builder()
         .rule(Rule::new("api", Quota::per_minute(1)))
@@ -415,4 +427,259 @@ fn rules_that_cannot_settle_are_refused_at_build_time() {
             .build()
             .unwrap();
     }
+}
+
+/// A response that never comes keeps its charge: the inner service failed, or the client went
+/// away while the handler worked.
+#[tokio::test]
+async fn a_response_that_never_comes_keeps_its_charge() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("failed", Quota::per_minute(2)).charge_on_status([401]))
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let peer = Key::ip("10.7.0.1".parse().unwrap());
+    // An inner service that fails.
+    let failing = tower::service_fn(|_: Request<Body>| async {
+        Err::<Response<Body>, std::io::Error>(std::io::Error::other("the handler failed"))
+    });
+    let mut service = tower::Layer::layer(&layer, failing);
+    assert!(
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(request("POST", "/"))
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        limiter.peek("failed", &peer).await.unwrap().remaining,
+        1,
+        "kept"
+    );
+    // A handler the client does not wait for.
+    let slow = tower::service_fn(|_: Request<Body>| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok::<_, std::io::Error>(Response::new(Body::empty()))
+    });
+    let mut service = tower::Layer::layer(&layer, slow);
+    let call = service.ready().await.unwrap().call(request("POST", "/"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        limiter.peek("failed", &peer).await.unwrap().remaining,
+        0,
+        "kept"
+    );
+}
+
+/// On the memory store, on a clock that does not move, a peek leaves the budget exactly as it
+/// was: every field of its outcome, and of the next check's.
+#[tokio::test]
+async fn a_peek_leaves_the_memory_store_as_it_was() {
+    let clock = tollgate::clock::ManualClock::default();
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("peeked", Quota::per_minute(5)))
+        .store(store)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let key = Key::text("peeked");
+    limiter.charge("peeked", &key, 2).await.unwrap();
+    let first = limiter.peek("peeked", &key).await.unwrap();
+    for _ in 0..10 {
+        assert_eq!(limiter.peek("peeked", &key).await.unwrap(), first);
+    }
+    let charged = limiter.charge("peeked", &key, 1).await.unwrap();
+    assert_eq!(charged.outcomes()[0].remaining, first.remaining - 1);
+}
+
+/// A store that is always down.
+struct Down;
+
+impl Store for Down {
+    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::store::StoreError>>;
+
+    fn check(&self, _: &[tollgate::store::Charge<'_>]) -> Self::Future {
+        std::future::ready(Err(tollgate::store::StoreError::Timeout))
+    }
+}
+
+/// With the store down, the rule fails open: nothing is settled, and the header the handler
+/// reports its cost in is still not passed on.
+#[tokio::test]
+async fn a_cost_header_never_reaches_the_client() {
+    let rule = Rule::new("tokens", Quota::per_minute(10_000))
+        .cost(500)
+        .on_store_error(tollgate::FailureMode::Open)
+        .settle_from_header(http::HeaderName::from_static("x-tokens-used"));
+    let layer = RateLimitLayer::builder()
+        .rule(rule)
+        .store(Down)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", post(|| async { ([("x-tokens-used", "900")], "done") }))
+        .layer(layer);
+    let res = send(&app, request("POST", "/")).await;
+    assert_eq!(res.status(), 200);
+    assert!(!res.headers().contains_key("x-tokens-used"));
+    assert!(!res.headers().contains_key("ratelimit"), "failed open");
+}
+
+/// With the store down, a rule that falls back to the local limiter is settled there: successful
+/// logins give their unit back, failed ones keep it.
+#[tokio::test]
+async fn the_local_fallback_settles_too() {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("failed-logins", Quota::per_minute(3))
+                .charge_on_status([401])
+                .on_store_error(tollgate::FailureMode::Local),
+        )
+        .store(Down)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/login/{status}",
+            post(
+                |axum::extract::Path(status): axum::extract::Path<u16>| async move {
+                    StatusCode::from_u16(status).unwrap()
+                },
+            ),
+        )
+        .layer(layer);
+    for _ in 0..10 {
+        assert_eq!(
+            send(&app, request("POST", "/login/200")).await.status(),
+            200
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, request("POST", "/login/401")).await.status(),
+            401
+        );
+    }
+    assert_eq!(
+        send(&app, request("POST", "/login/200")).await.status(),
+        429
+    );
+}
+
+/// A handler that reports a cost past any budget puts the key in a bounded debt, and nothing
+/// panics: on every store.
+#[tokio::test]
+async fn a_cost_past_any_budget_is_a_bounded_debt() {
+    let (memory, redis, cluster) = stores("huge").await;
+    async fn run<St: Store + Clone>(store: St, name: &str) {
+        let app = tokens_app(store, false);
+        let huge = format!("/extension/{}", u64::MAX);
+        assert_eq!(
+            send(&app, request("POST", &huge)).await.status(),
+            200,
+            "{name}"
+        );
+        let denied = send(&app, request("POST", "/extension/1")).await;
+        assert_eq!(denied.status(), 429, "{name}");
+        let retry = Budget::of(denied.headers()).unwrap().retry_after.unwrap();
+        let bound = tollgate::algorithm::MAX_DEBT_MICROS / 1_000_000;
+        assert!(
+            retry > bound / 2 && retry <= bound,
+            "{name}: Retry-After {retry} s"
+        );
+    }
+    run(memory, "memory").await;
+    run(redis, "redis").await;
+    run(cluster, "cluster").await;
+}
+
+/// A memory store whose settles take a while, as a remote store's do.
+#[derive(Clone)]
+struct SlowSettle(MemoryStore);
+
+impl Store for SlowSettle {
+    type Future = <MemoryStore as Store>::Future;
+
+    fn check(&self, charges: &[tollgate::store::Charge<'_>]) -> Self::Future {
+        self.0.check(charges)
+    }
+
+    fn peek(
+        &self,
+        charges: &[tollgate::store::Charge<'_>],
+    ) -> tollgate::store::StoreFuture<tollgate::Decision> {
+        self.0.peek(charges)
+    }
+
+    fn adjust(
+        &self,
+        adjustments: &[tollgate::store::Adjustment<'_>],
+    ) -> tollgate::store::StoreFuture<()> {
+        let store = self.0.clone();
+        let owned: Vec<_> = adjustments
+            .iter()
+            .map(|a| (a.rule.clone(), a.key.clone(), a.change, a.charged_at))
+            .collect();
+        Box::pin(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let adjustments: Vec<_> = owned
+                .iter()
+                .map(
+                    |(rule, key, change, charged_at)| tollgate::store::Adjustment {
+                        rule,
+                        key,
+                        change: *change,
+                        charged_at: *charged_at,
+                    },
+                )
+                .collect();
+            store.adjust(&adjustments).await
+        })
+    }
+}
+
+/// A client that goes away while its cost is settled does not undo the charge: the settle
+/// finishes on its own.
+#[tokio::test]
+async fn a_settle_finishes_when_the_client_leaves() {
+    // On a clock that does not move: the budget is what was charged.
+    let clock = tollgate::clock::ManualClock::default();
+    let store = SlowSettle(MemoryStore::builder().clock(clock).build().unwrap());
+    let app = tokens_app(store.clone(), false);
+    let limiter = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_minute(10_000))
+                .cost(500)
+                .settle(),
+        )
+        .store(store)
+        .build()
+        .unwrap()
+        .limiter();
+    let peer = Key::ip("10.7.0.1".parse().unwrap());
+    // The handler answers at once; the client leaves while the settle waits.
+    let call = send(&app, request("POST", "/extension/3000"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        limiter.peek("tokens", &peer).await.unwrap().remaining,
+        9_500,
+        "reserved, not yet settled"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        limiter.peek("tokens", &peer).await.unwrap().remaining,
+        7_000,
+        "settled after the client left"
+    );
 }

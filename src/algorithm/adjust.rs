@@ -81,22 +81,31 @@ impl Algorithm {
     /// Charges `cost` units at `now` whatever the budget: a check would be admitted or not, the
     /// units are counted, and a charge beyond the budget is a debt that the next requests wait
     /// for (see [`algorithm`](crate::algorithm#debts) for how each algorithm holds one).
+    ///
+    /// Debts are bounded: a bucket is never full again later than [`MAX_DEBT_MICROS`] from now,
+    /// and a window never counts more than `u32::MAX`.
     pub fn force(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) {
         let old = state.take();
+        // The time a bucket of `tat` is full again after `cost` more, bounded.
+        let later = |tat: u64| {
+            tat.max(now)
+                .saturating_add(cost.saturating_mul(limits.interval))
+                .min(now + MAX_DEBT_MICROS)
+        };
         *state = match self {
             Algorithm::TokenBucket => {
                 let full_at = match &old {
                     Some(State::TokenBucket(s)) => bucket_full_at(limits, s),
                     _ => now,
                 };
-                bucket_at(limits, full_at.max(now) + cost * limits.interval, now)
+                bucket_at(limits, later(full_at), now)
             }
             Algorithm::Gcra => {
                 let tat = match &old {
                     Some(State::Gcra(s)) => s.tat,
                     _ => now,
                 };
-                let tat = tat.max(now) + cost * limits.interval;
+                let tat = later(tat);
                 (tat > now).then_some(State::Gcra(GcraState { tat }))
             }
             Algorithm::FixedWindow => {
@@ -104,7 +113,9 @@ impl Algorithm {
                 let count = match &old {
                     Some(State::FixedWindow(s)) if s.start == start => s.count,
                     _ => 0,
-                } + cost;
+                }
+                .saturating_add(cost)
+                .min(u64::from(u32::MAX));
                 (count > 0).then_some(State::FixedWindow(FixedWindowState { start, count }))
             }
             Algorithm::SlidingWindowCounter => {
@@ -143,6 +154,10 @@ impl Algorithm {
         };
     }
 }
+
+/// The longest a debt can hold a token bucket or GCRA key empty: twice the longest refill
+/// (about 20 years), which keeps every time of the model below 2^53.
+pub const MAX_DEBT_MICROS: u64 = 2 * super::MAX_REFILL_MICROS;
 
 /// The time a token bucket is full again: `updated` plus the refill of the missing tokens.
 fn bucket_full_at(limits: &Limits, s: &TokenBucketState) -> u64 {

@@ -67,6 +67,7 @@ mod sliding_counter;
 mod sliding_log;
 mod token_bucket;
 
+pub use adjust::MAX_DEBT_MICROS;
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState};
 pub use sliding_counter::{SlidingWindowCounter, SlidingWindowCounterState};

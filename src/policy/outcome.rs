@@ -24,7 +24,22 @@
 //! requests wait for it) or gives back what was not used, in one store call that the response
 //! waits for (the memory store answers at once; on Redis it is one more round trip, so that the
 //! client's next request sees it). A response that never comes (the inner service failed, the
-//! client left) keeps its charge; so does one whose settle call fails (it is logged).
+//! client left before it) keeps its charge; so does one whose settle call fails (it is
+//! logged). A client that leaves while its charge is settled does not undo it: the settle
+//! finishes on its own.
+//!
+//! - The response's `RateLimit` field says what remains after the settle (`r`); its `t` is
+//!   the one of the check.
+//! - A request decided by the local fallback (the store failed, [`FailureMode::Local`]) is
+//!   settled there too.
+//! - A debt is bounded: a token bucket or GCRA key is never empty longer than
+//!   [`MAX_DEBT_MICROS`](crate::algorithm::MAX_DEBT_MICROS) (about 20 years), a window never
+//!   counts more than `u32::MAX`.
+//! - gRPC: a tonic error travels in a `200 OK` response (its `grpc-status` in the head, or in
+//!   the trailers of a streamed answer), so [`charge_on_status`](crate::Rule::charge_on_status)
+//!   sees 200; [`ChargeWhen::from_fn`] can read a `grpc-status` header in the head.
+//!
+//! [`FailureMode::Local`]: crate::FailureMode::Local
 
 use std::fmt;
 use std::sync::Arc;
@@ -96,6 +111,17 @@ pub(crate) struct After {
 impl After {
     pub(crate) fn is_empty(&self) -> bool {
         self.when.is_none() && self.settle.is_none()
+    }
+
+    /// Whether two rules do the same once the response is there: the same [`ChargeWhen`] (the
+    /// same closure, as a reloaded policy that keeps the rule has) and the same [`SettleFrom`].
+    pub(crate) fn same_as(&self, other: &After) -> bool {
+        let same_when = match (&self.when, &other.when) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(&a.0, &b.0),
+            _ => false,
+        };
+        same_when && self.settle == other.settle
     }
 
     /// The header the real cost is read from, which the layer removes.

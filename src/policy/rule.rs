@@ -244,8 +244,7 @@ impl Rule {
             && self.mode == other.mode
             && self.lease == other.lease
             && self.split == other.split
-            && self.after.is_empty()
-            && other.after.is_empty()
+            && self.after.same_as(&other.after)
             && same_key
             && self.key_spec == other.key_spec
             && same_cost

@@ -54,6 +54,9 @@ pub(crate) struct Snapshot {
     pub(crate) watches: bool,
     /// Whether a rule charges by the response or settles its cost after it.
     pub(crate) settles: bool,
+    /// The response headers rules read their real cost from: removed from every response,
+    /// settled or not (the store failed open, the rule did not apply).
+    pub(crate) cost_headers: Box<[http::HeaderName]>,
 }
 
 impl Snapshot {
@@ -196,6 +199,15 @@ impl Snapshot {
                 .any(|rule| rule.on_store_error == FailureMode::Local),
             watches: rules.iter().any(|rule| rule.mode != RuleMode::Enforce),
             settles: rules.iter().any(|rule| rule.after.is_some()),
+            cost_headers: {
+                let mut names: Vec<http::HeaderName> = rules
+                    .iter()
+                    .filter_map(|rule| rule.after.as_ref()?.header().cloned())
+                    .collect();
+                names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+                names.dedup();
+                names.into()
+            },
             rules,
             resolver: Resolver {
                 known_routes: tiers

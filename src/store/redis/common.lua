@@ -66,3 +66,13 @@ local function get_integers(key, n)
   end
   return parts
 end
+
+-- Debts are bounded as the model bounds them: a bucket full again at most this long from now
+-- (MAX_DEBT_MICROS), a window counting at most 2^32 - 1.
+local MAX_DEBT_MICROS = 632448000000000
+local MAX_COUNT = 4294967295
+
+-- The time a bucket full again at `tat` is full again after `cost` more units, bounded.
+local function later(l, tat, now, cost)
+  return min(max(tat, now) + cost * l.interval, now + MAX_DEBT_MICROS)
+end

@@ -65,7 +65,7 @@ end
 -- Charges `cost` whatever the budget: the theoretical arrival time moves on, past the burst if
 -- need be (a debt).
 function Gcra.force(key, l, s, now, cost)
-  local tat = Gcra.start(s, now) + cost * l.interval
+  local tat = later(l, Gcra.start(s, now), now, cost)
   if tat > now then
     call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
   end

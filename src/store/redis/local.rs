@@ -221,10 +221,18 @@ impl Local {
         self.clock.now_micros()
     }
 
-    /// Forgets what is known here of one rule's key (a refund, a reset): its cached denial.
+    /// Forgets what is known here of one rule's key (after a refund, a reset): its cached
+    /// denial, and the units it leased (the store's budget changed under them).
     pub(crate) fn forget(&self, rule: &crate::store::RuleSpec, key: &Key) {
         if !self.denials.is_empty() {
             self.denials.remove(&(rule.fingerprint(), key.clone()));
+        }
+        if !self.leases.is_empty() && rule.lease().is_some() {
+            let key = (lease_key(rule), key.clone());
+            if let Some(held) = self.leases.shard(&key).get_mut(&key) {
+                held.units = 0;
+                held.generation += 1;
+            }
         }
     }
 
@@ -642,7 +650,9 @@ impl Plan {
         } else {
             DecisionSource::Lease
         };
-        Ok(Decision::from_outcomes(outcomes).made_by(source))
+        Ok(Decision::from_outcomes(outcomes)
+            .made_by(source)
+            .made_at_time(reply.now))
     }
 
     /// Keeps a denial: until the sooner of the denying rules' retry-after and window.

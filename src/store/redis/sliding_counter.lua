@@ -166,7 +166,7 @@ end
 -- weighs on the next window too).
 function SlidingCounter.force(key, l, s, now, cost)
   local c = SlidingCounter.counters(l, s, now)
-  local current = min(c.current + cost, 4294967295)
+  local current = min(c.current + cost, MAX_COUNT)
   if current > 0 or c.previous > 0 then
     call('SET', key, int(c.start) .. ':' .. int(c.previous) .. ':' .. int(current),
       'PX', expiry_ms(c.start + 2 * l.period - now))

@@ -638,16 +638,25 @@ impl Store for RedisStore {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        for a in adjustments {
-            inner.local.forget(a.rule, a.key);
-        }
+        let forget: Vec<(crate::store::RuleSpec, Key)> = adjustments
+            .iter()
+            .map(|a| (a.rule.clone(), a.key.clone()))
+            .collect();
         let calls = script::adjustments(&inner.settings.prefix, adjustments);
         let now = inner.settings.now();
         Box::pin(async move {
-            for (at, charges) in calls {
-                inner.direct(Mode::Adjust(at), now, &charges).await?;
+            let result = async {
+                for (at, charges) in calls {
+                    inner.direct(Mode::Adjust(at), now, &charges).await?;
+                }
+                Ok(())
             }
-            Ok(())
+            .await;
+            // Forgotten once the store changed: a denial cached meanwhile goes too.
+            for (rule, key) in &forget {
+                inner.local.forget(rule, key);
+            }
+            result
         })
     }
 
@@ -679,15 +688,22 @@ impl Store for RedisStore {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        for c in charges {
-            inner.local.forget(c.rule, c.key);
-        }
+        let forget: Vec<(crate::store::RuleSpec, Key)> = charges
+            .iter()
+            .map(|c| (c.rule.clone(), c.key.clone()))
+            .collect();
         let prepared: Vec<Prepared> = charges
             .iter()
             .map(|c| Prepared::new(&inner.settings.prefix, c))
             .collect();
         let now = inner.settings.now();
-        Box::pin(async move { inner.direct(Mode::Reset, now, &prepared).await.map(drop) })
+        Box::pin(async move {
+            let result = inner.direct(Mode::Reset, now, &prepared).await.map(drop);
+            for (rule, key) in &forget {
+                inner.local.forget(rule, key);
+            }
+            result
+        })
     }
 }
 

@@ -86,7 +86,7 @@ function TokenBucket.force(key, l, s, now, cost)
   if s ~= nil then
     full_at = max(s + l.burst * l.interval, now)
   end
-  local tat = full_at + cost * l.interval
+  local tat = later(l, full_at, now, cost)
   if tat > now then
     call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
   end

@@ -621,12 +621,16 @@ impl Inner {
         if !self.startup.is_connected() {
             return Err(self.startup.not_connected(&self.servers));
         }
+        // Every slot is tried, whatever the others answer: each change stands alone.
         let deadline = Instant::now() + self.settings.response_timeout;
+        let mut first_error = None;
         for (slot, indices) in groups(charges) {
             let group: Vec<&Prepared> = indices.iter().map(|&i| &charges[i]).collect();
-            self.call(slot, mode, now, &group, deadline).await?;
+            if let Err(error) = self.call(slot, mode, now, &group, deadline).await {
+                first_error.get_or_insert(error);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -842,16 +846,25 @@ impl Store for RedisClusterStore {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        for a in adjustments {
-            inner.local.forget(a.rule, a.key);
-        }
+        let forget: Vec<(crate::store::RuleSpec, Key)> = adjustments
+            .iter()
+            .map(|a| (a.rule.clone(), a.key.clone()))
+            .collect();
         let calls = script::adjustments(&inner.settings.prefix, adjustments);
         let now = inner.settings.now();
         Box::pin(async move {
-            for (at, charges) in calls {
-                inner.each_slot(Mode::Adjust(at), now, &charges).await?;
+            let result = async {
+                for (at, charges) in calls {
+                    inner.each_slot(Mode::Adjust(at), now, &charges).await?;
+                }
+                Ok(())
             }
-            Ok(())
+            .await;
+            // Forgotten once the store changed: a denial cached meanwhile goes too.
+            for (rule, key) in &forget {
+                inner.local.forget(rule, key);
+            }
+            result
         })
     }
 
@@ -887,15 +900,22 @@ impl Store for RedisClusterStore {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        for c in charges {
-            inner.local.forget(c.rule, c.key);
-        }
+        let forget: Vec<(crate::store::RuleSpec, Key)> = charges
+            .iter()
+            .map(|c| (c.rule.clone(), c.key.clone()))
+            .collect();
         let prepared: Vec<Prepared> = charges
             .iter()
             .map(|c| Prepared::new(&inner.settings.prefix, c))
             .collect();
         let now = inner.settings.now();
-        Box::pin(async move { inner.each_slot(Mode::Reset, now, &prepared).await })
+        Box::pin(async move {
+            let result = inner.each_slot(Mode::Reset, now, &prepared).await;
+            for (rule, key) in &forget {
+                inner.local.forget(rule, key);
+            }
+            result
+        })
     }
 }
 
