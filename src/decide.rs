@@ -264,10 +264,6 @@ impl<St: Store> Shared<St> {
         parts: &mut Parts,
         span: &tracing::Span,
     ) -> Start<St::Future> {
-        if !self.count_preflight && is_preflight(parts) {
-            self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
-            return nothing_applies();
-        }
         let mut listing = Listing::Unlisted;
         if snapshot.lists.has_key_entries() {
             // A key that needs a lookup is not listed: lists are for keys known at once.
@@ -328,6 +324,11 @@ impl<St: Store> Shared<St> {
         }
         if listing == Listing::Allowed {
             self.emit_listed(snapshot, parts, span, Verdict::ListedAllowed);
+            return nothing_applies();
+        }
+        // After the lists: a denied client is refused whatever it sends.
+        if !self.count_preflight && is_preflight(parts) {
+            self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
             return nothing_applies();
         }
         let rules = snapshot.resolver.resolve(tenant, parts).rules;
@@ -981,12 +982,8 @@ fn settle_of(
     (!charges.is_empty()).then(|| {
         Box::new(Settle {
             charges,
-            // A store that does not say when it decided: now is as close as it gets, so that a
-            // window's units go back to the window that counted them.
-            at: match decision.made_at() {
-                0 => unix_micros(),
-                at => at,
-            },
+            // 0 when the store did not say when it decided: "now" on its clock, at the settle.
+            at: decision.made_at(),
             local,
         })
     })
@@ -1003,8 +1000,8 @@ fn denied(decision: &Decision) -> Verdict {
 
 /// Whether a request is a browser's CORS preflight: `OPTIONS` with `Origin` and
 /// `Access-Control-Request-Method` (the Fetch standard's definition). Any client can send
-/// these headers: an `OPTIONS` request is not counted, so the routes behind the layer must
-/// answer `OPTIONS` cheaply (a CORS layer does, before the handlers).
+/// these headers, and such a request is not counted (the deny lists still apply): what answers
+/// `OPTIONS` behind the layer must be cheap (a CORS layer answers it before the handlers).
 fn is_preflight(parts: &Parts) -> bool {
     parts.method == http::Method::OPTIONS
         && parts.headers.contains_key(http::header::ORIGIN)

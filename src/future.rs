@@ -382,10 +382,17 @@ where
     }
 }
 
-/// Lets a settle whose request was dropped finish on the runtime (without one, it is dropped:
-/// the reserved units stay, as for a response that never came).
+/// Lets a settle whose request was dropped finish on the runtime (a store's calls have their
+/// own time budget). Without a runtime it is dropped, and said: the reserved units stay, as for
+/// a response that never came.
 fn finish_settle(future: StoreFuture<()>) {
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        runtime.spawn(async move { crate::decide::report_settle(future.await) });
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            runtime.spawn(async move { crate::decide::report_settle(future.await) });
+        }
+        Err(_) => tracing::warn!(
+            "tollgate: a request dropped outside a Tokio runtime while its charge was settled; \
+             the reserved units stay"
+        ),
     }
 }

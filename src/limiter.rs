@@ -103,7 +103,11 @@ impl<St: Store> Limiter<St> {
     /// The key `rule` counts a request by: its extractor run on the request's head, as the
     /// layer runs it (a request without one is counted under [`Key::unidentified`], unless the
     /// rule skips such requests: `None` then). `None` too for an extractor that needs an
-    /// asynchronous lookup. How to address a request's budget from its handler.
+    /// asynchronous lookup (its lookup is not run). How to address a request's budget from its
+    /// handler.
+    ///
+    /// It reads the policy in force now, and does not resolve tiers or routes: it gives the
+    /// rule's key whether or not the rule applied to this request.
     pub fn key_of(
         &self,
         rule: &str,

@@ -579,7 +579,7 @@ async fn the_local_fallback_settles_too() {
 async fn a_cost_past_any_budget_is_a_bounded_debt() {
     let (memory, redis, cluster) = stores("huge").await;
     async fn run<St: Store + Clone>(store: St, name: &str) {
-        let app = tokens_app(store, false);
+        let app = tokens_app(store.clone(), false);
         let huge = format!("/extension/{}", u64::MAX);
         assert_eq!(
             send(&app, request("POST", &huge)).await.status(),
@@ -594,15 +594,34 @@ async fn a_cost_past_any_budget_is_a_bounded_debt() {
             retry > bound / 2 && retry <= bound,
             "{name}: Retry-After {retry} s"
         );
+        // Giving back more than was ever charged leaves a full budget.
+        let limiter = RateLimitLayer::builder()
+            .rule(
+                Rule::new("tokens", Quota::per_minute(10_000))
+                    .cost(500)
+                    .settle(),
+            )
+            .store(store)
+            .build()
+            .unwrap()
+            .limiter();
+        let peer = Key::ip("10.7.0.1".parse().unwrap());
+        limiter.refund("tokens", &peer, u64::MAX).await.unwrap();
+        assert_eq!(
+            limiter.peek("tokens", &peer).await.unwrap().remaining,
+            10_000,
+            "{name}"
+        );
     }
     run(memory, "memory").await;
     run(redis, "redis").await;
     run(cluster, "cluster").await;
 }
 
-/// A memory store whose settles take a while, as a remote store's do.
+/// A memory store whose settles wait until the test lets them go, as a remote store's take a
+/// while.
 #[derive(Clone)]
-struct SlowSettle(MemoryStore);
+struct SlowSettle(MemoryStore, std::sync::Arc<tokio::sync::Notify>);
 
 impl Store for SlowSettle {
     type Future = <MemoryStore as Store>::Future;
@@ -623,12 +642,13 @@ impl Store for SlowSettle {
         adjustments: &[tollgate::store::Adjustment<'_>],
     ) -> tollgate::store::StoreFuture<()> {
         let store = self.0.clone();
+        let go = self.1.clone();
         let owned: Vec<_> = adjustments
             .iter()
             .map(|a| (a.rule.clone(), a.key.clone(), a.change, a.charged_at))
             .collect();
         Box::pin(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            go.notified().await;
             let adjustments: Vec<_> = owned
                 .iter()
                 .map(
@@ -651,8 +671,33 @@ impl Store for SlowSettle {
 async fn a_settle_finishes_when_the_client_leaves() {
     // On a clock that does not move: the budget is what was charged.
     let clock = tollgate::clock::ManualClock::default();
-    let store = SlowSettle(MemoryStore::builder().clock(clock).build().unwrap());
-    let app = tokens_app(store.clone(), false);
+    let go = std::sync::Arc::new(tokio::sync::Notify::new());
+    let store = SlowSettle(
+        MemoryStore::builder().clock(clock).build().unwrap(),
+        go.clone(),
+    );
+    // The handler says when it answered: the request then waits for its settle.
+    let (answered, mut handler_done) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_minute(10_000))
+                .cost(500)
+                .settle(),
+        )
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route(
+            "/extension/{tokens}",
+            post(
+                move |axum::extract::Path(tokens): axum::extract::Path<u64>| async move {
+                    let _ = answered.send(());
+                    (Extension(ActualCost(tokens)), "done")
+                },
+            ),
+        )
+        .layer(layer);
     let limiter = RateLimitLayer::builder()
         .rule(
             Rule::new("tokens", Quota::per_minute(10_000))
@@ -664,22 +709,51 @@ async fn a_settle_finishes_when_the_client_leaves() {
         .unwrap()
         .limiter();
     let peer = Key::ip("10.7.0.1".parse().unwrap());
-    // The handler answers at once; the client leaves while the settle waits.
+    // The client leaves once the handler answered, while the settle waits.
     let call = send(&app, request("POST", "/extension/3000"));
-    assert!(
-        tokio::time::timeout(Duration::from_millis(50), call)
-            .await
-            .is_err()
-    );
+    tokio::select! {
+        _ = call => panic!("the settle was let go before the client left"),
+        _ = handler_done.recv() => {}
+    }
     assert_eq!(
         limiter.peek("tokens", &peer).await.unwrap().remaining,
         9_500,
         "reserved, not yet settled"
     );
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(
-        limiter.peek("tokens", &peer).await.unwrap().remaining,
-        7_000,
-        "settled after the client left"
-    );
+    go.notify_one();
+    let mut remaining = 0;
+    for _ in 0..500 {
+        remaining = limiter.peek("tokens", &peer).await.unwrap().remaining;
+        if remaining != 9_500 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(remaining, 7_000, "settled after the client left");
+}
+
+/// The deny list comes before the preflight exemption: a denied client's `OPTIONS` with CORS
+/// headers is refused like its other requests.
+#[tokio::test]
+async fn a_denied_client_gets_nothing_from_a_preflight() {
+    use tollgate::policy::{Policy, Tier};
+    let policy = Policy::new("1")
+        .tier(Tier::new("all").rule(Rule::new("api", Quota::per_minute(100))))
+        .default_tier("all")
+        .deny("10.7.0.1".parse().unwrap());
+    let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    let app = Router::new()
+        .route(
+            "/api",
+            get(|| async { "ok" }).options(|| async { "options" }),
+        )
+        .layer(layer);
+    let mut preflight = request("OPTIONS", "/api");
+    preflight
+        .headers_mut()
+        .insert("access-control-request-method", "GET".parse().unwrap());
+    preflight
+        .headers_mut()
+        .insert("origin", "https://app.example".parse().unwrap());
+    assert_eq!(send(&app, preflight).await.status(), 403);
 }

@@ -549,3 +549,50 @@ async fn standalone_settled_costs_match_the_model() {
 async fn cluster_settled_costs_match_the_model() {
     settle_matches_the_model(cluster, "cluster").await;
 }
+
+/// Quotas past 2^32 (ten billion tokens a month) count exactly, charged, forced into debt and
+/// given back, on Redis as in the model.
+#[tokio::test]
+async fn standalone_quotas_past_two_to_the_32_match_the_model() {
+    use tollgate::store::{Adjustment, Change};
+
+    let month = 30 * 24 * 3600 * 1_000_000;
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = standalone(clock.clone(), support::unique_prefix("big")).await;
+        let limits = Limits::new(10_000_000_000, month, 10_000_000_000).unwrap();
+        let rule = RuleSpec::new("big", algorithm, limits).unwrap();
+        let key = Key::text("big-tenant");
+        let charge = |cost| {
+            [Charge {
+                rule: &rule,
+                key: &key,
+                cost,
+            }]
+        };
+        for (step, cost) in [6_000_000_000, 4_000_000_000, 1, 0].into_iter().enumerate() {
+            let expected = memory.check(&charge(cost)).await.unwrap();
+            let actual = redis.check(&charge(cost)).await.unwrap();
+            assert_eq!(actual, expected, "{algorithm}: step {step}");
+            clock.advance(Duration::from_secs(1));
+        }
+        for change in [Change::Charge(u64::MAX / 4), Change::Refund(3_000_000_000)] {
+            let adjust = [Adjustment {
+                rule: &rule,
+                key: &key,
+                change,
+                charged_at: 0,
+            }];
+            memory.adjust(&adjust).await.unwrap();
+            redis.adjust(&adjust).await.unwrap();
+            let expected = memory.peek(&charge(1)).await.unwrap();
+            let actual = redis.peek(&charge(1)).await.unwrap();
+            assert_eq!(actual, expected, "{algorithm}: after {change:?}");
+        }
+    }
+}

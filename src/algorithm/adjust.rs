@@ -39,11 +39,12 @@ impl Algorithm {
         let old = state.take();
         *state = match (self, old) {
             (Algorithm::TokenBucket, Some(State::TokenBucket(s))) => {
-                let tat = bucket_full_at(limits, &s).saturating_sub(cost * limits.interval);
+                let tat =
+                    bucket_full_at(limits, &s).saturating_sub(cost.saturating_mul(limits.interval));
                 bucket_at(limits, tat, now)
             }
             (Algorithm::Gcra, Some(State::Gcra(s))) => {
-                let tat = s.tat.saturating_sub(cost * limits.interval);
+                let tat = s.tat.saturating_sub(cost.saturating_mul(limits.interval));
                 (tat > now).then_some(State::Gcra(GcraState { tat }))
             }
             (Algorithm::FixedWindow, Some(State::FixedWindow(s))) => {
@@ -83,14 +84,15 @@ impl Algorithm {
     /// for (see [`algorithm`](crate::algorithm#debts) for how each algorithm holds one).
     ///
     /// Debts are bounded: a bucket is never full again later than [`MAX_DEBT_MICROS`] from now,
-    /// and a window never counts more than `u32::MAX`.
+    /// a fixed window never counts more than [`MAX_MICROS`](super::MAX_MICROS) (2^53), a
+    /// sliding window counter's window not more than `u32::MAX`.
     pub fn force(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) {
         let old = state.take();
         // The time a bucket of `tat` is full again after `cost` more, bounded.
         let later = |tat: u64| {
             tat.max(now)
                 .saturating_add(cost.saturating_mul(limits.interval))
-                .min(now + MAX_DEBT_MICROS)
+                .min(now.saturating_add(MAX_DEBT_MICROS))
         };
         *state = match self {
             Algorithm::TokenBucket => {
@@ -115,7 +117,7 @@ impl Algorithm {
                     _ => 0,
                 }
                 .saturating_add(cost)
-                .min(u64::from(u32::MAX));
+                .min(super::MAX_MICROS);
                 (count > 0).then_some(State::FixedWindow(FixedWindowState { start, count }))
             }
             Algorithm::SlidingWindowCounter => {

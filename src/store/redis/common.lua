@@ -68,8 +68,10 @@ local function get_integers(key, n)
 end
 
 -- Debts are bounded as the model bounds them: a bucket full again at most this long from now
--- (MAX_DEBT_MICROS), a window counting at most 2^32 - 1.
+-- (MAX_DEBT_MICROS), a fixed window counting at most 2^53 (MAX_MICROS; its quota is far
+-- below), a sliding counter's window at most 2^32 - 1 (its quota is at most that).
 local MAX_DEBT_MICROS = 632448000000000
+local MAX_WINDOW_COUNT = 9007199254740992
 local MAX_COUNT = 4294967295
 
 -- The time a bucket full again at `tat` is full again after `cost` more units, bounded.

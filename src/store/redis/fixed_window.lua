@@ -45,7 +45,7 @@ end
 
 function FixedWindow.commit(key, l, s, now, cost, reset)
   local start, count = FixedWindow.count(l, s, now)
-  count = min(count + cost, MAX_COUNT)
+  count = count + cost
   if count > 0 then
     call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(reset))
   else
@@ -70,7 +70,7 @@ end
 -- end forgives).
 function FixedWindow.force(key, l, s, now, cost)
   local start, count = FixedWindow.count(l, s, now)
-  count = min(count + cost, MAX_COUNT)
+  count = min(count + cost, MAX_WINDOW_COUNT)
   if count > 0 then
     call('SET', key, int(start) .. ':' .. int(count), 'PX', expiry_ms(start + l.period - now))
   end

@@ -221,13 +221,14 @@ impl Local {
         self.clock.now_micros()
     }
 
-    /// Forgets what is known here of one rule's key (after a refund, a reset): its cached
-    /// denial, and the units it leased (the store's budget changed under them).
-    pub(crate) fn forget(&self, rule: &crate::store::RuleSpec, key: &Key) {
+    /// Forgets what is known here of one rule's key after its budget changed in the store: its
+    /// cached denial, and after a reset (`leases`) the units it leased, which were taken from
+    /// the budget a reset forgets. A refund or a forced charge keeps them: they were charged.
+    pub(crate) fn forget(&self, rule: &crate::store::RuleSpec, key: &Key, leases: bool) {
         if !self.denials.is_empty() {
             self.denials.remove(&(rule.fingerprint(), key.clone()));
         }
-        if !self.leases.is_empty() && rule.lease().is_some() {
+        if leases && !self.leases.is_empty() && rule.lease().is_some() {
             let key = (lease_key(rule), key.clone());
             if let Some(held) = self.leases.shard(&key).get_mut(&key) {
                 held.units = 0;

@@ -645,16 +645,16 @@ impl Store for RedisStore {
         let calls = script::adjustments(&inner.settings.prefix, adjustments);
         let now = inner.settings.now();
         Box::pin(async move {
-            let result = async {
-                for (at, charges) in calls {
-                    inner.direct(Mode::Adjust(at), now, &charges).await?;
+            // Each call stands alone: one that fails does not stop the others.
+            let mut result = Ok(());
+            for (at, charges) in calls {
+                if let Err(error) = inner.direct(Mode::Adjust(at), now, &charges).await {
+                    result = result.and(Err(error));
                 }
-                Ok(())
             }
-            .await;
             // Forgotten once the store changed: a denial cached meanwhile goes too.
             for (rule, key) in &forget {
-                inner.local.forget(rule, key);
+                inner.local.forget(rule, key, false);
             }
             result
         })
@@ -700,7 +700,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let result = inner.direct(Mode::Reset, now, &prepared).await.map(drop);
             for (rule, key) in &forget {
-                inner.local.forget(rule, key);
+                inner.local.forget(rule, key, result.is_ok());
             }
             result
         })

@@ -621,16 +621,19 @@ impl Inner {
         if !self.startup.is_connected() {
             return Err(self.startup.not_connected(&self.servers));
         }
-        // Every slot is tried, whatever the others answer: each change stands alone.
+        // Every slot is tried at once, whatever the others answer: each change stands alone.
         let deadline = Instant::now() + self.settings.response_timeout;
-        let mut first_error = None;
-        for (slot, indices) in groups(charges) {
-            let group: Vec<&Prepared> = indices.iter().map(|&i| &charges[i]).collect();
-            if let Err(error) = self.call(slot, mode, now, &group, deadline).await {
-                first_error.get_or_insert(error);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
+        let groups: Vec<(u16, Vec<&Prepared>)> = groups(charges)
+            .into_iter()
+            .map(|(slot, indices)| (slot, indices.iter().map(|&i| &charges[i]).collect()))
+            .collect();
+        let results = join_all(
+            groups
+                .iter()
+                .map(|(slot, group)| self.call(*slot, mode, now, group, deadline)),
+        )
+        .await;
+        results.into_iter().collect::<Result<Vec<_>, _>>().map(drop)
     }
 }
 
@@ -853,16 +856,16 @@ impl Store for RedisClusterStore {
         let calls = script::adjustments(&inner.settings.prefix, adjustments);
         let now = inner.settings.now();
         Box::pin(async move {
-            let result = async {
-                for (at, charges) in calls {
-                    inner.each_slot(Mode::Adjust(at), now, &charges).await?;
+            // Each call stands alone: one that fails does not stop the others.
+            let mut result = Ok(());
+            for (at, charges) in calls {
+                if let Err(error) = inner.each_slot(Mode::Adjust(at), now, &charges).await {
+                    result = result.and(Err(error));
                 }
-                Ok(())
             }
-            .await;
             // Forgotten once the store changed: a denial cached meanwhile goes too.
             for (rule, key) in &forget {
-                inner.local.forget(rule, key);
+                inner.local.forget(rule, key, false);
             }
             result
         })
@@ -912,7 +915,7 @@ impl Store for RedisClusterStore {
         Box::pin(async move {
             let result = inner.each_slot(Mode::Reset, now, &prepared).await;
             for (rule, key) in &forget {
-                inner.local.forget(rule, key);
+                inner.local.forget(rule, key, result.is_ok());
             }
             result
         })
