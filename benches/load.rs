@@ -9,7 +9,9 @@
 //! ```
 //!
 //! Configurations: bare; tollgate allowing everything; tollgate rejecting everything (after the
-//! first request); tower_governor allowing everything; tower_governor rejecting everything. With
+//! first request); tower_governor allowing everything; tower_governor rejecting everything;
+//! tollgate with a concurrency rule (`Rule::concurrent`) allowing everything (`LOAD_ONLY=0,1,5`
+//! compares it with the token bucket). With
 //! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything;
 //! its connections are driven by the serving thread, so their cost is counted where it is paid.
 //! With `--metrics` (and the feature `metrics`), also tollgate allowing and rejecting with a
@@ -41,10 +43,11 @@ enum Config {
     RedisReject,
     MetricsAllow,
     MetricsReject,
+    ConcurrencyAllow,
 }
 
 impl Config {
-    const ALL: [Config; 10] = [
+    const ALL: [Config; 11] = [
         Config::Bare,
         Config::TollgateAllow,
         Config::TollgateReject,
@@ -55,6 +58,7 @@ impl Config {
         Config::RedisReject,
         Config::MetricsAllow,
         Config::MetricsReject,
+        Config::ConcurrencyAllow,
     ];
 
     fn name(self) -> &'static str {
@@ -69,6 +73,7 @@ impl Config {
             Config::RedisReject => "tollgate + Redis, rejecting a denied key",
             Config::MetricsAllow => "tollgate + Prometheus, allowing all",
             Config::MetricsReject => "tollgate + Prometheus, rejecting all",
+            Config::ConcurrencyAllow => "tollgate, concurrency rule allowing all",
         }
     }
 
@@ -109,6 +114,14 @@ impl Config {
             Config::TollgateReject | Config::MetricsReject => app.layer(
                 RateLimitLayer::builder()
                     .rule(Rule::new("load", Quota::per_hour(1)))
+                    .build()
+                    .expect("valid configuration"),
+            ),
+            // The same layer with a concurrency rule instead of a token bucket: a slot taken
+            // when the request is admitted, given back when its body ends.
+            Config::ConcurrencyAllow => app.layer(
+                RateLimitLayer::builder()
+                    .rule(Rule::concurrent("load", 10_000))
                     .build()
                     .expect("valid configuration"),
             ),
@@ -531,7 +544,11 @@ fn main() {
         "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx | Redis calls/req | Redis µs/req |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (config, m) in configs.iter().zip(&summary) {
+    for ((config, m), measured) in configs.iter().zip(&summary).zip(&results) {
+        if measured.is_empty() {
+            // Left out by LOAD_ONLY.
+            continue;
+        }
         let redis = |v: f64, digits: usize| {
             if v.is_nan() {
                 String::new()

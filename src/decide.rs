@@ -28,12 +28,14 @@ use http::request::Parts;
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 
+use crate::held::{GiveBack, Held};
 use crate::key::{Extracted, Key, KeyFuture, SharedExtractor};
 use crate::observe::{Decided, Head, Observer, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant, TenantFuture};
 use crate::policy::{Live, Registrar, SharedTenantExtractor};
-use crate::response::is_grpc;
+use crate::response::{Answers, is_grpc};
+use crate::shed::{Priority, Shedder};
 use crate::store::{Adjustment, Change, Charge, MemoryStore, Store, StoreError};
 use crate::warn::{Every, unix_micros};
 use crate::{ConfigError, Decision, DecisionSource, FailureMode, RuleMode};
@@ -112,6 +114,8 @@ pub(crate) struct Shared<St> {
     pub(crate) registration: Arc<()>,
     /// Whether CORS preflights are limited.
     pub(crate) count_preflight: bool,
+    /// The process's requests in flight, when the layer sheds load.
+    pub(crate) shedder: Option<Shedder>,
 }
 
 impl<St> Drop for Shared<St> {
@@ -137,17 +141,27 @@ impl<St: Store> Registrar for Shared<St> {
 /// Charges to settle once the response head is there: the rules that charge by the response
 /// or settle their cost, their keys and what they reserved, and when.
 pub(crate) struct Settle {
-    pub(crate) charges: SmallVec<[(u16, Key, u64); 1]>,
-    pub(crate) at: u64,
+    /// The rule, the key, the units reserved and when they were charged (0: not known).
+    pub(crate) charges: SmallVec<[(u16, Key, u64, u64); 1]>,
     /// Decided by the local limiter (the store failed): settled there too.
     pub(crate) local: bool,
 }
 
+/// What an admitted request carries to its response: the decision whose budget the response
+/// reports (none when no rule limited it), the charges to settle once its head is there, and
+/// the concurrency slots it holds until its body ends.
+#[derive(Default)]
+pub(crate) struct Admitted {
+    pub(crate) decision: Option<Decision>,
+    pub(crate) settle: Option<Box<Settle>>,
+    pub(crate) held: Option<Held>,
+}
+
 /// What follows a request's check.
 pub(crate) enum Next {
-    /// Call the inner service, then add the budget headers of this decision (none when no
-    /// rule limited the request), and settle what needs the response.
-    Call(Option<Decision>, Option<Box<Settle>>),
+    /// Call the inner service, then add the budget headers of the decision, settle what needs
+    /// the response, and hold the slots until the response body ends.
+    Call(Admitted),
     /// Answer for the inner service: a denial, or a refusal when the store failed.
     Answer(Response<Bytes>),
     /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
@@ -206,6 +220,8 @@ impl<C> Check<C> {
     }
 
     /// The answer, when it was known without waiting.
+    // The pending check goes back by value, once per request: no copy worth a box.
+    #[allow(clippy::result_large_err)]
     fn into_decided(self) -> Result<Result<Decision, StoreError>, Self> {
         match self {
             Check::Decided {
@@ -402,6 +418,25 @@ impl<St: Store> Shared<St> {
         let asked_at = stopwatch(span);
         let (check, applied) = self.ask(snapshot, &keys);
         self.respond(snapshot, check, applied, keys, parts, span, asked_at)
+    }
+
+    /// A request shed before any check: 503 (gRPC `UNAVAILABLE`).
+    pub(crate) fn shed(
+        &self,
+        parts: &Parts,
+        span: &tracing::Span,
+        priority: Priority,
+    ) -> (Arc<Snapshot>, Start<St::Future>) {
+        let snapshot = self.snapshot();
+        tracing::debug!(%priority, "tollgate: request shed");
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::shed(priority);
+        self.emit_listed(&snapshot, parts, span, Verdict::Shed);
+        let start = Start::Decided {
+            next: Next::Answer(Answers::shed(Head::of_parts(parts).is_grpc())),
+            applied: Applied::new(),
+        };
+        (snapshot, start)
     }
 
     /// A listed request refused: 403 (gRPC `PERMISSION_DENIED`).
@@ -612,8 +647,7 @@ impl<St: Store> Shared<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                let settle = settle_of(snapshot, applied, keys, &decision, false);
-                Next::Call(Some(visible(snapshot, applied, decision)), settle)
+                self.admitted(snapshot, applied, keys, decision, false)
             }
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
@@ -645,13 +679,12 @@ impl<St: Store> Shared<St> {
                             keys,
                             Verdict::LocalAllowed,
                         );
-                        // Decided by the local limiter: settled there.
-                        let settle = settle_of(snapshot, applied, keys, &decision, true);
-                        Next::Call(Some(visible(snapshot, applied, decision)), settle)
+                        // Decided by the local limiter: settled there, slots given back there.
+                        self.admitted(snapshot, applied, keys, decision, true)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
-                        Next::Call(None, None)
+                        Next::Call(Admitted::default())
                     }
                 }
             }
@@ -705,7 +738,7 @@ impl<St: Store> Shared<St> {
                     Verdict::ShadowDenied,
                 );
                 // Only shadow rules denied: nothing was charged, nothing to settle.
-                return Next::Call(None, None);
+                return Next::Call(Admitted::default());
             }
             self.observer.shadowed(snapshot, ctx.head, &shadow);
             let enforced: FoundKeys = keys
@@ -829,7 +862,7 @@ impl<St: Store> Shared<St> {
         let mut adjustments: SmallVec<[Adjustment<'_>; 1]> = SmallVec::new();
         // Which rule each adjustment is of, by index.
         let mut of_rule: SmallVec<[u16; 1]> = SmallVec::new();
-        for (i, key, cost) in &settle.charges {
+        for (i, key, cost, charged_at) in &settle.charges {
             let rule = &snapshot.rules[usize::from(*i)];
             let Some(after) = &rule.after else {
                 continue;
@@ -844,7 +877,7 @@ impl<St: Store> Shared<St> {
                 rule: &rule.spec,
                 key,
                 change,
-                charged_at: settle.at,
+                charged_at: *charged_at,
             });
             of_rule.push(*i);
         }
@@ -871,6 +904,44 @@ impl<St: Store> Shared<St> {
             })
             .and_then(poll_once);
         (Response::from_parts(parts, body), pending)
+    }
+
+    /// What an admitted request carries to its response: the charges it settles after, the
+    /// slots it holds (taken by the store, or by the local fallback when `local`), and the
+    /// decision its answer reports.
+    fn admitted(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        local: bool,
+    ) -> Next {
+        let rule = |i: u16| &snapshot.rules[usize::from(i)];
+        let settle = if snapshot.settles {
+            let charges = charges_of(applied, keys, &decision, |i| rule(i).after.is_some());
+            (!charges.is_empty()).then(|| Box::new(Settle { charges, local }))
+        } else {
+            None
+        };
+        let held = if snapshot.holds {
+            let slots = charges_of(applied, keys, &decision, |i| {
+                rule(i).spec.algorithm().is_concurrency()
+            });
+            (!slots.is_empty()).then(|| Held {
+                giver: self.clone(),
+                snapshot: snapshot.clone(),
+                slots,
+                local,
+            })
+        } else {
+            None
+        };
+        Next::Call(Admitted {
+            decision: Some(visible(snapshot, applied, decision)),
+            settle,
+            held,
+        })
     }
 
     /// Logs a store failure: at `error` at most once a minute, else at `debug`.
@@ -943,6 +1014,46 @@ impl<St: Store> Shared<St> {
     }
 }
 
+impl<St: Store> GiveBack for Shared<St> {
+    fn give_back(&self, held: &Held) {
+        let adjustments: SmallVec<[Adjustment<'_>; 1]> = held
+            .slots
+            .iter()
+            .map(|(i, key, units, at)| Adjustment {
+                rule: &held.snapshot.rules[usize::from(*i)].spec,
+                key,
+                change: Change::Refund(*units),
+                charged_at: *at,
+            })
+            .collect();
+        let future = match self.fallback.get().filter(|_| held.local) {
+            Some(fallback) => fallback.adjust(&adjustments),
+            None => self.store.adjust(&adjustments),
+        };
+        let mut future = future;
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(result) => report_give_back(result),
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report_give_back(future.await) });
+                }
+                Err(_) => tracing::warn!(
+                    "tollgate: concurrency slots released outside a Tokio runtime could not be \
+                     given back to the store; they are free when their hold expires"
+                ),
+            },
+        }
+    }
+}
+
+/// Says when slots could not be given back: they are free when their hold expires.
+fn report_give_back(result: Result<(), StoreError>) {
+    if let Err(error) = result {
+        tracing::warn!(%error, "tollgate: could not give concurrency slots back; they are free when their hold expires");
+    }
+}
+
 /// A store's future of an operation, polled once: `None` when it is done (a store that answers
 /// at once, as the memory store does), else the future to wait for.
 fn poll_once(mut future: crate::store::StoreFuture<()>) -> Option<crate::store::StoreFuture<()>> {
@@ -963,30 +1074,24 @@ pub(crate) fn report_settle(result: Result<(), StoreError>) {
     }
 }
 
-/// What an admitted request settles once its response head is there, if anything.
-fn settle_of(
-    snapshot: &Snapshot,
+/// The charges of `applied` rules that `wanted` picks, with when each was made (0 when the
+/// store did not say: "now" on its clock, when they are adjusted).
+fn charges_of(
     applied: &Applied,
     keys: Option<&FoundKeys>,
     decision: &Decision,
-    local: bool,
-) -> Option<Box<Settle>> {
-    if !snapshot.settles {
-        return None;
-    }
-    let charges: SmallVec<[(u16, Key, u64); 1]> = keys?
-        .iter()
-        .filter(|(i, _, _)| snapshot.rules[usize::from(*i)].after.is_some() && applied.contains(i))
-        .cloned()
-        .collect();
-    (!charges.is_empty()).then(|| {
-        Box::new(Settle {
-            charges,
-            // 0 when the store did not say when it decided: "now" on its clock, at the settle.
-            at: decision.made_at(),
-            local,
+    wanted: impl Fn(u16) -> bool,
+) -> SmallVec<[(u16, Key, u64, u64); 1]> {
+    let Some(keys) = keys else {
+        return SmallVec::new();
+    };
+    keys.iter()
+        .filter(|(i, _, _)| wanted(*i))
+        .filter_map(|(i, key, cost)| {
+            let position = applied.iter().position(|j| j == i)?;
+            Some((*i, key.clone(), *cost, decision.charged_at(position)))
         })
-    })
+        .collect()
 }
 
 /// The verdict of a denial: by the store, or by its deny cache.
@@ -1013,7 +1118,7 @@ fn is_preflight(parts: &Parts) -> bool {
 /// No rule applies to this request: it goes through, with no budget to report.
 fn nothing_applies<C>() -> Start<C> {
     Start::Decided {
-        next: Next::Call(None, None),
+        next: Next::Call(Admitted::default()),
         applied: Applied::new(),
     }
 }

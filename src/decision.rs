@@ -25,6 +25,9 @@ pub struct Decision {
     source: DecisionSource,
     /// When it was made, on the store's clock (0: not known).
     made_at: u64,
+    /// When each outcome's charge was made, when they differ (a cluster's nodes, each on its
+    /// own clock).
+    times: Option<Box<[u64]>>,
 }
 
 /// Two decisions are equal when their outcomes are: where they were made does not change them.
@@ -57,6 +60,7 @@ impl Decision {
             outcomes: outcomes.into_iter().collect(),
             source: DecisionSource::Store,
             made_at: 0,
+            times: None,
         }
     }
 
@@ -67,6 +71,7 @@ impl Decision {
             outcomes: smallvec::smallvec![outcome],
             source: DecisionSource::Store,
             made_at: 0,
+            times: None,
         }
     }
 
@@ -91,6 +96,22 @@ impl Decision {
     /// not say): what [`Adjustment::charged_at`](crate::store::Adjustment::charged_at) takes.
     pub fn made_at(&self) -> u64 {
         self.made_at
+    }
+
+    /// The same decision, its `i`-th charge made at `times[i]` (stores whose charges of one
+    /// request are made on several clocks: the nodes of a cluster).
+    pub fn charged_at_times(mut self, times: impl Into<Box<[u64]>>) -> Self {
+        self.times = Some(times.into());
+        self
+    }
+
+    /// When the charge of the `i`-th outcome was made, on its store's clock:
+    /// [`made_at`](Decision::made_at) unless the store said otherwise.
+    pub fn charged_at(&self, i: usize) -> u64 {
+        self.times
+            .as_ref()
+            .and_then(|times| times.get(i).copied())
+            .unwrap_or(self.made_at)
     }
 
     /// Adds the outcome of the next rule.

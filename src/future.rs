@@ -36,12 +36,14 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::decide::{
-    Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Settle, Shared, Start,
+    Admitted, Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Shared, Start,
 };
+use crate::held::Held;
 use crate::observe::Head;
 use crate::policy::TenantFuture;
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::response::ResponseBody;
+use crate::shed::InFlight;
 use crate::store::{Store, StoreFuture};
 
 pin_project! {
@@ -63,6 +65,8 @@ pin_project! {
         span: tracing::Span,
         // When the store was asked, when the latency is measured.
         asked_at: Option<std::time::Instant>,
+        // The request's place in the load shedder's count: it goes with the response body.
+        in_flight: Option<InFlight>,
         shared: Arc<Shared<St>>,
     }
 
@@ -108,13 +112,14 @@ pin_project! {
         // The ready inner service and the request wait here for the decision.
         Checking { #[pin] check: C, call: Option<(S, R)> },
         Deferred { check: DeferredCheck, call: Option<(S, R)> },
-        Calling {
-            #[pin] future: F,
-            decision: Option<crate::Decision>,
-            settle: Option<Box<Settle>>,
-        },
+        // The inner service works; the request's slots are held here meanwhile.
+        Calling { #[pin] future: F, admitted: Admitted },
         // The inner service answered; its charges are settled in the store first.
-        Settling { future: Option<StoreFuture<()>>, response: Option<Resp> },
+        Settling {
+            future: Option<StoreFuture<()>>,
+            response: Option<Resp>,
+            held: Option<Held>,
+        },
         // Decided in `call`: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
         Done,
@@ -135,6 +140,7 @@ where
         service: S,
         request: Request<ReqBody>,
         shared: Arc<Shared<St>>,
+        in_flight: Option<InFlight>,
     ) -> Self {
         let mut applied = Applied::new();
         let mut keys = None;
@@ -159,6 +165,7 @@ where
             snapshot,
             span,
             asked_at,
+            in_flight,
             shared,
         }
     }
@@ -184,10 +191,9 @@ where
         } => {
             *applied = decided;
             match next {
-                Next::Call(decision, settle) => State::Calling {
+                Next::Call(admitted) => State::Calling {
                     future: service.call(request),
-                    decision,
-                    settle,
+                    admitted,
                 },
                 Next::Answer(response) => State::Answered {
                     response: Some(response),
@@ -286,15 +292,13 @@ where
                     *this.keys = keys;
                     (result, call.take(), phase, latency)
                 }
-                StateProj::Calling {
-                    future,
-                    decision,
-                    settle,
-                } => {
+                StateProj::Calling { future, admitted } => {
+                    // An error of the inner service drops the slots with this state.
                     let mut response = ready!(future.poll(cx))?;
-                    let mut decision = decision.take();
+                    let mut decision = admitted.decision.take();
+                    let held = admitted.held.take();
                     let mut pending = None;
-                    if let Some(settle) = settle.take() {
+                    if let Some(settle) = admitted.settle.take() {
                         let answer = decision.as_mut().map(|d| (d, &this.applied[..]));
                         (response, pending) =
                             this.shared.settle(this.snapshot, &settle, response, answer);
@@ -315,23 +319,31 @@ where
                         this.state.set(State::Settling {
                             future: Some(future),
                             response: Some(response),
+                            held,
                         });
                         continue;
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(response
+                        .map(|body| ResponseBody::holding(body, held, this.in_flight.take()))));
                 }
-                StateProj::Settling { future, response } => {
+                StateProj::Settling {
+                    future,
+                    response,
+                    held,
+                } => {
                     if let Some(pending) = future {
                         crate::decide::report_settle(ready!(pending.as_mut().poll(cx)));
                         *future = None;
                     }
                     let response = response.take();
+                    let held = held.take();
                     this.state.set(State::Done);
                     let Some(response) = response else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    return Poll::Ready(Ok(response.map(ResponseBody::inner)));
+                    return Poll::Ready(Ok(response
+                        .map(|body| ResponseBody::holding(body, held, this.in_flight.take()))));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take();
@@ -364,10 +376,9 @@ where
                 *this.span = tracing::Span::none();
             }
             match next {
-                Next::Call(decision, settle) => this.state.set(State::Calling {
+                Next::Call(admitted) => this.state.set(State::Calling {
                     future: service.call(request),
-                    decision,
-                    settle,
+                    admitted,
                 }),
                 Next::Answer(response) => {
                     this.state.set(State::Done);

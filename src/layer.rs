@@ -16,6 +16,7 @@ use crate::policy::{
 };
 use crate::response::{DeniedHandler, Headers, RateLimited};
 use crate::service::RateLimit;
+use crate::shed::Shedding;
 use crate::store::{MemoryStore, Store};
 use crate::warn::Every;
 use crate::{ConfigError, FailureMode, Quota, Rule};
@@ -82,6 +83,7 @@ impl RateLimitLayer<MemoryStore> {
             log_raw_keys: false,
             denial_log_per_second: 10,
             count_preflight: false,
+            shed: None,
         }
     }
 }
@@ -178,6 +180,7 @@ pub struct RateLimitLayerBuilder<St> {
     log_raw_keys: bool,
     denial_log_per_second: u32,
     count_preflight: bool,
+    shed: Option<Shedding>,
 }
 
 /// Where the layer's policy comes from.
@@ -268,6 +271,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// Sheds load: at most so many requests in flight in this process, the lowest priority
+    /// classes refused first with a 503 (see [`Shedding`]). Off by default.
+    pub fn shed(mut self, shedding: Shedding) -> Self {
+        self.shed = Some(shedding);
+        self
+    }
+
     /// The extractor of rules that do not name their own (default: [`PeerIp`]).
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
         self.key = Arc::new(extractor);
@@ -294,6 +304,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             log_raw_keys: self.log_raw_keys,
             denial_log_per_second: self.denial_log_per_second,
             count_preflight: self.count_preflight,
+            shed: self.shed,
         }
     }
 
@@ -351,6 +362,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             }
         };
         let snapshot = Snapshot::compile(&policy, &compiler)?;
+        let shedder = self.shed.map(Shedding::build).transpose()?;
         let policy = match source {
             None => Policies::Fixed(Arc::new(snapshot)),
             Some(_) => Policies::Live(Arc::new(Live::new(snapshot, compiler))),
@@ -378,6 +390,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             max_waiting: self.max_waiting,
             registration: Arc::new(()),
             count_preflight: self.count_preflight,
+            shedder,
         });
         shared.register(&shared.snapshot())?;
         if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {

@@ -61,6 +61,7 @@ mod decide;
 mod decision;
 mod error;
 pub mod future;
+mod held;
 pub mod key;
 mod layer;
 mod limiter;
@@ -68,6 +69,7 @@ pub mod observe;
 pub mod policy;
 mod response;
 mod service;
+pub mod shed;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -91,8 +93,9 @@ pub use policy::failure::FailureMode;
 pub use policy::mode::RuleMode;
 pub use policy::outcome::{ActualCost, ChargeWhen};
 pub use policy::quota::Quota;
-pub use policy::rule::{DEFAULT_LEASE_TTL, Rule};
+pub use policy::rule::{DEFAULT_LEASE_TTL, DEFAULT_MAX_HOLD, Rule};
 pub use response::{Headers, RateLimited, ResetFormat, ResponseBody};
 pub use service::RateLimit;
+pub use shed::{Priority, Shedding};
 #[cfg(feature = "redis")]
 pub use store::breaker::CircuitBreaker;

@@ -100,7 +100,15 @@ where
         let ready = std::mem::replace(&mut self.inner, clone);
         let (mut parts, body) = request.into_parts();
         let span = crate::observe::span();
-        let (snapshot, start) = self.shared.start(&mut parts, &span);
+        // Load shedding comes first: a busy process spends nothing on what it sheds.
+        let mut in_flight = None;
+        let (snapshot, start) = match self.shared.shedder.as_ref().map(|s| s.enter(&parts)) {
+            Some(Err(priority)) => self.shared.shed(&parts, &span, priority),
+            entered => {
+                in_flight = entered.and_then(Result::ok);
+                self.shared.start(&mut parts, &span)
+            }
+        };
         ResponseFuture::new(
             start,
             snapshot,
@@ -108,6 +116,7 @@ where
             ready,
             Request::from_parts(parts, body),
             self.shared.clone(),
+            in_flight,
         )
     }
 }

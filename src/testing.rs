@@ -65,8 +65,9 @@ pub struct LimitItem {
     pub name: String,
     /// `r`: what remains.
     pub remaining: u64,
-    /// `t`: the seconds within which no more than `remaining` can be used.
-    pub reset: u64,
+    /// `t`: the seconds within which no more than `remaining` can be used (none for a
+    /// concurrency limit).
+    pub reset: Option<u64>,
 }
 
 /// The budget fields of an answer: `RateLimit-Policy`, `RateLimit` and `Retry-After`.
@@ -144,7 +145,7 @@ impl Budget {
                 };
                 budget.limits.push(LimitItem {
                     remaining: field("r")?,
-                    reset: field("t")?,
+                    reset: number(&params, "t")?,
                     name,
                 });
             }
@@ -267,7 +268,7 @@ mod tests {
             "\"b\";q=2;qu=\"concurrent-requests\"".parse().unwrap(),
         );
         headers.append("ratelimit", "\"a\";r=9;t=6".parse().unwrap());
-        headers.append("ratelimit", "\"b\";r=1;t=0".parse().unwrap());
+        headers.append("ratelimit", "\"b\";r=1".parse().unwrap());
         let budget = Budget::of(&headers).unwrap();
         let names: Vec<&str> = budget.policies.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
@@ -276,6 +277,7 @@ mod tests {
             Some("concurrent-requests")
         );
         assert_eq!(budget.limit("b").unwrap().remaining, 1);
-        assert_eq!(budget.limit("a").unwrap().reset, 6);
+        assert_eq!(budget.limit("a").unwrap().reset, Some(6));
+        assert_eq!(budget.limit("b").unwrap().reset, None);
     }
 }

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use tollgate::Algorithm;
-use tollgate::algorithm::{Limits, State};
+use tollgate::algorithm::{CONCURRENCY_RETRY_MICROS, Limits, State};
 
 const EPOCH: u64 = 1_704_067_200_000_000; // 2024-01-01 in µs
 
@@ -90,7 +90,9 @@ fn oracle_admits(alg: Algorithm, l: &Limits, history: &[(u64, u64)], now: u64, c
                 .sum();
             used + cost <= l.limit
         }
-        Algorithm::SlidingWindowLog => {
+        // Without units given back, a concurrency limit holds each unit for its period: a
+        // sliding log.
+        Algorithm::SlidingWindowLog | Algorithm::Concurrency => {
             let used: u64 = history
                 .iter()
                 .filter(|(t, _)| t + l.period > now)
@@ -264,7 +266,11 @@ proptest! {
                     }
                     prop_assert!(wait > 0, "{alg}: a denial must say to wait");
                     let at = now + wait;
-                    prop_assert!(alg.check(&case.limits, state.as_ref(), at, step.cost).allowed,
+                    // A concurrency limit's wait is an estimate, at most a second: exact only
+                    // when the units that must expire do so sooner (nothing else here gives
+                    // units back).
+                    let exact = !alg.is_concurrency() || wait < CONCURRENCY_RETRY_MICROS;
+                    prop_assert!(!exact || alg.check(&case.limits, state.as_ref(), at, step.cost).allowed,
                         "{alg}: denied at now + retry_after ({wait})");
                     prop_assert!(!alg.check(&case.limits, state.as_ref(), at - 1, step.cost).allowed,
                         "{alg}: admitted before now + retry_after ({wait})");
@@ -301,7 +307,9 @@ proptest! {
                 let more = outcome.remaining + 1;
                 prop_assert!(!alg.check(&case.limits, state.as_ref(), now + window - 1, more).allowed,
                     "{alg}: {more} fit before the window ({window}) ends");
-                prop_assert!(alg.check(&case.limits, state.as_ref(), now + window, more).allowed,
+                // A concurrency limit's window is an estimate of at most a second, as its wait.
+                let exact = !alg.is_concurrency() || window < CONCURRENCY_RETRY_MICROS;
+                prop_assert!(!exact || alg.check(&case.limits, state.as_ref(), now + window, more).allowed,
                     "{alg}: {more} do not fit when the window ({window}) ends");
             }
         }
@@ -386,4 +394,44 @@ fn invalid_limits_are_refused_with_a_reason() {
             .to_string()
             .contains("burst")
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// A concurrency limit against the plain list of what is held: each admitted request holds
+    /// its cost until it is given back (at its own time) or its hold expires; a unit given back
+    /// after it expired frees nothing else.
+    #[test]
+    fn concurrency_holds_what_was_taken_and_not_given_back(
+        case in case(),
+        releases in prop::collection::vec((any::<bool>(), any::<prop::sample::Index>()), 150),
+    ) {
+        let alg = Algorithm::Concurrency;
+        let l = &case.limits;
+        let mut state: Option<State> = None;
+        // (taken at, cost) of every admitted request not given back yet.
+        let mut held: Vec<(u64, u64)> = Vec::new();
+        let mut now = EPOCH;
+        for (step, (release, which)) in case.steps.iter().zip(&releases) {
+            now += step.gap;
+            if *release && !held.is_empty() {
+                let (at, cost) = held.remove(which.index(held.len()));
+                alg.refund(l, &mut state, now, cost, at);
+            }
+            let live: u64 = held.iter().filter(|(t, _)| t + l.period > now).map(|(_, c)| c).sum();
+            let outcome = alg.check(l, state.as_ref(), now, step.cost);
+            let fits = step.cost <= l.limit && live + step.cost <= l.limit;
+            prop_assert_eq!(outcome.allowed, fits, "at {} cost {} holding {:?}", now, step.cost, held);
+            prop_assert_eq!(outcome.remaining, l.limit.saturating_sub(live + if fits { step.cost } else { 0 }));
+            if outcome.allowed {
+                alg.commit(l, &mut state, now, step.cost);
+                if step.cost > 0 {
+                    held.push((now, step.cost));
+                }
+            } else if step.cost <= l.limit {
+                prop_assert!(outcome.retry_after > 0 && outcome.retry_after <= CONCURRENCY_RETRY_MICROS);
+            }
+        }
+    }
 }

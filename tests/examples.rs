@@ -279,3 +279,60 @@ async fn the_login_example_counts_failed_logins_apart() {
     assert!(fields.contains("\"failed-logins\";r=4;"), "{fields}");
     drop(example);
 }
+
+#[tokio::test]
+async fn the_concurrency_example_admits_five_slow_requests_at_once() {
+    let example = Example::start("concurrency", "TOLLGATE_ADDR", &[]);
+    let (client, addr) = (client(), example.addr.clone());
+    // Twenty at once, as `xargs -P 20 curl` sends them: five take the slots, fifteen are told
+    // to come back.
+    let all: Vec<_> = (0..20)
+        .map(|_| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move {
+                let request = http::Request::get(format!("http://{addr}/slow"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
+                let response = client.request(request).await.unwrap();
+                let status = response.status().as_u16();
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .map(|v| v.to_str().unwrap().to_owned())
+                };
+                let (policy, retry) = (header("ratelimit-policy"), header("retry-after"));
+                response.into_body().collect().await.unwrap();
+                (status, policy, retry)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in all {
+        answers.push(request.await.unwrap());
+    }
+    let admitted = answers.iter().filter(|(s, ..)| *s == 200).count();
+    let denied: Vec<_> = answers.iter().filter(|(s, ..)| *s == 429).collect();
+    assert_eq!((admitted, denied.len()), (5, 15), "{answers:?}");
+    for (_, policy, retry) in denied {
+        assert_eq!(
+            policy.as_deref(),
+            Some(r#""slow";q=5;qu="concurrent-requests""#)
+        );
+        assert_eq!(retry.as_deref(), Some("1"));
+    }
+    // The slots came back with the bodies: five more at once are admitted.
+    let again: Vec<_> = (0..5)
+        .map(|_| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move { get(&client, &addr, "/slow", &[]).await.0 })
+        })
+        .collect();
+    for request in again {
+        assert_eq!(request.await.unwrap(), 200);
+    }
+    // `/` is not limited.
+    assert_eq!(statuses(&client, &addr, "/", &[], 30).await, vec![200; 30]);
+    let printed = example.stop();
+    assert!(printed.contains("xargs -P 20"), "{printed}");
+}

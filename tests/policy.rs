@@ -1234,3 +1234,70 @@ fn a_rule_defined_twice_is_shown_where_it_is_defined_again() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn a_rules_file_sets_a_concurrency_limit_per_route() {
+    let text = r#"
+version = "1"
+default_tier = "free"
+
+[tiers.free]
+rules = [{ name = "free", limit = 100, per = "minute" }]
+
+# 2 searches in flight per client, a slot held 30 s at most.
+[tiers.free.routes."/search"]
+rules = [{ name = "searches", limit = 2, per = "30s", algorithm = "concurrency" }]
+"#;
+    let policy = Policy::from_toml(text, "tiers.toml").unwrap();
+    let app = app(RateLimitLayer::builder().policy(policy).build().unwrap());
+    let ip = [198, 51, 100, 7];
+    let first = app
+        .clone()
+        .oneshot(request("GET", "/search", ip, None))
+        .await
+        .unwrap();
+    let second = app
+        .clone()
+        .oneshot(request("GET", "/search", ip, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        Some(r#""searches";q=2;qu="concurrent-requests""#)
+    );
+    assert_eq!(header(&second, "ratelimit"), Some(r#""searches";r=0"#));
+    let third = app
+        .clone()
+        .oneshot(request("GET", "/search", ip, None))
+        .await
+        .unwrap();
+    assert_eq!(third.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Other routes count by rate, whatever is in flight on /search.
+    let other = app
+        .clone()
+        .oneshot(request("GET", "/", ip, None))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::OK);
+    // A body read to its end gives its slot back.
+    first.into_body().collect().await.unwrap();
+    let fourth = app
+        .clone()
+        .oneshot(request("GET", "/search", ip, None))
+        .await
+        .unwrap();
+    assert_eq!(fourth.status(), StatusCode::OK);
+    drop(second);
+
+    // Options a concurrency rule cannot have are refused, naming the line.
+    let lease = Policy::from_toml(
+        "version = \"1\"\ndefault_tier = \"free\"\n[tiers.free]\nrules = [\n  { name = \"c\", limit = 2, per = \"minute\", algorithm = \"concurrency\", lease = 2 },\n]\n",
+        "tiers.toml",
+    )
+    .map(|policy| RateLimitLayer::builder().policy(policy).build());
+    let message = match lease {
+        Err(error) | Ok(Err(error)) => error.to_string(),
+        Ok(Ok(_)) => panic!("a leased concurrency rule built"),
+    };
+    assert!(message.contains("tiers.toml:5:"), "{message}");
+}

@@ -285,6 +285,13 @@ differential!(
     0x7011_6a7e_0401
 );
 
+differential!(
+    standalone_concurrency_matches_the_model,
+    cluster_concurrency_matches_the_model,
+    Algorithm::Concurrency,
+    0x7011_6a7e_0501
+);
+
 #[tokio::test]
 async fn standalone_stacked_rules_match_the_model() {
     compare(
@@ -595,4 +602,74 @@ async fn standalone_quotas_past_two_to_the_32_match_the_model() {
             assert_eq!(actual, expected, "{algorithm}: after {change:?}");
         }
     }
+}
+
+/// Concurrency holds taken and given back (at their own time, now or after their hold expired,
+/// out of order), over random timelines whose clock sometimes steps back: Redis holds what the
+/// model holds.
+async fn holds_match_the_model<S, F, Fut>(redis: F, name: &str)
+where
+    S: Store,
+    F: Fn(ManualClock, String) -> Fut,
+    Fut: std::future::Future<Output = S>,
+{
+    use tollgate::store::{Adjustment, Change};
+
+    let mut rng = Rng(0x00c0_ffee);
+    for timeline in 0..16 {
+        let clock = ManualClock::new(1_700_000_000_000_000 + rng.below(1 << 40));
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = redis(clock.clone(), support::unique_prefix(name)).await;
+        let limits = random_limits(&mut rng, Algorithm::Concurrency);
+        let rule = RuleSpec::new("held", Algorithm::Concurrency, limits).unwrap();
+        let key = Key::text(format!("held-{timeline}"));
+        // What each store says it took, and when: given back in any order.
+        let mut held: Vec<(u64, u64, u64)> = Vec::new();
+        let mut last: Option<Decision> = None;
+        for step in 0..80 {
+            advance(&mut rng, &clock, std::slice::from_ref(&rule), last.as_ref());
+            if rng.chance(8) {
+                // The clock steps back a little: holds stay in order.
+                use tollgate::clock::Clock;
+                clock.set(clock.now_micros() - rng.range(1, 2_000));
+            }
+            if !held.is_empty() && rng.chance(40) {
+                let (cost, memory_at, redis_at) =
+                    held.remove(rng.below(held.len() as u64) as usize);
+                let give = |at| {
+                    [Adjustment {
+                        rule: &rule,
+                        key: &key,
+                        change: Change::Refund(cost),
+                        charged_at: at,
+                    }]
+                };
+                memory.adjust(&give(memory_at)).await.unwrap();
+                redis.adjust(&give(redis_at)).await.unwrap();
+            }
+            let cost = random_cost(&mut rng, &rule);
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost,
+            }];
+            let expected = memory.check(&charge).await.unwrap();
+            let actual = redis.check(&charge).await.unwrap();
+            assert_eq!(actual, expected, "{name}: timeline {timeline}, step {step}");
+            if expected.allowed() && cost > 0 {
+                held.push((cost, expected.made_at(), actual.made_at()));
+            }
+            last = Some(expected);
+        }
+    }
+}
+
+#[tokio::test]
+async fn standalone_concurrency_holds_match_the_model() {
+    holds_match_the_model(standalone, "standalone").await;
+}
+
+#[tokio::test]
+async fn cluster_concurrency_holds_match_the_model() {
+    holds_match_the_model(cluster, "cluster").await;
 }

@@ -23,8 +23,8 @@
 //! How each algorithm holds a debt: see [`algorithm`](crate::algorithm#debts).
 
 use super::{
-    FixedWindowState, GcraState, Limits, MAX_LOG_ENTRIES, SlidingWindowCounterState,
-    SlidingWindowLogState, State, TokenBucketState,
+    ConcurrencyState, FixedWindowState, GcraState, Limits, MAX_LOG_ENTRIES,
+    SlidingWindowCounterState, SlidingWindowLogState, State, TokenBucketState,
 };
 use crate::Algorithm;
 
@@ -33,8 +33,9 @@ impl Algorithm {
     /// they had not been charged, as far as the algorithm can tell. Token bucket and GCRA move
     /// the time their bucket is full again back by the units' refill time; the window
     /// algorithms take them off the count of the window they were charged in (nothing when that
-    /// window is gone); the sliding log drops its newest `cost` entries. Leaves `None` when the
-    /// state is the same as no state.
+    /// window is gone); the sliding log drops its newest `cost` entries; a concurrency limit
+    /// frees up to `cost` of the units taken at `at` still held. Leaves `None` when the state is
+    /// the same as no state.
     pub fn refund(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64, at: u64) {
         let old = state.take();
         *state = match (self, old) {
@@ -73,6 +74,10 @@ impl Algorithm {
                 let keep = log.entries.len().saturating_sub(cost as usize);
                 log.entries.truncate(keep);
                 (!log.entries.is_empty()).then_some(State::SlidingWindowLog(log))
+            }
+            (Algorithm::Concurrency, Some(State::Concurrency(held))) => {
+                super::Concurrency::give_back(limits, *held, now, cost, at)
+                    .map(|held| State::Concurrency(Box::new(held)))
             }
             // No state, or another algorithm's: nothing to give back.
             (_, old) => old,
@@ -152,6 +157,17 @@ impl Algorithm {
                 log.entries
                     .extend(std::iter::repeat_n(at, (cost as usize).min(room)));
                 (!log.entries.is_empty()).then(|| State::SlidingWindowLog(Box::new(log)))
+            }
+            Algorithm::Concurrency => {
+                let mut held = match old {
+                    Some(State::Concurrency(held)) => *held,
+                    _ => ConcurrencyState::default(),
+                };
+                let first = held.taken.partition_point(|&t| t + limits.period <= now);
+                held.taken.drain(..first);
+                let room = (MAX_LOG_ENTRIES as usize).saturating_sub(held.taken.len());
+                super::Concurrency::insert(&mut held, now, (cost as usize).min(room));
+                (!held.taken.is_empty()).then(|| State::Concurrency(Box::new(held)))
             }
         };
     }

@@ -26,20 +26,27 @@ pub enum Algorithm {
     /// Weighs the previous fixed window by how much of it still overlaps the sliding window and
     /// adds the current one. Smooths the boundary burst with two counters per key; approximate.
     SlidingWindowCounter,
+    /// Requests in flight: at most `limit` units held at once. A request holds its cost from
+    /// admission until its response ends (the layer gives it back), and at most `period`, the
+    /// longest hold, after which a unit never given back (a replica that died) is free again.
+    /// Made by [`Rule::concurrent`](crate::Rule::concurrent); one entry per held unit, so at
+    /// most [`MAX_LOG_ENTRIES`](crate::algorithm::MAX_LOG_ENTRIES).
+    Concurrency,
 }
 
 impl Algorithm {
     /// All algorithms, in declaration order.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::SlidingWindowCounter,
+        Algorithm::Concurrency,
     ];
 
     /// A short stable name (`token_bucket`, `gcra`, `fixed_window`, `sliding_log`,
-    /// `sliding_counter`), for logs and messages.
+    /// `sliding_counter`, `concurrency`), for logs and messages.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::TokenBucket => "token_bucket",
@@ -47,6 +54,7 @@ impl Algorithm {
             Algorithm::FixedWindow => "fixed_window",
             Algorithm::SlidingWindowLog => "sliding_log",
             Algorithm::SlidingWindowCounter => "sliding_counter",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
@@ -62,6 +70,12 @@ impl Algorithm {
     /// Whether the algorithm has a burst separate from its quota (token bucket and GCRA).
     pub const fn has_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
+    /// Whether the algorithm counts requests in flight rather than a rate
+    /// ([`Concurrency`](Algorithm::Concurrency)): its units are given back when a response ends.
+    pub const fn is_concurrency(self) -> bool {
+        matches!(self, Algorithm::Concurrency)
     }
 }
 

@@ -58,8 +58,12 @@
 //!   next window too, as a previous window does;
 //! * sliding window log: one entry per unit, so it holds a debt only as entries, at most
 //!   [`MAX_LOG_ENTRIES`] in all; the layer refuses to settle rules of this algorithm.
+//! * concurrency: units held beyond the limit, at most [`MAX_LOG_ENTRIES`], until they are
+//!   given back or their hold expires. Its refund gives back the units taken at `at`, and only
+//!   those: a unit whose hold expired is free already.
 
 mod adjust;
+mod concurrency;
 mod fixed_window;
 mod gcra;
 pub(crate) mod kind;
@@ -68,6 +72,7 @@ mod sliding_log;
 mod token_bucket;
 
 pub use adjust::MAX_DEBT_MICROS;
+pub use concurrency::{CONCURRENCY_RETRY_MICROS, Concurrency, ConcurrencyState};
 pub use fixed_window::{FixedWindow, FixedWindowState};
 pub use gcra::{Gcra, GcraState};
 pub use sliding_counter::{SlidingWindowCounter, SlidingWindowCounterState};
@@ -212,6 +217,8 @@ pub enum State {
     SlidingWindowLog(Box<SlidingWindowLogState>),
     /// See [`SlidingWindowCounter`].
     SlidingWindowCounter(SlidingWindowCounterState),
+    /// See [`Concurrency`] (boxed: one entry per held unit).
+    Concurrency(Box<ConcurrencyState>),
 }
 
 impl Algorithm {
@@ -247,6 +254,9 @@ impl Algorithm {
                 now,
                 cost,
             ),
+            Algorithm::Concurrency => {
+                Concurrency::check(limits, state.and_then(State::concurrency), now, cost)
+            }
         }
     }
 
@@ -290,6 +300,14 @@ impl Algorithm {
                 cost,
             )
             .map(State::SlidingWindowCounter),
+            Algorithm::Concurrency => {
+                let held = match old {
+                    Some(State::Concurrency(held)) => Some(*held),
+                    _ => None,
+                };
+                Concurrency::commit(limits, held, now, cost)
+                    .map(|held| State::Concurrency(Box::new(held)))
+            }
         };
     }
 }
@@ -410,6 +428,12 @@ impl State {
     fn sliding_counter(&self) -> Option<&SlidingWindowCounterState> {
         match self {
             State::SlidingWindowCounter(s) => Some(s),
+            _ => None,
+        }
+    }
+    fn concurrency(&self) -> Option<&ConcurrencyState> {
+        match self {
+            State::Concurrency(s) => Some(s),
             _ => None,
         }
     }

@@ -184,6 +184,10 @@ pub(crate) fn describe() {
             "Requests waiting for the budget of a delay rule."
         );
         describe_counter!(
+            "tollgate_shed_requests_total",
+            "Requests shed because the process had too many in flight, by priority."
+        );
+        describe_counter!(
             "tollgate_decision_events_dropped_total",
             "Decision events dropped because the hook's channel was full."
         );
@@ -384,6 +388,11 @@ pub(crate) fn waiting(starts: bool) {
     } else {
         gauge.decrement(1.0);
     }
+}
+
+/// A request shed by load shedding, by its priority.
+pub(crate) fn shed(priority: crate::Priority) {
+    counter!("tollgate_shed_requests_total", "priority" => priority.as_str()).increment(1);
 }
 
 /// Makes the reload counters exist at 0 for a live layer, so that the first rejection is an

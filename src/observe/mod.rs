@@ -102,12 +102,15 @@ pub enum Verdict {
     CacheDenied,
     /// Admitted from units a remote store leased to this replica.
     LeaseAllowed,
+    /// Shed before any rule was checked: the process had too many requests in flight for its
+    /// priority class (503, gRPC `UNAVAILABLE`).
+    Shed,
 }
 
 impl Verdict {
     /// The label value: `allowed`, `denied`, `shadow_denied`, `delayed`, `failed_open`,
     /// `failed_closed`, `local_allowed`, `local_denied`, `listed_allowed`, `listed_denied`,
-    /// `not_limited`, `cancelled`, `cache_denied`, `lease_allowed`.
+    /// `not_limited`, `cancelled`, `cache_denied`, `lease_allowed`, `shed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Allowed => "allowed",
@@ -123,6 +126,7 @@ impl Verdict {
             Verdict::NotLimited => "not_limited",
             Verdict::Cancelled => "cancelled",
             Verdict::CacheDenied => "cache_denied",
+            Verdict::Shed => "shed",
             Verdict::LeaseAllowed => "lease_allowed",
         }
     }

@@ -382,10 +382,11 @@ fn algorithm(name: &str) -> Result<Algorithm, String> {
         "fixed-window" => Algorithm::FixedWindow,
         "sliding-window-log" => Algorithm::SlidingWindowLog,
         "sliding-window-counter" => Algorithm::SlidingWindowCounter,
+        "concurrency" => Algorithm::Concurrency,
         _ => {
             return Err(format!(
                 "algorithm {name:?} is not one of \"token-bucket\", \"gcra\", \"fixed-window\", \
-                 \"sliding-window-log\", \"sliding-window-counter\""
+                 \"sliding-window-log\", \"sliding-window-counter\", \"concurrency\""
             ));
         }
     })

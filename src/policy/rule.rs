@@ -51,10 +51,16 @@ pub struct Rule {
     pub(crate) split: Option<u16>,
     /// What the rule does once the response head is there.
     pub(crate) after: After,
+    /// The longest hold of a concurrency rule, when set.
+    pub(crate) max_hold: Option<Duration>,
 }
 
 /// How long leased units live, unless [`Rule::lease_ttl`] says otherwise.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// The longest a request holds a [concurrency](Rule::concurrent) slot, unless
+/// [`Rule::max_hold`] says otherwise.
+pub const DEFAULT_MAX_HOLD: Duration = Duration::from_secs(60);
 
 impl Rule {
     /// A token-bucket rule named `name` with `quota`.
@@ -72,7 +78,46 @@ impl Rule {
             lease: None,
             split: None,
             after: After::default(),
+            max_hold: None,
         }
+    }
+
+    /// A concurrency limit named `name`: at most `slots` requests of a key in flight at once
+    /// ([`Algorithm::Concurrency`]). A request holds its slot (its [`cost`](Rule::cost), 1 by
+    /// default) from admission until its response body ends or is dropped (a streamed body or
+    /// a gRPC stream until its last frame; a client that disconnects frees it), and at most
+    /// [`max_hold`](Rule::max_hold) (default [`DEFAULT_MAX_HOLD`], 60 s): a slot that is never
+    /// given back (a replica that died) is free again then, and a response that outlives it
+    /// no longer counts.
+    ///
+    /// ```
+    /// use tollgate::{Quota, RateLimitLayer, Rule};
+    ///
+    /// // 20 concurrent expensive searches per client, and 100 searches a minute.
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::concurrent("searches-in-flight", 20))
+    ///     .rule(Rule::new("searches", Quota::per_minute(100)))
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// A denied request waits for no slot: it is answered `429` with `Retry-After: 1` (a slot
+    /// comes back when a response ends, which no store can foresee; sooner when a held slot's
+    /// hold ends sooner), `RateLimit-Policy: "name";q=20;qu="concurrent-requests"` and
+    /// `RateLimit: "name";r=0`. Stacked with rate rules, all or nothing: a request a rate rule
+    /// denies takes no slot, one denied a slot is charged to no rate rule.
+    pub fn concurrent(name: impl Into<String>, slots: u64) -> Self {
+        Rule::new(name, Quota::new(slots, DEFAULT_MAX_HOLD)).algorithm(Algorithm::Concurrency)
+    }
+
+    /// The longest a [concurrency](Rule::concurrent) slot is held (default
+    /// [`DEFAULT_MAX_HOLD`]): longer than the longest response, so that a slot is given back by
+    /// its response, not by its expiry. A replica that dies holding slots leaks them for this
+    /// long. Only for concurrency rules.
+    pub fn max_hold(mut self, hold: Duration) -> Self {
+        self.quota = Quota::new(self.quota.limit(), hold);
+        self.max_hold = Some(hold);
+        self
     }
 
     /// Chooses the algorithm (default: [`Algorithm::TokenBucket`]).
@@ -245,6 +290,7 @@ impl Rule {
             && self.lease == other.lease
             && self.split == other.split
             && self.after.same_as(&other.after)
+            && self.max_hold == other.max_hold
             && same_key
             && self.key_spec == other.key_spec
             && same_cost
@@ -259,6 +305,31 @@ impl Rule {
     ) -> Result<CompiledRule, ConfigError> {
         let name = self.name;
         let quota = self.quota;
+        let concurrency = self.algorithm.is_concurrency();
+        if self.max_hold.is_some() && !concurrency {
+            return Err(ConfigError::in_rule(
+                &name,
+                "max_hold is the longest hold of a concurrency rule; use Rule::concurrent, or \
+                 remove .max_hold(..)",
+            ));
+        }
+        if concurrency && quota.period() < Duration::from_secs(1) {
+            return Err(ConfigError::in_rule(
+                &name,
+                format_args!(
+                    "a slot is held at most {:?}; give it at least 1 s (longer than the longest \
+                     response)",
+                    quota.period()
+                ),
+            ));
+        }
+        if concurrency && (!self.after.is_empty() || self.lease.is_some() || self.split.is_some()) {
+            return Err(ConfigError::in_rule(
+                &name,
+                "a concurrency rule's slot is given back when the response ends: it cannot also \
+                 charge by the response (charge_when, settle), be leased or split",
+            ));
+        }
         if quota.burst_size().is_some() && !self.algorithm.has_burst() {
             return Err(ConfigError::in_rule(
                 &name,

@@ -7,7 +7,7 @@ use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::denied::{PROBLEM_JSON, ProblemBodies, RateLimited};
-use super::grpc::{grpc_denied, grpc_forbidden, grpc_unavailable};
+use super::grpc::{grpc_denied, grpc_forbidden, grpc_shed, grpc_unavailable};
 use super::headers::{Headers, PolicyItems, write_budget};
 use crate::Decision;
 use crate::policy::CompiledRule;
@@ -97,6 +97,20 @@ impl Answers {
             .filter(|rule| rule.on_store_error == crate::FailureMode::Closed)
             .map(|rule| rule.spec.name());
         let mut response = Response::new(ProblemBodies::reduced_capacity(closed));
+        *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        let headers = response.headers_mut();
+        headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        response
+    }
+
+    /// The answer to a request shed by load shedding: 503 with `Retry-After: 1` and a
+    /// `temporary-reduced-capacity` problem document, or gRPC `UNAVAILABLE`.
+    pub(crate) fn shed(grpc: bool) -> Response<Bytes> {
+        if grpc {
+            return grpc_shed();
+        }
+        let mut response = Response::new(ProblemBodies::shed());
         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = response.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());

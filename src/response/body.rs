@@ -5,6 +5,9 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
+use crate::held::Held;
+use crate::shed::InFlight;
+
 pin_project! {
     /// The body of a rate-limited service's responses: the inner service's body, or tollgate's
     /// own (the 429 problem document).
@@ -14,6 +17,11 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
+        // The concurrency slots of the request, given back with the last frame (or when the
+        // body is dropped before it).
+        held: Option<Held>,
+        // The request's place in the load shedder's count, given up at the same time.
+        in_flight: Option<InFlight>,
     }
 }
 
@@ -30,6 +38,18 @@ impl<B> ResponseBody<B> {
     pub fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
+            held: None,
+            in_flight: None,
+        }
+    }
+
+    /// Wraps the inner service's body, holding the request's slots and its place among the
+    /// requests in flight until it ends.
+    pub(crate) fn holding(body: B, held: Option<Held>, in_flight: Option<InFlight>) -> Self {
+        ResponseBody {
+            kind: Kind::Inner { body },
+            held,
+            in_flight,
         }
     }
 
@@ -40,6 +60,8 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
+            held: None,
+            in_flight: None,
         }
     }
 }
@@ -56,8 +78,17 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        match self.project().kind.project() {
-            KindProj::Inner { body } => body.poll_frame(cx),
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { body } => {
+                let frame = body.poll_frame(cx);
+                // The last frame, or an error that ends the body: the slots go back now.
+                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+                    this.held.take();
+                    this.in_flight.take();
+                }
+                frame
+            }
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into())))),
         }
     }

@@ -52,6 +52,15 @@ pub(crate) fn grpc_unavailable() -> Response<Bytes> {
     )
 }
 
+/// The answer to a gRPC call shed because the server has too many calls in flight.
+pub(crate) fn grpc_shed() -> Response<Bytes> {
+    grpc_answer(
+        UNAVAILABLE,
+        "the server is at capacity for calls of this priority; retry shortly",
+        Some(1_000_000),
+    )
+}
+
 /// The answer to a gRPC call from a client on the deny list.
 pub(crate) fn grpc_forbidden() -> Response<Bytes> {
     grpc_answer(

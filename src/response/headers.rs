@@ -24,6 +24,9 @@ use crate::warn::unix_micros;
 ///   and `w` its window in seconds (for token bucket and GCRA, the burst and the time to refill
 ///   it); `r` is what remains and `t` the effective window: the seconds within which the client
 ///   can use no more than `r`, that is until one more unit is available (rounded up, never 0).
+///   A [concurrency limit](crate::Rule::concurrent) says `qu="concurrent-requests"` and no
+///   window: `RateLimit-Policy: "searches";q=20;qu="concurrent-requests"`,
+///   `RateLimit: "searches";r=3` (the free slots).
 /// * Legacy `X-RateLimit-Limit` / `-Remaining` / `-Reset` for the most constrained rule (the
 ///   one that denied, or the one with the least left), with `Reset` as seconds from now or as a
 ///   Unix time.
@@ -99,6 +102,8 @@ pub(crate) struct PolicyItems {
     all: HeaderValue,
     /// `"name";r=` per rule.
     budget_prefixes: Box<[Box<[u8]>]>,
+    /// Per rule: whether its `RateLimit` item has a `t` (a concurrency limit has no window).
+    windows: Box<[bool]>,
 }
 
 impl PolicyItems {
@@ -107,7 +112,15 @@ impl PolicyItems {
             .iter()
             .map(|rule| {
                 let (quota, window) = rule.spec.policy();
-                format!("\"{}\";q={quota};w={window}", rule.spec.name())
+                if rule.spec.algorithm().is_concurrency() {
+                    // draft-11 §3.1.2: a quota of concurrent requests has no window.
+                    format!(
+                        "\"{}\";q={quota};qu=\"concurrent-requests\"",
+                        rule.spec.name()
+                    )
+                } else {
+                    format!("\"{}\";q={quota};w={window}", rule.spec.name())
+                }
             })
             .collect();
         let all = HeaderValue::from_str(&items.join(", ")).unwrap_or(HeaderValue::from_static(""));
@@ -124,6 +137,10 @@ impl PolicyItems {
             item_values,
             all,
             budget_prefixes,
+            windows: rules
+                .iter()
+                .map(|rule| !rule.spec.algorithm().is_concurrency())
+                .collect(),
         }
     }
 
@@ -187,9 +204,11 @@ pub(crate) fn write_budget(
             }
             value
                 .push(&policies.budget_prefixes[usize::from(i)])
-                .push_u64(outcome.remaining)
-                .push(b";t=")
-                .push_u64(seconds_up(outcome.window));
+                .push_u64(outcome.remaining);
+            // A concurrency limit's slots come back when responses end: no time to promise.
+            if policies.windows[usize::from(i)] {
+                value.push(b";t=").push_u64(seconds_up(outcome.window));
+            }
         }
         headers.append(&RATELIMIT, value.header_value());
     }

@@ -74,6 +74,16 @@ impl RuleSpec {
                 "the sliding window counter counts at most 4294967295 per window; lower the quota or use another algorithm",
             ));
         }
+        if algorithm == Algorithm::Concurrency && limits.limit > MAX_LOG_ENTRIES {
+            return Err(ConfigError::in_rule(
+                &name,
+                format_args!(
+                    "a concurrency limit keeps one entry per held slot, so it holds at most \
+                     {MAX_LOG_ENTRIES} slots, not {}",
+                    limits.limit
+                ),
+            ));
+        }
         if algorithm == Algorithm::SlidingWindowLog && limits.limit > MAX_LOG_ENTRIES {
             return Err(ConfigError::in_rule(
                 &name,
@@ -113,6 +123,12 @@ impl RuleSpec {
     /// Leases up to `units` at once to each replica of a remote store, spent locally for at
     /// most `ttl` (see [`Rule::lease`](crate::Rule::lease)). The memory store ignores it.
     pub fn with_lease(mut self, units: u64, ttl: Duration) -> Result<Self, ConfigError> {
+        if self.algorithm.is_concurrency() {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                "a concurrency slot is given back to the key that holds it: not leased",
+            ));
+        }
         let capacity = self.algorithm.capacity(&self.limits);
         if units < 2 || units > capacity {
             return Err(ConfigError::in_rule(
@@ -155,6 +171,12 @@ impl RuleSpec {
             return Err(ConfigError::in_rule(
                 &self.name,
                 format_args!("split into {parts} sub-keys; split into 2 to {MAX_PARTS}"),
+            ));
+        }
+        if self.algorithm.is_concurrency() {
+            return Err(ConfigError::in_rule(
+                &self.name,
+                "a concurrency limit counts the requests in flight of one key: not split",
             ));
         }
         let l = &self.limits;

@@ -28,6 +28,7 @@ local ALGORITHMS = {
   fw = FixedWindow,
   sl = SlidingLog,
   sc = SlidingCounter,
+  cc = Concurrency,
 }
 
 -- Charges by their text, parsed once: a function library keeps this table between calls (the

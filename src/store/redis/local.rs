@@ -559,6 +559,7 @@ impl Plan {
                 now: 0,
                 outcomes: SmallVec::new(),
                 taken: SmallVec::new(),
+                times: None,
             },
             Some(Ok(reply)) => reply,
             Some(Err(error)) => {
@@ -651,15 +652,23 @@ impl Plan {
         } else {
             DecisionSource::Lease
         };
-        Ok(Decision::from_outcomes(outcomes)
+        let decision = Decision::from_outcomes(outcomes)
             .made_by(source)
-            .made_at_time(reply.now))
+            .made_at_time(reply.now);
+        Ok(match reply.times {
+            Some(times) => decision.charged_at_times(times),
+            None => decision,
+        })
     }
 
-    /// Keeps a denial: until the sooner of the denying rules' retry-after and window.
+    /// Keeps a denial: until the sooner of the denying rules' retry-after and window. Never
+    /// one of a request with a concurrency rule: its slots come back when responses end, which
+    /// no time here can tell.
     fn cache_denial(&self, outcomes: &[Outcome]) {
         let local = &self.local;
-        if local.denials.max_per_shard == 0 {
+        if local.denials.max_per_shard == 0
+            || self.charges.iter().any(|c| c.algorithm.is_concurrency())
+        {
             return;
         }
         let until = outcomes
@@ -677,8 +686,9 @@ impl Plan {
                 outcome: *outcome,
                 cost: planned.cost,
                 at: self.at,
-                // A rule that admits keeps its numbers until its own next unit at most.
-                until: if outcome.allowed {
+                // A rule that admits keeps its numbers until its own next unit at most; so does
+                // one whose cost never fits (its retry-after is no bound).
+                until: if outcome.allowed || outcome.retry_after == u64::MAX {
                     until.min(self.at.saturating_add(outcome.window))
                 } else {
                     until
@@ -782,6 +792,7 @@ mod tests {
             now: 1_000_000,
             outcomes: smallvec::smallvec![denied(6_000_000, 6_000_000)],
             taken: smallvec::smallvec![0],
+            times: None,
         };
         assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
         clock.advance(std::time::Duration::from_secs(2));
@@ -798,6 +809,57 @@ mod tests {
         assert!(local.answer(&other).is_none());
         // At the retry-after, Redis decides again.
         clock.advance(std::time::Duration::from_secs(4));
+        assert!(local.answer(&charges).is_none());
+    }
+
+    #[test]
+    fn a_rule_whose_cost_never_fits_keeps_its_numbers_only_until_its_window() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let log = RuleSpec::new(
+            "log",
+            Algorithm::SlidingWindowLog,
+            Limits::new(7, 1_000_000, 7).unwrap(),
+        )
+        .unwrap();
+        let window = RuleSpec::new(
+            "window",
+            Algorithm::FixedWindow,
+            Limits::new(1, 60_000_000, 1).unwrap(),
+        )
+        .unwrap();
+        let key = Key::text("k");
+        let charges = [
+            Charge {
+                rule: &log,
+                key: &key,
+                cost: 8,
+            },
+            Charge {
+                rule: &window,
+                key: &key,
+                cost: 1,
+            },
+        ];
+        let plan = local.plan(&charges);
+        // The log's one entry leaves in 1 ms; its cost never fits. The window denies for 30 s.
+        let never = Outcome {
+            retry_after: u64::MAX,
+            window: 1_000,
+            remaining: 6,
+            limit: 7,
+            ..denied(0, 0)
+        };
+        let reply = Reply {
+            now: 1_000_000,
+            outcomes: smallvec::smallvec![never, denied(30_000_000, 30_000_000)],
+            taken: smallvec::smallvec![0, 0],
+            times: None,
+        };
+        assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
+        assert!(local.answer(&charges).is_some(), "answered here at once");
+        // Once the log's entry has left, its numbers are not known here: Redis answers.
+        clock.advance(std::time::Duration::from_millis(2));
         assert!(local.answer(&charges).is_none());
     }
 }

@@ -31,6 +31,7 @@ macro_rules! body {
             include_str!("gcra.lua"),
             include_str!("fixed_window.lua"),
             include_str!("sliding_log.lua"),
+            include_str!("concurrency.lua"),
             include_str!("sliding_counter.lua"),
             include_str!("check.lua"),
         )
@@ -427,6 +428,7 @@ fn code(algorithm: Algorithm) -> &'static str {
         Algorithm::Gcra => "gcra",
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindowLog => "sl",
+        Algorithm::Concurrency => "cc",
         Algorithm::SlidingWindowCounter => "sc",
     }
 }
@@ -439,6 +441,8 @@ pub(crate) struct Reply {
     pub(crate) outcomes: SmallVec<[Outcome; 2]>,
     /// The units each charge took: its cost when admitted, up to its lease for a lease.
     pub(crate) taken: SmallVec<[u64; 2]>,
+    /// The time of each charge, when they were made by several calls (a cluster's slots).
+    pub(crate) times: Option<Box<[u64]>>,
 }
 
 impl Reply {
@@ -546,6 +550,7 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
             now: request.now.unwrap_or(now),
             outcomes,
             taken,
+            times: None,
         });
     }
     Ok(replies)

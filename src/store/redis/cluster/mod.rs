@@ -494,6 +494,7 @@ impl Inner {
                 now: now.unwrap_or(0),
                 outcomes: SmallVec::new(),
                 taken: SmallVec::new(),
+                times: None,
             });
         };
         let deadline = Instant::now() + self.settings.response_timeout;
@@ -656,6 +657,7 @@ fn denial(
                     .map(|p| p.algorithm.check(&p.limits, None, 0, 0))
                     .collect(),
                 taken: smallvec::smallvec![0; charges.len()],
+                times: None,
             })
         })
         .collect();
@@ -756,16 +758,20 @@ fn groups(prepared: &[Prepared]) -> Vec<(u16, Vec<usize>)> {
 fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Reply {
     let mut outcomes: SmallVec<[Outcome; 2]> = smallvec::smallvec![Outcome::default(); len];
     let mut taken: SmallVec<[u64; 2]> = smallvec::smallvec![0; len];
+    // Each node has its own clock: the time of each charge is its node's.
+    let mut times = vec![0; len];
     for ((_, indices), reply) in groups.iter().zip(replies) {
         for ((&i, outcome), &units) in indices.iter().zip(&reply.outcomes).zip(&reply.taken) {
             outcomes[i] = *outcome;
             taken[i] = units;
+            times[i] = reply.now;
         }
     }
     Reply {
         now: replies.first().map_or(0, |r| r.now),
         outcomes,
         taken,
+        times: Some(times.into()),
     }
 }
 

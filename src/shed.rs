@@ -1,0 +1,248 @@
+//! Load shedding: a capacity of requests in flight in this process, shared by priority classes,
+//! the lowest shed first and a share always kept for the critical ones.
+//!
+//! ```
+//! use tollgate::{Priority, Quota, RateLimitLayer, Rule, Shedding};
+//!
+//! // 200 requests in flight at most; `low` ones only while fewer than 100 are (50 %), `normal`
+//! // ones while fewer than 160 are (80 %): the last 40 are kept for `critical` requests.
+//! let shedding = Shedding::new(200).priority(|parts: &http::request::Parts| {
+//!     match parts.uri.path() {
+//!         "/checkout" => Priority::Critical,
+//!         path if path.starts_with("/reports") => Priority::Low,
+//!         _ => Priority::Normal,
+//!     }
+//! });
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("api", Quota::per_second(100)))
+//!     .shed(shedding)
+//!     .build()?;
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+//!
+//! A request is in flight from the moment the layer sees it until its response body ends (or
+//! is dropped). One that would pass its class's share is answered at once, before any rule is
+//! checked: `503 Service Unavailable` with `Retry-After: 1` and a
+//! `temporary-reduced-capacity` problem document (draft-ietf-httpapi-ratelimit-headers-11
+//! §5.2) whose violated policy is `"load-shedding"`, or gRPC `UNAVAILABLE` with a one-second
+//! pushback. Shedding is the first thing the layer does, before the deny lists, so that a busy
+//! process spends nothing on what it sheds. Shed requests are counted as `shed` by
+//! `tollgate_requests_total` and by priority in `tollgate_shed_requests_total`.
+//!
+//! The capacity is this process's (Stripe's worker-utilisation shedder): what one replica can
+//! work on at once. For a cap on a whole fleet's requests in flight, add a
+//! [concurrency rule](crate::Rule::concurrent) with a [`Global`](crate::key::Global) key on a
+//! shared store.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use http::request::Parts;
+
+use crate::ConfigError;
+
+/// The policy a shed request's problem document names as violated.
+pub(crate) const SHED_POLICY: &str = "load-shedding";
+
+/// How much a request matters when the process is busy: the lowest are shed first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    /// Shed first (test traffic, reports, prefetches).
+    Low,
+    /// Most requests.
+    #[default]
+    Normal,
+    /// Shed last: only once the whole capacity is in use.
+    Critical,
+}
+
+impl Priority {
+    /// The label value: `low`, `normal`, `critical`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::Critical => "critical",
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request's [`Priority`], read from its head.
+pub type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
+
+/// The load-shedding settings of a layer (see the [module](crate::shed)).
+#[derive(Clone)]
+pub struct Shedding {
+    capacity: usize,
+    low_percent: u8,
+    normal_percent: u8,
+    priority: PriorityFn,
+}
+
+impl Shedding {
+    /// At most `capacity` requests in flight: `low` ones up to 50 % of it, `normal` ones up to
+    /// 80 %, `critical` ones all of it. Every request is `normal` until
+    /// [`priority`](Shedding::priority) says otherwise.
+    pub fn new(capacity: usize) -> Self {
+        Shedding {
+            capacity,
+            low_percent: 50,
+            normal_percent: 80,
+            priority: Arc::new(|_: &Parts| Priority::Normal),
+        }
+    }
+
+    /// Reads each request's priority from its head.
+    pub fn priority<F>(mut self, priority: F) -> Self
+    where
+        F: Fn(&Parts) -> Priority + Send + Sync + 'static,
+    {
+        self.priority = Arc::new(priority);
+        self
+    }
+
+    /// The shares of the capacity `low` and `normal` requests may fill, in percent (defaults
+    /// 50 and 80). `normal` must stay below 100: what is left is kept for `critical` requests.
+    pub fn shares(mut self, low_percent: u8, normal_percent: u8) -> Self {
+        self.low_percent = low_percent;
+        self.normal_percent = normal_percent;
+        self
+    }
+
+    /// Checks the settings and makes the shedder.
+    pub(crate) fn build(self) -> Result<Shedder, ConfigError> {
+        if self.capacity == 0 {
+            return Err(ConfigError::new(
+                "load shedding with a capacity of 0 would shed every request; give it at least 1",
+            ));
+        }
+        if self.low_percent == 0
+            || self.low_percent > self.normal_percent
+            || self.normal_percent >= 100
+        {
+            return Err(ConfigError::new(format!(
+                "load shedding shares of {} % (low) and {} % (normal); use 0 < low <= normal < 100, \
+                 so that low requests go first and critical ones keep a share",
+                self.low_percent, self.normal_percent
+            )));
+        }
+        let share = |percent: u8| (self.capacity * usize::from(percent) / 100).max(1);
+        Ok(Shedder {
+            limits: [
+                share(self.low_percent),
+                share(self.normal_percent),
+                self.capacity,
+            ],
+            priority: self.priority,
+            in_flight: Arc::new(AtomicUsize::new(0)),
+        })
+    }
+}
+
+impl fmt::Debug for Shedding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shedding")
+            .field("capacity", &self.capacity)
+            .field("low_percent", &self.low_percent)
+            .field("normal_percent", &self.normal_percent)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A layer's shedder: the requests in flight, and how many each class may join.
+pub(crate) struct Shedder {
+    /// The most in flight a request of each class joins: low, normal, critical.
+    limits: [usize; 3],
+    priority: PriorityFn,
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Shedder {
+    /// Lets a request in, counted until the returned guard is dropped; `Err` with its priority
+    /// when its class's share is full.
+    pub(crate) fn enter(&self, parts: &Parts) -> Result<InFlight, Priority> {
+        let priority = (self.priority)(parts);
+        let limit = self.limits[priority as usize];
+        self.in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map(|_| InFlight(self.in_flight.clone()))
+            .map_err(|_| priority)
+    }
+
+    /// The requests in flight now.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
+    }
+}
+
+/// One request in flight: counted out when dropped (its response body ended or was dropped,
+/// or it never got that far).
+pub(crate) struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(path: &str) -> Parts {
+        http::Request::get(path).body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_lowest_classes_are_shed_first_and_critical_keeps_a_share() {
+        let shedder = Shedding::new(10)
+            .priority(|p: &Parts| match p.uri.path() {
+                "/critical" => Priority::Critical,
+                "/low" => Priority::Low,
+                _ => Priority::Normal,
+            })
+            .build()
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            held.push(shedder.enter(&parts("/low")).unwrap());
+        }
+        assert_eq!(shedder.enter(&parts("/low")).err(), Some(Priority::Low));
+        for _ in 0..3 {
+            held.push(shedder.enter(&parts("/normal")).unwrap());
+        }
+        assert_eq!(
+            shedder.enter(&parts("/normal")).err(),
+            Some(Priority::Normal)
+        );
+        for _ in 0..2 {
+            held.push(shedder.enter(&parts("/critical")).unwrap());
+        }
+        assert_eq!(
+            shedder.enter(&parts("/critical")).err(),
+            Some(Priority::Critical)
+        );
+        assert_eq!(shedder.in_flight(), 10);
+        held.truncate(4);
+        assert_eq!(shedder.in_flight(), 4);
+        assert!(shedder.enter(&parts("/low")).is_ok());
+    }
+
+    #[test]
+    fn bad_settings_are_refused() {
+        assert!(Shedding::new(0).build().is_err());
+        assert!(Shedding::new(10).shares(0, 50).build().is_err());
+        assert!(Shedding::new(10).shares(60, 50).build().is_err());
+        assert!(Shedding::new(10).shares(50, 100).build().is_err());
+    }
+}

@@ -1,0 +1,432 @@
+//! Concurrency limits on the memory store, a standalone Redis and a 3-primary cluster: never
+//! more requests in flight than the limit over several replicas, every slot free afterwards
+//! (bodies read to the end, streamed, or dropped by a client that leaves), slots of a replica
+//! that dies free after the longest hold, stacking with rate rules all or nothing, and the
+//! answers a client gets.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tollgate::key::{Global, Key};
+use tollgate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
+use tollgate::testing::Budget;
+use tollgate::{Quota, RateLimitLayer, Rule};
+use tower::ServiceExt;
+
+fn request(path: &str) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([10, 9, 0, 1], 40_000))));
+    req
+}
+
+/// The stores under test, each with a prefix of its own.
+async fn stores(name: &str) -> (MemoryStore, RedisStore, RedisClusterStore) {
+    let redis = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix(name))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix(name))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    (MemoryStore::new(), redis, cluster)
+}
+
+/// Requests in flight, from the handler's start to the end (or drop) of the body, and the most
+/// there ever were.
+#[derive(Clone, Default)]
+struct InFlight {
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+}
+
+impl InFlight {
+    fn enter(&self) -> Leaving {
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        Leaving(self.now.clone())
+    }
+}
+
+/// Counts a request out when dropped.
+struct Leaving(Arc<AtomicUsize>);
+
+impl Drop for Leaving {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A replica: `/slow` answers after a moment with a body of one chunk; `/stream` streams five
+/// chunks, a moment apart. A request counts as in flight until its body is done.
+fn replica<St: Store>(store: St, rule: Rule, in_flight: InFlight) -> Router {
+    let layer = RateLimitLayer::builder()
+        .rule(rule)
+        .store(store)
+        .build()
+        .unwrap();
+    let slow = in_flight.clone();
+    let stream = in_flight;
+    Router::new()
+        .route(
+            "/slow",
+            get(move || {
+                let leaving = slow.enter();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let stream = futures_util::stream::once(async move {
+                        let _leaving = leaving;
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"done"))
+                    });
+                    Body::from_stream(stream)
+                }
+            }),
+        )
+        .route(
+            "/stream",
+            get(move || {
+                let leaving = stream.enter();
+                async move {
+                    let chunks = futures_util::stream::unfold(
+                        (0, Some(leaving)),
+                        |(i, leaving)| async move {
+                            if i == 5 {
+                                drop(leaving);
+                                return None;
+                            }
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            Some((
+                                Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"chunk")),
+                                (i + 1, leaving),
+                            ))
+                        },
+                    );
+                    Body::from_stream(chunks)
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+/// How a client reads its answer.
+#[derive(Clone, Copy, Debug)]
+enum Reading {
+    /// To the end.
+    Whole,
+    /// The first frame, then it leaves.
+    Leaves,
+}
+
+async fn send(app: &Router, path: &str, reading: Reading) -> u16 {
+    let response: Response<Body> = app.clone().oneshot(request(path)).await.unwrap();
+    let status = response.status().as_u16();
+    let mut body = response.into_body();
+    match reading {
+        Reading::Whole => while body.frame().await.is_some() {},
+        Reading::Leaves => {
+            body.frame().await;
+        }
+    }
+    status
+}
+
+/// 200 concurrent requests of one client over 3 replicas against 20 slots: never more than 20
+/// in flight, and all of them free afterwards, whether bodies are read, streamed or left.
+async fn never_more_than_the_limit<St: Store + Clone>(store: St, name: &str) -> Vec<u16> {
+    let rule = Rule::concurrent("in-flight", 20);
+    let in_flight = InFlight::default();
+    let replicas: Vec<Router> = (0..3)
+        .map(|_| replica(store.clone(), rule.clone(), in_flight.clone()))
+        .collect();
+    let mut statuses = Vec::new();
+    for (path, reading) in [
+        ("/slow", Reading::Whole),
+        ("/stream", Reading::Whole),
+        ("/stream", Reading::Leaves),
+    ] {
+        let calls = (0..200).map(|i| send(&replicas[i % 3], path, reading));
+        let round: Vec<u16> = futures_util::future::join_all(calls).await;
+        assert!(
+            round.iter().all(|s| *s == 200 || *s == 429),
+            "{name}: {round:?}"
+        );
+        let admitted = round.iter().filter(|s| **s == 200).count();
+        assert!(
+            admitted >= 20,
+            "{name} {path} {reading:?}: {admitted} admitted"
+        );
+        statuses.extend(round);
+        assert_eq!(in_flight.now.load(Ordering::SeqCst), 0, "{name}");
+    }
+    let most = in_flight.most.load(Ordering::SeqCst);
+    assert!(most <= 20, "{name}: {most} in flight at once");
+    assert!(most >= 10, "{name}: only {most} in flight at once");
+    statuses
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_in_flight_than_the_limit_and_every_slot_free_after() {
+    let (memory, redis, cluster) = stores("in-flight").await;
+    never_more_than_the_limit(memory.clone(), "memory").await;
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("in-flight", 20))
+        .store(memory)
+        .build()
+        .unwrap();
+    let client = Key::ip("10.9.0.1".parse().unwrap());
+    assert_eq!(
+        layer
+            .limiter()
+            .peek("in-flight", &client)
+            .await
+            .unwrap()
+            .remaining,
+        20,
+        "memory: every slot free"
+    );
+
+    never_more_than_the_limit(redis.clone(), "redis").await;
+    let held = redis.key_name("in-flight", &client);
+    // Slots are given back on the runtime when a body ends: a moment for the last ones.
+    let mut exists = 1;
+    for _ in 0..100 {
+        let mut conn = support::standalone().conn();
+        exists = redis::cmd("EXISTS").arg(&held).query(&mut conn).unwrap();
+        if exists == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(exists, 0, "redis: the list of held slots is gone");
+
+    never_more_than_the_limit(cluster.clone(), "cluster").await;
+    let held = cluster.key_name("in-flight", &client);
+    let mut exists = 1;
+    for _ in 0..100 {
+        let mut conn = support::cluster().conn_for(&held);
+        exists = redis::cmd("EXISTS").arg(&held).query(&mut conn).unwrap();
+        if exists == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(exists, 0, "cluster: the list of held slots is gone");
+}
+
+/// A replica that dies holding slots (its requests never end: their slots are never given
+/// back) leaks them for the longest hold, no longer.
+#[tokio::test]
+async fn the_slots_of_a_replica_that_died_are_free_after_the_longest_hold() {
+    let (_, redis, cluster) = stores("died").await;
+    async fn run<St: Store + Clone>(store: St, name: &str) {
+        let rule = Rule::concurrent("held", 3)
+            .key(Global)
+            .max_hold(Duration::from_secs(1));
+        let app = replica(store.clone(), rule.clone(), InFlight::default());
+        // The dead replica's requests: admitted, then never finished.
+        for _ in 0..3 {
+            let response = app.clone().oneshot(request("/slow")).await.unwrap();
+            assert_eq!(response.status(), 200, "{name}");
+            std::mem::forget(response);
+        }
+        let other = replica(store, rule, InFlight::default());
+        assert_eq!(send(&other, "/slow", Reading::Whole).await, 429, "{name}");
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(send(&other, "/slow", Reading::Whole).await, 200, "{name}");
+    }
+    run(redis, "redis").await;
+    run(cluster, "cluster").await;
+}
+
+/// A concurrency rule stacked with a rate rule: a request the rate rule denies takes no slot,
+/// one denied a slot is charged nothing by the rate rule.
+#[tokio::test]
+async fn stacked_with_a_rate_rule_all_or_nothing() {
+    let (memory, redis, cluster) = stores("stacked").await;
+    async fn run<St: Store + Clone>(store: St, name: &str) {
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::concurrent("searches-in-flight", 2).key(Global))
+            .rule(Rule::new("searches", Quota::per_hour(3)).key(Global))
+            .store(store)
+            .build()
+            .unwrap();
+        let limiter = layer.limiter();
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(layer);
+        // Two responses held open: both slots taken, two of three searches spent.
+        let first = app.clone().oneshot(request("/")).await.unwrap();
+        let second = app.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(
+            (first.status().as_u16(), second.status().as_u16()),
+            (200, 200),
+            "{name}"
+        );
+        // Denied a slot: no search is charged.
+        let third = app.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(third.status(), 429, "{name}");
+        let budget = Budget::of(third.headers()).unwrap();
+        assert_eq!(budget.retry_after, Some(1), "{name}");
+        assert_eq!(
+            limiter
+                .peek("searches", &Key::global())
+                .await
+                .unwrap()
+                .remaining,
+            1,
+            "{name}: denied a slot, charged no search"
+        );
+        drop((first, second));
+        // The slots come back (on the runtime, for a remote store).
+        let mut free = 0;
+        for _ in 0..100 {
+            free = limiter
+                .peek("searches-in-flight", &Key::global())
+                .await
+                .unwrap()
+                .remaining;
+            if free == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(free, 2, "{name}");
+        // The last search: admitted, and its slot given back.
+        assert_eq!(send(&app, "/", Reading::Whole).await, 200, "{name}");
+        // Searches spent: denied, and no slot taken.
+        let denied = app.clone().oneshot(request("/")).await.unwrap();
+        assert_eq!(denied.status(), 429, "{name}");
+        for _ in 0..100 {
+            free = limiter
+                .peek("searches-in-flight", &Key::global())
+                .await
+                .unwrap()
+                .remaining;
+            if free == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(free, 2, "{name}: a request denied a search holds no slot");
+    }
+    run(memory, "memory").await;
+    run(redis, "redis").await;
+    run(cluster, "cluster").await;
+}
+
+/// What a client is told: the policy's unit and the free slots, and a second to wait.
+#[tokio::test]
+async fn the_answers_say_concurrent_requests_and_the_free_slots() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("in-flight", 2).key(Global))
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let first = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(
+        first.headers()["ratelimit-policy"],
+        "\"in-flight\";q=2;qu=\"concurrent-requests\""
+    );
+    assert_eq!(first.headers()["ratelimit"], "\"in-flight\";r=1");
+    let second = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(second.headers()["ratelimit"], "\"in-flight\";r=0");
+    let denied = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(denied.status(), 429);
+    assert_eq!(denied.headers()["retry-after"], "1");
+    assert_eq!(denied.headers()["ratelimit"], "\"in-flight\";r=0");
+    let budget = Budget::of(denied.headers()).unwrap();
+    assert_eq!(
+        budget.policies[0].unit.as_deref(),
+        Some("concurrent-requests")
+    );
+    assert_eq!(budget.limits[0].reset, None);
+    // A body read to its end gives its slot back.
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ok");
+    let again = app.clone().oneshot(request("/")).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.headers()["ratelimit"], "\"in-flight\";r=0");
+    drop(second);
+    drop(again);
+}
+
+/// A request whose inner service fails, or whose client leaves before the answer, gives its
+/// slot back too.
+#[tokio::test]
+async fn a_request_that_never_answers_gives_its_slot_back() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("in-flight", 1).key(Global))
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let failing = tower::service_fn(|_: Request<Body>| async {
+        Err::<Response<Body>, std::io::Error>(std::io::Error::other("the handler failed"))
+    });
+    let service = tower::Layer::layer(&layer, failing);
+    assert!(service.oneshot(request("/")).await.is_err());
+    assert_eq!(
+        limiter
+            .peek("in-flight", &Key::global())
+            .await
+            .unwrap()
+            .remaining,
+        1
+    );
+    let slow = tower::service_fn(|_: Request<Body>| async {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        Ok::<_, std::io::Error>(Response::new(Body::empty()))
+    });
+    let service = tower::Layer::layer(&layer, slow);
+    let call = service.oneshot(request("/"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(20), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(
+        limiter
+            .peek("in-flight", &Key::global())
+            .await
+            .unwrap()
+            .remaining,
+        1
+    );
+}
+
+#[test]
+fn concurrency_rules_that_cannot_work_are_refused_at_build_time() {
+    let error = |rule: Rule| {
+        RateLimitLayer::builder()
+            .rule(rule)
+            .build()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    assert!(error(Rule::concurrent("c", 5).lease(2)).contains("concurrency"));
+    assert!(error(Rule::concurrent("c", 5).split(2)).contains("concurrency"));
+    assert!(error(Rule::concurrent("c", 5).charge_on_status([500])).contains("concurrency"));
+    assert!(error(Rule::concurrent("c", 5).max_hold(Duration::from_millis(10))).contains("1 s"));
+    assert!(error(Rule::concurrent("c", 20_000)).contains("10000"));
+    assert!(
+        error(Rule::new("r", Quota::per_minute(5)).max_hold(Duration::from_secs(5)))
+            .contains("max_hold")
+    );
+}

@@ -1,0 +1,296 @@
+//! Load shedding: the lowest priority classes are shed first, `critical` requests keep their
+//! share, a request counts as in flight until its body ends, shed requests are charged to no
+//! rule, and the 503 (or gRPC `UNAVAILABLE`) a shed client gets.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use tokio::sync::watch;
+use tollgate::key::Global;
+use tollgate::testing::{Budget, Problem};
+use tollgate::{Priority, Quota, RateLimitLayer, Rule, Shedding};
+use tower::ServiceExt;
+
+/// The priority a request's `x-priority` header names (`normal` without one).
+fn priority(parts: &http::request::Parts) -> Priority {
+    match parts.headers.get("x-priority").map(|v| v.as_bytes()) {
+        Some(b"critical") => Priority::Critical,
+        Some(b"low") => Priority::Low,
+        _ => Priority::Normal,
+    }
+}
+
+fn request(class: &str) -> Request<Body> {
+    Request::get("/work")
+        .header("x-priority", class)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// An app whose handler waits until `gate` opens, counting the requests in it.
+fn app(shedding: Shedding, gate: watch::Receiver<bool>, inside: Arc<AtomicUsize>) -> Router {
+    Router::new()
+        .route(
+            "/work",
+            get(move || {
+                let mut gate = gate.clone();
+                let inside = inside.clone();
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    let _ = gate.wait_for(|open| *open).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    "done"
+                }
+            }),
+        )
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
+                .shed(shedding)
+                .build()
+                .unwrap(),
+        )
+}
+
+/// Waits until `n` requests are in the handler.
+async fn until_inside(inside: &AtomicUsize, n: usize) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while inside.load(Ordering::SeqCst) < n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} requests never reached the handler"));
+}
+
+#[tokio::test]
+async fn low_requests_are_shed_first_and_critical_ones_keep_their_share() {
+    let (open, gate) = watch::channel(false);
+    let inside = Arc::new(AtomicUsize::new(0));
+    // 20 in flight: low ones up to 10, normal ones up to 16, critical ones all 20.
+    let app = app(Shedding::new(20).priority(priority), gate, inside.clone());
+
+    let mut held = Vec::new();
+    for _ in 0..10 {
+        held.push(tokio::spawn(app.clone().oneshot(request("low"))));
+    }
+    until_inside(&inside, 10).await;
+    // The low share is full: more low requests are shed at once, normal ones are not.
+    for _ in 0..5 {
+        let shed = app.clone().oneshot(request("low")).await.unwrap();
+        assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    for _ in 0..6 {
+        held.push(tokio::spawn(app.clone().oneshot(request("normal"))));
+    }
+    until_inside(&inside, 16).await;
+    let shed = app.clone().oneshot(request("normal")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let shed = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // The last 4 are critical's.
+    for _ in 0..4 {
+        held.push(tokio::spawn(app.clone().oneshot(request("critical"))));
+    }
+    until_inside(&inside, 20).await;
+    // Now the whole capacity is in use: even a critical request is shed.
+    let shed = app.clone().oneshot(request("critical")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    open.send(true).unwrap();
+    for request in held {
+        let response = request.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(
+            &response.into_body().collect().await.unwrap().to_bytes()[..],
+            b"done"
+        );
+    }
+    // Every place is free again.
+    let mut again = Vec::new();
+    for _ in 0..10 {
+        again.push(app.clone().oneshot(request("low")).await.unwrap());
+    }
+    assert!(again.iter().all(|r| r.status() == StatusCode::OK));
+}
+
+#[tokio::test]
+async fn a_flood_of_low_and_normal_requests_never_sheds_critical_ones_within_their_share() {
+    let (open, gate) = watch::channel(false);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let app = app(Shedding::new(20).priority(priority), gate, inside.clone());
+    // The gate opens and closes while 400 low and normal requests and 4 loops of critical ones
+    // (the share kept for them) run at once.
+    let flipper = tokio::spawn(async move {
+        for n in 0..40 {
+            let _ = open.send(n % 2 == 1);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _ = open.send(true);
+    });
+    let mut flood = Vec::new();
+    for n in 0..400 {
+        let class = if n % 3 == 0 { "normal" } else { "low" };
+        flood.push(tokio::spawn(app.clone().oneshot(request(class))));
+    }
+    let critical: Vec<_> = (0..4)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let mut statuses = Vec::new();
+                for _ in 0..25 {
+                    let response = app.clone().oneshot(request("critical")).await.unwrap();
+                    statuses.push(response.status());
+                    response.into_body().collect().await.unwrap();
+                }
+                statuses
+            })
+        })
+        .collect();
+    let mut shed = 0;
+    for request in flood {
+        match request.await.unwrap().unwrap().status() {
+            StatusCode::OK => {}
+            StatusCode::SERVICE_UNAVAILABLE => shed += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    for loop_ in critical {
+        let statuses = loop_.await.unwrap();
+        assert_eq!(statuses.len(), 25);
+        assert!(
+            statuses.iter().all(|s| *s == StatusCode::OK),
+            "a critical request was shed: {statuses:?}"
+        );
+    }
+    flipper.await.unwrap();
+    assert!(shed > 0, "the flood was never shed");
+    assert_eq!(inside.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_shed_request_gets_503_retry_after_and_a_problem_document_and_costs_no_rule() {
+    let (open, gate) = watch::channel(false);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let app = Router::new()
+        .route(
+            "/work",
+            get(move || {
+                let mut gate = gate.clone();
+                let inside = inside.clone();
+                async move {
+                    inside.fetch_add(1, Ordering::SeqCst);
+                    let _ = gate.wait_for(|open| *open).await;
+                    "done"
+                }
+            }),
+        )
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::new("api", Quota::per_hour(10)).key(Global))
+                .shed(Shedding::new(2).priority(priority))
+                .build()
+                .unwrap(),
+        );
+    // One low request fills the low share (50 % of 2).
+    let first = tokio::spawn(app.clone().oneshot(request("low")));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let shed = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    assert_eq!(shed.headers()["content-type"], "application/problem+json");
+    assert!(
+        !shed.headers().contains_key("ratelimit"),
+        "a shed request was checked by no rule"
+    );
+    let body = shed.into_body().collect().await.unwrap().to_bytes();
+    let problem = Problem::of(&body).unwrap();
+    assert_eq!(
+        problem.problem_type,
+        "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+    );
+    assert_eq!(problem.status, 503);
+    assert_eq!(problem.violated_policies, ["load-shedding"]);
+
+    // A gRPC call is told UNAVAILABLE with a pushback.
+    let grpc = app
+        .clone()
+        .oneshot(
+            Request::post("/work")
+                .header("content-type", "application/grpc")
+                .header("x-priority", "low")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(grpc.status(), StatusCode::OK);
+    assert_eq!(grpc.headers()["grpc-status"], "14");
+    assert_eq!(grpc.headers()["grpc-retry-pushback-ms"], "1000");
+
+    open.send(true).unwrap();
+    first.await.unwrap().unwrap();
+    // Two requests were admitted (the first, and this one) of 10: the shed ones cost nothing.
+    let next = app.clone().oneshot(request("normal")).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+    let budget = Budget::of(next.headers()).unwrap();
+    assert_eq!(budget.limit("api").unwrap().remaining, 8);
+}
+
+#[tokio::test]
+async fn a_request_is_in_flight_until_its_body_ends_or_is_dropped() {
+    let app = Router::new()
+        .route(
+            "/work",
+            get(|| async {
+                let chunks = futures_util::stream::iter(["a", "b"].map(Ok::<_, std::io::Error>));
+                Body::from_stream(chunks)
+            }),
+        )
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
+                .shed(Shedding::new(2).priority(priority))
+                .build()
+                .unwrap(),
+        );
+    // The handler has answered, but the body is not read: the request is still in flight.
+    let unread = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(unread.status(), StatusCode::OK);
+    let shed = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    // Read to its end, the place is free.
+    let body = unread.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ab");
+    let read = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(read.status(), StatusCode::OK);
+    // Dropped unread (a client that left), the place is free too.
+    drop(read);
+    let after = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(after.status(), StatusCode::OK);
+}
+
+#[test]
+fn bad_shedding_settings_fail_the_build() {
+    for shedding in [
+        Shedding::new(0),
+        Shedding::new(10).shares(0, 50),
+        Shedding::new(10).shares(60, 50),
+        Shedding::new(10).shares(50, 100),
+    ] {
+        let Err(error) = RateLimitLayer::builder()
+            .rule(Rule::new("api", Quota::per_second(10)))
+            .shed(shedding)
+            .build()
+        else {
+            panic!("built with bad shedding settings");
+        };
+        assert!(error.to_string().contains("load shedding"), "{error}");
+    }
+}
