@@ -426,6 +426,7 @@ impl<St: Store> Shared<St> {
         parts: &Parts,
         span: &tracing::Span,
         priority: Priority,
+        share: usize,
     ) -> (Arc<Snapshot>, Start<St::Future>) {
         let snapshot = self.snapshot();
         tracing::debug!(%priority, "tollgate: request shed");
@@ -433,7 +434,7 @@ impl<St: Store> Shared<St> {
         crate::observe::metrics::shed(priority);
         self.emit_listed(&snapshot, parts, span, Verdict::Shed);
         let start = Start::Decided {
-            next: Next::Answer(Answers::shed(Head::of_parts(parts).is_grpc())),
+            next: Next::Answer(Answers::shed(Head::of_parts(parts).is_grpc(), share)),
             applied: Applied::new(),
         };
         (snapshot, start)
@@ -925,9 +926,11 @@ impl<St: Store> Shared<St> {
             None
         };
         let held = if snapshot.holds {
-            let slots = charges_of(applied, keys, &decision, |i| {
+            let mut slots = charges_of(applied, keys, &decision, |i| {
                 rule(i).spec.algorithm().is_concurrency()
             });
+            // A request that cost nothing holds nothing.
+            slots.retain(|(_, _, units, _)| *units > 0);
             (!slots.is_empty()).then(|| Held {
                 giver: self.clone(),
                 snapshot: snapshot.clone(),
@@ -1031,10 +1034,20 @@ impl<St: Store> GiveBack for Shared<St> {
             None => self.store.adjust(&adjustments),
         };
         let mut future = future;
+        let runtime = tokio::runtime::Handle::try_current();
+        // A memory store answers at once; a remote store's future may need the runtime from
+        // its first poll.
+        if runtime.is_err() && !(held.local || self.store.kind() == "memory") {
+            tracing::warn!(
+                "tollgate: concurrency slots released outside a Tokio runtime could not be \
+                 given back to the store; they are free when their hold expires"
+            );
+            return;
+        }
         let mut context = Context::from_waker(std::task::Waker::noop());
         match future.as_mut().poll(&mut context) {
             Poll::Ready(result) => report_give_back(result),
-            Poll::Pending => match tokio::runtime::Handle::try_current() {
+            Poll::Pending => match runtime {
                 Ok(runtime) => {
                     runtime.spawn(async move { report_give_back(future.await) });
                 }
@@ -1047,10 +1060,14 @@ impl<St: Store> GiveBack for Shared<St> {
     }
 }
 
-/// Says when slots could not be given back: they are free when their hold expires.
-fn report_give_back(result: Result<(), StoreError>) {
-    if let Err(error) = result {
-        tracing::warn!(%error, "tollgate: could not give concurrency slots back; they are free when their hold expires");
+/// Says when slots could not be given back (at most once every 10 s: an outage would say it
+/// for every request): they are free when their hold expires.
+pub(crate) fn report_give_back(result: Result<(), StoreError>) {
+    static WARNED: Every = Every::new();
+    if let Err(error) = result
+        && WARNED.due(unix_micros(), 10_000_000)
+    {
+        tracing::warn!(%error, "tollgate: could not give concurrency slots back; they are free when their hold expires (said at most every 10 s)");
     }
 }
 

@@ -151,9 +151,39 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Gives `cost` units back to `rule` for `key` (to the current window, for the window
-    /// algorithms).
+    /// algorithms). A concurrency rule's slots go back with [`give_back`](Self::give_back),
+    /// which knows when they were taken: this refuses them.
     pub async fn refund(&self, rule: &str, key: &Key, cost: u64) -> Result<(), LimiterError> {
+        if self.rule(rule)?.algorithm().is_concurrency() {
+            return Err(LimiterError::Store(StoreError::Unsupported(
+                "refund of a concurrency rule; give the slots back with Limiter::give_back and \
+                 the decision of their charge",
+            )));
+        }
         self.adjust(rule, key, Change::Refund(cost)).await
+    }
+
+    /// Gives back the `cost` units (a concurrency rule's slots) that [`charge`](Self::charge)
+    /// took with `charged`, its decision: a job outside the request path holds slots as a
+    /// request does, from its charge until this call (or until the rule's longest hold).
+    pub async fn give_back(
+        &self,
+        rule: &str,
+        key: &Key,
+        cost: u64,
+        charged: &Decision,
+    ) -> Result<(), LimiterError> {
+        let spec = self.rule(rule)?;
+        if !charged.allowed() {
+            return Ok(());
+        }
+        let adjustment = [Adjustment {
+            rule: &spec,
+            key,
+            change: Change::Refund(cost),
+            charged_at: charged.charged_at(0),
+        }];
+        Ok(self.shared.store.adjust(&adjustment).await?)
     }
 
     /// Charges `cost` units to `rule` for `key` whatever its budget: past it, the key is in

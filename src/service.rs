@@ -103,7 +103,7 @@ where
         // Load shedding comes first: a busy process spends nothing on what it sheds.
         let mut in_flight = None;
         let (snapshot, start) = match self.shared.shedder.as_ref().map(|s| s.enter(&parts)) {
-            Some(Err(priority)) => self.shared.shed(&parts, &span, priority),
+            Some(Err((priority, share))) => self.shared.shed(&parts, &span, priority, share),
             entered => {
                 in_flight = entered.and_then(Result::ok);
                 self.shared.start(&mut parts, &span)

@@ -21,16 +21,19 @@
 //! ```
 //!
 //! A request is in flight from the moment the layer sees it until its response body ends (or
-//! is dropped). One that would pass its class's share is answered at once, before any rule is
+//! is dropped): a long stream (server-sent events, a gRPC stream) or a client that reads
+//! slowly holds its place meanwhile, so give such routes a layer of their own. One that would pass its class's share is answered at once, before any rule is
 //! checked: `503 Service Unavailable` with `Retry-After: 1` and a
 //! `temporary-reduced-capacity` problem document (draft-ietf-httpapi-ratelimit-headers-11
-//! §5.2) whose violated policy is `"load-shedding"`, or gRPC `UNAVAILABLE` with a one-second
-//! pushback. Shedding is the first thing the layer does, before the deny lists, so that a busy
+//! §5.2) whose violated policy is `"load-shedding"`, advertised as the draft allows with the
+//! class's share (`RateLimit-Policy: "load-shedding";q=100;qu="concurrent-requests"` and
+//! `RateLimit: "load-shedding";r=0`), or gRPC `UNAVAILABLE` with a one-second pushback. Shedding is the first thing the layer does, before the deny lists, so that a busy
 //! process spends nothing on what it sheds. Shed requests are counted as `shed` by
 //! `tollgate_requests_total` and by priority in `tollgate_shed_requests_total`.
 //!
 //! The capacity is this process's (Stripe's worker-utilisation shedder): what one replica can
-//! work on at once. For a cap on a whole fleet's requests in flight, add a
+//! work on at once. It is counted per `Shedding`: give clones of one to every layer that
+//! shares it (one `route_layer` per route, say). For a cap on a whole fleet's requests in flight, add a
 //! [concurrency rule](crate::Rule::concurrent) with a [`Global`](crate::key::Global) key on a
 //! shared store.
 
@@ -78,12 +81,17 @@ impl fmt::Display for Priority {
 pub type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
 
 /// The load-shedding settings of a layer (see the [module](crate::shed)).
+///
+/// One `Shedding` is one count of requests in flight: layers built with clones of it (one per
+/// route with `route_layer`, say) share its capacity; layers given separate `Shedding::new`s
+/// have one capacity each.
 #[derive(Clone)]
 pub struct Shedding {
     capacity: usize,
     low_percent: u8,
     normal_percent: u8,
     priority: PriorityFn,
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl Shedding {
@@ -96,10 +104,13 @@ impl Shedding {
             low_percent: 50,
             normal_percent: 80,
             priority: Arc::new(|_: &Parts| Priority::Normal),
+            in_flight: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Reads each request's priority from its head.
+    /// Reads each request's priority from its head. Read it from what a client cannot choose
+    /// (the route, an identity an authentication layer put in the extensions), never from a
+    /// header the client sends as it likes: every client would be `critical`.
     pub fn priority<F>(mut self, priority: F) -> Self
     where
         F: Fn(&Parts) -> Priority + Send + Sync + 'static,
@@ -118,10 +129,12 @@ impl Shedding {
 
     /// Checks the settings and makes the shedder.
     pub(crate) fn build(self) -> Result<Shedder, ConfigError> {
-        if self.capacity == 0 {
-            return Err(ConfigError::new(
-                "load shedding with a capacity of 0 would shed every request; give it at least 1",
-            ));
+        if self.capacity < 2 {
+            return Err(ConfigError::new(format!(
+                "load shedding with a capacity of {} keeps no share for critical requests; give \
+                 it at least 2",
+                self.capacity
+            )));
         }
         if self.low_percent == 0
             || self.low_percent > self.normal_percent
@@ -133,7 +146,9 @@ impl Shedding {
                 self.low_percent, self.normal_percent
             )));
         }
-        let share = |percent: u8| (self.capacity * usize::from(percent) / 100).max(1);
+        // Each class at least one request, and critical ones always one more than the others.
+        let share =
+            |percent: u8| (self.capacity * usize::from(percent) / 100).clamp(1, self.capacity - 1);
         Ok(Shedder {
             limits: [
                 share(self.low_percent),
@@ -141,7 +156,7 @@ impl Shedding {
                 self.capacity,
             ],
             priority: self.priority,
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            in_flight: self.in_flight,
         })
     }
 }
@@ -166,8 +181,8 @@ pub(crate) struct Shedder {
 
 impl Shedder {
     /// Lets a request in, counted until the returned guard is dropped; `Err` with its priority
-    /// when its class's share is full.
-    pub(crate) fn enter(&self, parts: &Parts) -> Result<InFlight, Priority> {
+    /// and its class's share when that share is full.
+    pub(crate) fn enter(&self, parts: &Parts) -> Result<InFlight, (Priority, usize)> {
         let priority = (self.priority)(parts);
         let limit = self.limits[priority as usize];
         self.in_flight
@@ -175,7 +190,7 @@ impl Shedder {
                 (n < limit).then_some(n + 1)
             })
             .map(|_| InFlight(self.in_flight.clone()))
-            .map_err(|_| priority)
+            .map_err(|_| (priority, limit))
     }
 
     /// The requests in flight now.
@@ -217,20 +232,23 @@ mod tests {
         for _ in 0..5 {
             held.push(shedder.enter(&parts("/low")).unwrap());
         }
-        assert_eq!(shedder.enter(&parts("/low")).err(), Some(Priority::Low));
+        assert_eq!(
+            shedder.enter(&parts("/low")).err().map(|e| e.0),
+            Some(Priority::Low)
+        );
         for _ in 0..3 {
             held.push(shedder.enter(&parts("/normal")).unwrap());
         }
         assert_eq!(
             shedder.enter(&parts("/normal")).err(),
-            Some(Priority::Normal)
+            Some((Priority::Normal, 8))
         );
         for _ in 0..2 {
             held.push(shedder.enter(&parts("/critical")).unwrap());
         }
         assert_eq!(
             shedder.enter(&parts("/critical")).err(),
-            Some(Priority::Critical)
+            Some((Priority::Critical, 10))
         );
         assert_eq!(shedder.in_flight(), 10);
         held.truncate(4);
@@ -239,8 +257,27 @@ mod tests {
     }
 
     #[test]
+    fn critical_requests_keep_a_share_at_the_smallest_capacity_and_clones_share_one_count() {
+        let shedding = Shedding::new(2).priority(|p: &Parts| match p.uri.path() {
+            "/critical" => Priority::Critical,
+            _ => Priority::Normal,
+        });
+        let (one, two) = (shedding.clone().build().unwrap(), shedding.build().unwrap());
+        let held = one.enter(&parts("/normal")).unwrap();
+        assert_eq!(
+            two.enter(&parts("/normal")).err().map(|e| e.0),
+            Some(Priority::Normal)
+        );
+        let critical = two.enter(&parts("/critical")).unwrap();
+        assert_eq!(one.in_flight(), 2);
+        drop((held, critical));
+        assert_eq!(two.in_flight(), 0);
+    }
+
+    #[test]
     fn bad_settings_are_refused() {
         assert!(Shedding::new(0).build().is_err());
+        assert!(Shedding::new(1).build().is_err());
         assert!(Shedding::new(10).shares(0, 50).build().is_err());
         assert!(Shedding::new(10).shares(60, 50).build().is_err());
         assert!(Shedding::new(10).shares(50, 100).build().is_err());

@@ -38,6 +38,12 @@ pub(crate) struct Every {
 }
 
 impl Every {
+    pub(crate) const fn new() -> Self {
+        Every {
+            last_micros: AtomicU64::new(0),
+        }
+    }
+
     /// True for one caller when `period_micros` passed since the last true (and the first time).
     pub(crate) fn due(&self, now_micros: u64, period_micros: u64) -> bool {
         let last = self.last_micros.load(Ordering::Relaxed);

@@ -425,8 +425,230 @@ fn concurrency_rules_that_cannot_work_are_refused_at_build_time() {
     assert!(error(Rule::concurrent("c", 5).charge_on_status([500])).contains("concurrency"));
     assert!(error(Rule::concurrent("c", 5).max_hold(Duration::from_millis(10))).contains("1 s"));
     assert!(error(Rule::concurrent("c", 20_000)).contains("10000"));
+    assert!(error(Rule::concurrent("c", 5).delay(Duration::from_secs(1))).contains("cannot delay"));
     assert!(
         error(Rule::new("r", Quota::per_minute(5)).max_hold(Duration::from_secs(5)))
             .contains("max_hold")
     );
+}
+
+/// A check whose request goes away while Redis takes its slot (the client left, or the check's
+/// time budget ran out with the call still on its way) gives the slot back: nothing is held for
+/// the longest hold by a request that is gone.
+#[tokio::test]
+async fn a_slot_taken_for_a_request_that_went_away_is_given_back() {
+    use tollgate::algorithm::Limits;
+    use tollgate::store::{Charge, RuleSpec};
+
+    let rule = RuleSpec::new(
+        "orphans",
+        tollgate::Algorithm::Concurrency,
+        Limits::new(1, 60_000_000, 1).unwrap(),
+    )
+    .unwrap();
+    let key = Key::text("orphan");
+    let charges = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+
+    // Standalone, behind a proxy that delays every chunk by 100 ms.
+    let proxy = support::fault_proxy::FaultProxy::start(support::standalone().port).await;
+    let slow = RedisStore::builder(proxy.url())
+        .prefix(support::unique_prefix("orphans"))
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let timed_out = RedisStore::builder(proxy.url())
+        .prefix(support::unique_prefix("orphans"))
+        .response_timeout(Duration::from_millis(150))
+        .connect()
+        .await
+        .unwrap();
+    // Both connected, and their code loaded, before the link slows down.
+    admits_again(&slow, &charges, "slow").await;
+    admits_again(&timed_out, &charges, "timed out").await;
+    let before = proxy.checks_delivered();
+    proxy.set_delay(Duration::from_millis(100));
+    // The client leaves 20 ms into its check: the call is on its way and takes the slot.
+    let left = tokio::time::timeout(Duration::from_millis(20), slow.check(&charges)).await;
+    assert!(left.is_err(), "the check was still out");
+    // Its time budget runs out while the call is out.
+    assert!(matches!(
+        timed_out.check(&charges).await,
+        Err(tollgate::store::StoreError::Timeout)
+    ));
+    proxy.set_delay(Duration::ZERO);
+    assert_eq!(
+        proxy.checks_delivered() - before,
+        2,
+        "both checks reached Redis"
+    );
+    for (name, store) in [("left", &slow), ("timed out", &timed_out)] {
+        admits_again(store, &charges, name).await;
+    }
+
+    // A cluster: the check is dropped before it is even polled.
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("orphans"))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        drop(cluster.check(&charges));
+    }
+    admits_again(&cluster, &charges, "cluster").await;
+}
+
+/// Waits up to 3 s for the one slot to be free again (given back on the runtime), then takes
+/// and gives it back.
+async fn admits_again<St: Store>(store: &St, charges: &[tollgate::store::Charge<'_>], name: &str) {
+    let start = std::time::Instant::now();
+    loop {
+        let decision = store.check(charges).await.unwrap();
+        if decision.allowed() {
+            let refund = [tollgate::store::Adjustment {
+                rule: charges[0].rule,
+                key: charges[0].key,
+                change: tollgate::store::Change::Refund(1),
+                charged_at: decision.charged_at(0),
+            }];
+            store.adjust(&refund).await.unwrap();
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{name}: the slot of a request that went away is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A slot given back by a request decided under an older policy (a shorter longest hold)
+/// takes only its own slot: the slots of requests decided under the new one stay held. And a
+/// request may take thousands of slots at once.
+#[tokio::test]
+async fn a_give_back_under_an_older_policy_takes_only_its_own_slot() {
+    use tollgate::algorithm::Limits;
+    use tollgate::clock::ManualClock;
+    use tollgate::store::{Adjustment, Change, Charge, RuleSpec};
+
+    let old = RuleSpec::new(
+        "reloaded",
+        tollgate::Algorithm::Concurrency,
+        Limits::new(9_000, 1_000_000, 9_000).unwrap(),
+    )
+    .unwrap();
+    let new = RuleSpec::new(
+        "reloaded",
+        tollgate::Algorithm::Concurrency,
+        Limits::new(9_000, 60_000_000, 9_000).unwrap(),
+    )
+    .unwrap();
+    fn take<'a>(rule: &'a RuleSpec, key: &'a Key, cost: u64) -> [Charge<'a>; 1] {
+        [Charge { rule, key, cost }]
+    }
+    async fn run<St: Store>(
+        store: St,
+        clock: &ManualClock,
+        old: &RuleSpec,
+        new: &RuleSpec,
+        name: &str,
+    ) {
+        let key = Key::text(format!("reload-{name}"));
+        let first = store.check(&take(old, &key, 1)).await.unwrap();
+        assert!(first.allowed(), "{name}");
+        clock.advance(Duration::from_millis(500));
+        // 8,000 slots at once, under the new policy.
+        let second = store.check(&take(new, &key, 8_000)).await.unwrap();
+        assert!(second.allowed(), "{name}");
+        assert_eq!(second.outcomes()[0].remaining, 999, "{name}");
+        clock.advance(Duration::from_millis(1_500));
+        // The old request ends, past its own longest hold.
+        store
+            .adjust(&[Adjustment {
+                rule: old,
+                key: &key,
+                change: Change::Refund(1),
+                charged_at: first.charged_at(0),
+            }])
+            .await
+            .unwrap();
+        let held = store.peek(&take(new, &key, 0)).await.unwrap();
+        assert_eq!(
+            held.outcomes()[0].remaining,
+            1_000,
+            "{name}: the new request's 8,000 slots are still held"
+        );
+        store
+            .adjust(&[Adjustment {
+                rule: new,
+                key: &key,
+                change: Change::Refund(8_000),
+                charged_at: second.charged_at(0),
+            }])
+            .await
+            .unwrap();
+        let free = store.peek(&take(new, &key, 0)).await.unwrap();
+        assert_eq!(free.outcomes()[0].remaining, 9_000, "{name}");
+    }
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    run(memory, &clock, &old, &new, "memory").await;
+    let redis = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("reloaded"))
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    run(redis, &clock, &old, &new, "redis").await;
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("reloaded"))
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    run(cluster, &clock, &old, &new, "cluster").await;
+}
+
+/// Code outside the request path holds slots as a request does: charged, then given back with
+/// the decision of the charge. A plain refund, which cannot tell which slots, is refused.
+#[tokio::test]
+async fn the_limiter_takes_and_gives_back_slots() {
+    let (memory, redis, cluster) = stores("limiter-slots").await;
+    async fn run<St: Store>(store: St, name: &str) {
+        let layer = RateLimitLayer::builder()
+            .rule(Rule::concurrent("jobs", 2).key(Global))
+            .store(store)
+            .build()
+            .unwrap();
+        let limiter = layer.limiter();
+        let key = Key::global();
+        let first = limiter.charge("jobs", &key, 1).await.unwrap();
+        let second = limiter.charge("jobs", &key, 1).await.unwrap();
+        assert!(first.allowed() && second.allowed(), "{name}");
+        assert!(
+            !limiter.charge("jobs", &key, 1).await.unwrap().allowed(),
+            "{name}"
+        );
+        assert!(limiter.refund("jobs", &key, 1).await.is_err(), "{name}");
+        limiter.give_back("jobs", &key, 1, &first).await.unwrap();
+        assert_eq!(
+            limiter.peek("jobs", &key).await.unwrap().remaining,
+            1,
+            "{name}"
+        );
+        limiter.give_back("jobs", &key, 1, &second).await.unwrap();
+        assert_eq!(
+            limiter.peek("jobs", &key).await.unwrap().remaining,
+            2,
+            "{name}"
+        );
+    }
+    run(memory, "memory").await;
+    run(redis, "redis").await;
+    run(cluster, "cluster").await;
 }

@@ -118,17 +118,17 @@ impl Concurrency {
         }
     }
 
-    /// Gives back up to `cost` units taken at `at`: those still held (a unit whose hold expired
-    /// is free already, and no other holder's unit is ever taken for it).
+    /// Gives back up to `cost` units taken at `at`, if they are still there (a unit whose hold
+    /// expired may be gone already, and no other holder's unit is ever taken for it). Nothing
+    /// else is touched: a give-back may come from a request decided under an older policy,
+    /// whose longest hold was not this one.
     pub(crate) fn give_back(
-        limits: &Limits,
+        _limits: &Limits,
         mut state: ConcurrencyState,
-        now: u64,
+        _now: u64,
         cost: u64,
         at: u64,
     ) -> Option<ConcurrencyState> {
-        let first = Self::first_live(limits, &state.taken, now);
-        state.taken.drain(..first);
         let from = state.taken.partition_point(|&t| t < at);
         let to = state.taken.partition_point(|&t| t <= at);
         let n = (to - from).min(cost as usize);

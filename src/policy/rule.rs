@@ -103,7 +103,7 @@ impl Rule {
     ///
     /// A denied request waits for no slot: it is answered `429` with `Retry-After: 1` (a slot
     /// comes back when a response ends, which no store can foresee; sooner when a held slot's
-    /// hold ends sooner), `RateLimit-Policy: "name";q=20;qu="concurrent-requests"` and
+    /// hold ends sooner; none when the request costs more slots than there are), `RateLimit-Policy: "name";q=20;qu="concurrent-requests"` and
     /// `RateLimit: "name";r=0`. Stacked with rate rules, all or nothing: a request a rate rule
     /// denies takes no slot, one denied a slot is charged to no rate rule.
     pub fn concurrent(name: impl Into<String>, slots: u64) -> Self {
@@ -321,6 +321,14 @@ impl Rule {
                      response)",
                     quota.period()
                 ),
+            ));
+        }
+        if concurrency && matches!(self.mode, RuleMode::Delay { .. }) {
+            return Err(ConfigError::in_rule(
+                &name,
+                "a concurrency rule cannot delay: a slot comes back when some response ends, \
+                 which no wait can foresee; remove .delay(..) (a denied request gets 429 with \
+                 Retry-After: 1)",
             ));
         }
         if concurrency && (!self.after.is_empty() || self.lease.is_some() || self.split.is_some()) {

@@ -105,16 +105,32 @@ impl Answers {
     }
 
     /// The answer to a request shed by load shedding: 503 with `Retry-After: 1` and a
-    /// `temporary-reduced-capacity` problem document, or gRPC `UNAVAILABLE`.
-    pub(crate) fn shed(grpc: bool) -> Response<Bytes> {
+    /// `temporary-reduced-capacity` problem document naming the `"load-shedding"` policy,
+    /// advertised with `share`, the requests in flight its class may join (draft-11 §5.2: "the
+    /// new temporarily lower quota"); or gRPC `UNAVAILABLE`.
+    pub(crate) fn shed(grpc: bool, share: usize) -> Response<Bytes> {
         if grpc {
             return grpc_shed();
         }
-        let mut response = Response::new(ProblemBodies::shed());
+        static BODY: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+        let body = BODY.get_or_init(ProblemBodies::shed).clone();
+        let mut response = Response::new(body);
         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = response.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
         headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        let mut policy = super::buffer::Buffer::<96>::default();
+        policy
+            .push(b"\"")
+            .push(crate::shed::SHED_POLICY.as_bytes())
+            .push(b"\";q=")
+            .push_u64(share as u64)
+            .push(b";qu=\"concurrent-requests\"");
+        headers.insert(&super::headers::RATELIMIT_POLICY, policy.header_value());
+        headers.insert(
+            &super::headers::RATELIMIT,
+            HeaderValue::from_static("\"load-shedding\";r=0"),
+        );
         response
     }
 

@@ -125,6 +125,14 @@ impl ProblemBodies {
 
     /// The body of the 503 of a store failure (draft-11 §5.2): a `temporary-reduced-capacity`
     /// problem document naming the policies that could not be checked.
+    pub(crate) fn reduced_capacity<'a>(policies: impl Iterator<Item = &'a str>) -> Bytes {
+        problem_body(
+            REDUCED_CAPACITY,
+            b"The rate limiter cannot check these policies right now; retry after the number of seconds in Retry-After.",
+            policies,
+        )
+    }
+
     /// The body of a request shed by load shedding: its violated policy is
     /// [`SHED_POLICY`](crate::shed::SHED_POLICY).
     pub(crate) fn shed() -> Bytes {
@@ -132,14 +140,6 @@ impl ProblemBodies {
             REDUCED_CAPACITY,
             b"The service has too many requests in flight for this request's priority; retry after the number of seconds in Retry-After.",
             std::iter::once(crate::shed::SHED_POLICY),
-        )
-    }
-
-    pub(crate) fn reduced_capacity<'a>(policies: impl Iterator<Item = &'a str>) -> Bytes {
-        problem_body(
-            REDUCED_CAPACITY,
-            b"The rate limiter cannot check these policies right now; retry after the number of seconds in Retry-After.",
-            policies,
         )
     }
 }

@@ -86,8 +86,8 @@ impl Default for Headers {
     }
 }
 
-static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 static X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
@@ -217,11 +217,21 @@ pub(crate) fn write_budget(
             // An inner (more specific) layer already described its limit.
             return;
         }
-        let binding = binding_outcome(outcomes);
-        let reset = seconds_up(binding.reset);
+        let at = binding_outcome(outcomes);
+        let binding = &outcomes[at];
+        // A concurrency limit resets when a slot comes back: its estimate, not its longest hold.
+        let reset_micros = if applied
+            .get(at)
+            .is_some_and(|&i| !policies.windows[usize::from(i)])
+        {
+            binding.window
+        } else {
+            binding.reset
+        };
+        let reset = seconds_up(reset_micros);
         let reset = match format {
             ResetFormat::DeltaSeconds => reset,
-            ResetFormat::EpochSeconds => seconds_up(unix_micros().saturating_add(binding.reset)),
+            ResetFormat::EpochSeconds => seconds_up(unix_micros().saturating_add(reset_micros)),
         };
         headers.insert(&X_LIMIT, HeaderValue::from(binding.limit));
         headers.insert(&X_REMAINING, HeaderValue::from(binding.remaining));
@@ -231,11 +241,12 @@ pub(crate) fn write_budget(
 
 /// The rule that constrains the client most: the denying one with the longest wait, else the
 /// one with the least left.
-fn binding_outcome(outcomes: &[Outcome]) -> &Outcome {
+fn binding_outcome(outcomes: &[Outcome]) -> usize {
     outcomes
         .iter()
-        .filter(|o| !o.allowed)
-        .max_by_key(|o| o.retry_after)
-        .or_else(|| outcomes.iter().min_by_key(|o| o.remaining))
-        .unwrap_or(&outcomes[0])
+        .enumerate()
+        .filter(|(_, o)| !o.allowed)
+        .max_by_key(|(_, o)| o.retry_after)
+        .or_else(|| outcomes.iter().enumerate().min_by_key(|(_, o)| o.remaining))
+        .map_or(0, |(i, _)| i)
 }

@@ -229,8 +229,12 @@ impl MemoryStore {
                 }
                 change(&mut entry.state);
                 match &entry.state {
+                    // Never sooner than it was: the change may come from a request decided
+                    // under an older policy, whose numbers do not tell how long others hold.
                     Some(state) => {
-                        entry.expires_at = now + algorithm.check(limits, Some(state), now, 0).reset;
+                        entry.expires_at = entry
+                            .expires_at
+                            .max(now + algorithm.check(limits, Some(state), now, 0).reset);
                     }
                     None => {
                         occupied.remove();

@@ -64,11 +64,16 @@ local function insert_taken(key, s, now, n)
   end
   local value = int(now)
   if s == nil or s.len == s.first or s.back <= now then
-    local batch = {}
-    for i = 1, n do
-      batch[i] = value
+    -- In pushes of at most 1,000 (Lua's unpack has a limit of its own).
+    local left = n
+    while left > 0 do
+      local batch = {}
+      for i = 1, min(left, 1000) do
+        batch[i] = value
+      end
+      call('RPUSH', key, unpack(batch))
+      left = left - #batch
     end
-    call('RPUSH', key, unpack(batch))
     return
   end
   -- The first unit taken after `now`, by binary search: the units go before it.
@@ -106,20 +111,11 @@ function Concurrency.commit(key, l, s, now, cost, reset, other)
   end
 end
 
--- Gives back up to `cost` units taken at `at`, those still held.
+-- Gives back up to `cost` units taken at `at`, if they are still there. Nothing else is
+-- touched: a give-back may come from a request decided under an older policy, whose longest
+-- hold was not this one. A list left empty is deleted by Redis.
 function Concurrency.refund(key, l, now, cost, at)
-  local s, other = Concurrency.load(key, l, now)
-  if s == nil or other then
-    return
-  end
-  if s.len == s.first then
-    call('DEL', key)
-    return
-  end
-  if s.first > 0 then
-    call('LTRIM', key, s.first, -1)
-  end
-  if cost > 0 and at + l.period > now then
+  if cost > 0 and call('TYPE', key).ok == 'list' then
     call('LREM', key, cost, int(at))
   end
 end

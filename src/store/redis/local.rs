@@ -567,20 +567,36 @@ impl Plan {
                 return Err(error);
             }
         };
-        // The outcome of each charge: from the lease here, or from Redis (with what it took).
+        // The outcome of each charge: from the lease here, or from Redis (with what it took,
+        // and when, when the charges went to several nodes: their times follow the charges
+        // sent, and are moved to the charges of the request).
         let mut sent = reply.outcomes.iter().zip(&reply.taken);
+        let mut sent_times = reply.times.as_deref().map(|times| times.iter());
+        let mut times: Option<Vec<u64>> = sent_times
+            .is_some()
+            .then(|| Vec::with_capacity(self.charges.len()));
         let mut outcomes = SmallVec::<[Outcome; 2]>::new();
         let mut taken = SmallVec::<[u64; 2]>::new();
         for planned in &self.charges {
             let (outcome, units) = match planned.how {
-                How::Leased(outcome, _) | How::Cached(outcome) => (outcome, 0),
+                How::Leased(outcome, _) | How::Cached(outcome) => {
+                    if let Some(times) = &mut times {
+                        times.push(reply.now);
+                    }
+                    (outcome, 0)
+                }
                 How::Sent | How::Refill { .. } => match sent.next() {
                     // A sub-key's outcome, told for the whole key: its capacity, and what is
                     // left of it if every sub-key has what this one has.
-                    Some((outcome, units)) => match planned.part {
-                        Some((_, parts)) => (whole(*outcome, parts, planned.capacity), *units),
-                        None => (*outcome, *units),
-                    },
+                    Some((outcome, units)) => {
+                        if let (Some(times), Some(sent_times)) = (&mut times, &mut sent_times) {
+                            times.push(sent_times.next().copied().unwrap_or(reply.now));
+                        }
+                        match planned.part {
+                            Some((_, parts)) => (whole(*outcome, parts, planned.capacity), *units),
+                            None => (*outcome, *units),
+                        }
+                    }
                     None => {
                         self.undo();
                         return Err(StoreError::Protocol(
@@ -655,7 +671,7 @@ impl Plan {
         let decision = Decision::from_outcomes(outcomes)
             .made_by(source)
             .made_at_time(reply.now);
-        Ok(match reply.times {
+        Ok(match times {
             Some(times) => decision.charged_at_times(times),
             None => decision,
         })

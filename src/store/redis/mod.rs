@@ -62,6 +62,15 @@ mod local;
 mod script;
 mod standalone;
 mod startup;
+mod unclaimed;
+
+/// How long a call that takes concurrency slots waits for its reply, past its checks' time
+/// budget (`response_timeout`): four budgets, at least a second. A reply that comes after its
+/// check stopped waiting gives its slots back; one that never comes leaves them until their
+/// longest hold.
+pub(crate) fn late_reply_wait(response_timeout: std::time::Duration) -> std::time::Duration {
+    (response_timeout * 4).max(std::time::Duration::from_secs(1))
+}
 
 use std::future::Future;
 use std::pin::Pin;

@@ -15,6 +15,7 @@ use super::health::Health;
 use super::local::Local;
 use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use super::unclaimed::Unclaimed;
 use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
@@ -106,7 +107,7 @@ struct Job {
     permit: Permit,
     /// When its caller stops waiting: it is not sent after that, and its call ends by then.
     deadline: tokio::time::Instant,
-    reply: oneshot::Sender<Result<Reply, StoreError>>,
+    reply: oneshot::Sender<Result<Unclaimed, StoreError>>,
 }
 
 impl RedisStore {
@@ -489,7 +490,7 @@ impl Inner {
             }
         }
         match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(result)) => result,
+            Ok(Ok(result)) => result.map(Unclaimed::claim),
             Ok(Err(_)) => Err(StoreError::Unavailable(
                 format!("{}: the check was dropped before it was sent", self.server).into(),
             )),
@@ -498,14 +499,26 @@ impl Inner {
     }
 
     /// One call for `batch`, within the time its earliest check has left; each check gets its
-    /// own reply, or the call's error.
-    async fn send(&self, batch: Vec<Job>) {
+    /// own reply, or the call's error. A reply whose check stopped waiting gives back the
+    /// concurrency slots it took.
+    async fn send(self: &Arc<Self>, batch: Vec<Job>) {
         let Some(permit) = batch.last().map(|job| job.permit) else {
             return;
         };
-        let Some(deadline) = batch.iter().map(|job| job.deadline).min() else {
+        let Some(mut deadline) = batch.iter().map(|job| job.deadline).min() else {
             return;
         };
+        // A call that takes concurrency slots waits a while longer for its reply than its
+        // checks do, so that slots taken for a check that stopped waiting can be given back.
+        if batch
+            .iter()
+            .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
+        {
+            deadline = deadline.max(
+                tokio::time::Instant::now()
+                    + super::late_reply_wait(self.settings.response_timeout),
+            );
+        }
         let requests: Vec<Request<'_, Prepared>> = batch
             .iter()
             .map(|job| Request {
@@ -521,6 +534,12 @@ impl Inner {
         match result {
             Ok(replies) => {
                 for (job, reply) in batch.into_iter().zip(replies) {
+                    let now = job.now;
+                    let reply = Unclaimed::new(reply, &job.charges, || {
+                        let inner = self.clone();
+                        Box::new(move |refunds| inner.give_back_orphan(now, refunds))
+                    });
+                    // Not sent: dropped here, and its slots go back.
                     let _ = job.reply.send(Ok(reply));
                 }
             }
@@ -534,6 +553,19 @@ impl Inner {
 }
 
 impl Inner {
+    /// Gives back, on the runtime, the slots of a reply whose check stopped waiting.
+    fn give_back_orphan(self: Arc<Self>, now: Option<u64>, refunds: Vec<(u64, Prepared)>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for (at, refund) in refunds {
+                let result = self.direct(Mode::Adjust(at), now, &[refund]).await;
+                crate::decide::report_give_back(result.map(drop));
+            }
+        });
+    }
+
     /// One call of `charges` outside the batches (peeks, adjustments, resets), within a
     /// check's time budget.
     async fn direct(
@@ -754,7 +786,9 @@ impl bb8::ManageConnection for Manager {
                 "connecting to Redis timed out",
             ))
         })??;
-        conn.set_response_timeout(self.response_timeout);
+        // Each call has its own deadline (`run`); this one only bounds a reply the connection
+        // still waits for, as long as a call that takes concurrency slots waits for its own.
+        conn.set_response_timeout(super::late_reply_wait(self.response_timeout));
         Ok(Pooled {
             conn,
             health: Arc::new(Health::new(self.response_timeout)),

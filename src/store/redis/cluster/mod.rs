@@ -24,6 +24,7 @@ use super::local::Local;
 use super::script::{self, Mode, Prepared, Program, Reply, Request};
 use super::standalone::split_rule;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use super::unclaimed::Unclaimed;
 use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
 use crate::key::Key;
@@ -488,7 +489,12 @@ impl Inner {
             .ok_or_else(|| StoreError::Protocol("the rate-limit code answered no request".into()))
     }
 
-    async fn check(&self, prepared: &[Prepared], now: Option<u64>) -> Result<Reply, StoreError> {
+    async fn check(
+        &self,
+        prepared: &[Prepared],
+        now: Option<u64>,
+        deadline: Instant,
+    ) -> Result<Reply, StoreError> {
         let Some(first) = prepared.first() else {
             return Ok(Reply {
                 now: now.unwrap_or(0),
@@ -497,7 +503,6 @@ impl Inner {
                 times: None,
             });
         };
-        let deadline = Instant::now() + self.settings.response_timeout;
         let slot = first.slot();
         if prepared.iter().all(|p| p.slot() == slot) {
             let charges: Vec<&Prepared> = prepared.iter().collect();
@@ -506,6 +511,19 @@ impl Inner {
                 .await;
         }
         self.check_across_slots(prepared, now, deadline).await
+    }
+
+    /// Gives back, on the runtime, the slots of a reply whose check's request went away.
+    fn give_back_orphan(self: Arc<Self>, now: Option<u64>, refunds: Vec<(u64, Prepared)>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for (at, refund) in refunds {
+                let result = self.each_slot(Mode::Adjust(at), now, &[refund]).await;
+                crate::decide::report_give_back(result.map(drop));
+            }
+        });
     }
 
     /// Charges in several slots: check all, charge all, refund on a lost race.
@@ -797,8 +815,40 @@ impl Store for RedisClusterStore {
         }
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
+        // A check that takes concurrency slots runs to its end on its own: one whose request
+        // goes away meanwhile gives them back, instead of holding them for the longest hold.
+        if prepared.iter().any(|p| p.algorithm.is_concurrency())
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let (answer, answered) = tokio::sync::oneshot::channel();
+            let checking = inner.clone();
+            let deadline = Instant::now() + inner.settings.response_timeout;
+            // The request waits until its deadline; the call, a while longer for its reply.
+            let late = Instant::now() + super::late_reply_wait(inner.settings.response_timeout);
+            runtime.spawn(async move {
+                let reply = checking.check(&prepared, now, late).await.map(|reply| {
+                    Unclaimed::new(reply, &prepared, || {
+                        let inner = checking.clone();
+                        Box::new(move |refunds| inner.give_back_orphan(now, refunds))
+                    })
+                });
+                // Not read: dropped here, and its slots go back.
+                let _ = answer.send(reply);
+            });
+            return Box::pin(async move {
+                let reply = match tokio::time::timeout_at(deadline.into(), answered).await {
+                    Ok(Ok(reply)) => reply.map(Unclaimed::claim),
+                    Ok(Err(_)) => Err(StoreError::Unavailable(
+                        "the check's task ended without an answer".into(),
+                    )),
+                    Err(_) => Err(StoreError::Timeout),
+                };
+                plan.settle(Some(reply))
+            });
+        }
         Box::pin(async move {
-            let reply = inner.check(&prepared, now).await;
+            let deadline = Instant::now() + inner.settings.response_timeout;
+            let reply = inner.check(&prepared, now, deadline).await;
             plan.settle(Some(reply))
         })
     }
