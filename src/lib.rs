@@ -56,6 +56,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+pub mod client;
 pub mod clock;
 mod decide;
 mod decision;

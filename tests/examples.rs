@@ -336,3 +336,20 @@ async fn the_concurrency_example_admits_five_slow_requests_at_once() {
     let printed = example.stop();
     assert!(printed.contains("xargs -P 20"), "{printed}");
 }
+
+#[test]
+fn the_client_example_waits_out_the_servers_delays_instead_of_hammering_it() {
+    let output = std::process::Command::new(support::example::binary("client"))
+        .env("TOLLGATE_CALLS", "5")
+        .env_remove("TOLLGATE_URL")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "{printed}");
+    // 3 per 3 s: the calls past the third wait for their unit; the server denies none.
+    assert!(
+        printed.contains("the server served 5 and denied 0"),
+        "{printed}"
+    );
+    assert_eq!(printed.matches("200 OK").count(), 5, "{printed}");
+}

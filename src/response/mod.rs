@@ -27,3 +27,9 @@ pub use headers::{Headers, ResetFormat};
 
 pub(crate) use answers::{Answers, DeniedHandler};
 pub(crate) use grpc::is_grpc;
+
+/// A `RESOURCE_EXHAUSTED` answer with this delay, for the client's tests.
+#[cfg(test)]
+pub(crate) fn grpc_denied_for_tests(retry_after_micros: u64) -> http::Response<bytes::Bytes> {
+    grpc::grpc_denied(Some(retry_after_micros))
+}

@@ -1,0 +1,277 @@
+//! [`RetryAfterLayer`]: wait what the server asked, plus jitter, and try again, within a
+//! budget.
+
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use super::{ClientBody, ClientError, Throttled, Waits, Watch, is_grpc, server_of, signals};
+
+/// How a [`RetryAfterLayer`] retries.
+#[derive(Clone, Copy, Debug)]
+pub struct Retry {
+    max_retries: u32,
+    max_wait: Duration,
+    jitter: f64,
+    min_jitter: Duration,
+    budget_ratio: f64,
+    budget_per_second: f64,
+}
+
+impl Default for Retry {
+    fn default() -> Self {
+        Retry::new()
+    }
+}
+
+impl Retry {
+    /// At most 2 retries of a call, none that would wait more than 30 s, a jitter of up to
+    /// half the server's delay (at least 100 ms), and a budget of 1 retry per 5 calls plus 1
+    /// a second.
+    pub fn new() -> Self {
+        Retry {
+            max_retries: 2,
+            max_wait: Duration::from_secs(30),
+            jitter: 0.5,
+            min_jitter: Duration::from_millis(100),
+            budget_ratio: 0.2,
+            budget_per_second: 1.0,
+        }
+    }
+
+    /// The most retries of one call (0: wait for a known wait, never retry an answer).
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// The longest wait worth waiting: past it, the call fails (or its answer is returned).
+    pub fn max_wait(mut self, wait: Duration) -> Self {
+        self.max_wait = wait;
+        self
+    }
+
+    /// The jitter window: a fraction of the server's delay (default 0.5), and at least
+    /// `at_least` (default 100 ms). A retry comes at the delay plus a uniform random part of
+    /// the window, never before the delay.
+    pub fn jitter(mut self, fraction: f64, at_least: Duration) -> Self {
+        self.jitter = if fraction.is_finite() {
+            fraction.clamp(0.0, 10.0)
+        } else {
+            0.5
+        };
+        self.min_jitter = at_least;
+        self
+    }
+
+    /// The retry budget: `ratio` retries per call sent (default 0.2), plus `per_second`
+    /// (default 1) whatever the calls. A retry past the budget is not made: the answer goes
+    /// back as it is.
+    pub fn budget(mut self, ratio: f64, per_second: f64) -> Self {
+        self.budget_ratio = if ratio.is_finite() {
+            ratio.max(0.0)
+        } else {
+            0.2
+        };
+        self.budget_per_second = if per_second.is_finite() {
+            per_second.max(0.0)
+        } else {
+            1.0
+        };
+        self
+    }
+
+    /// The jitter window of a delay.
+    fn window(&self, delay: Duration) -> Duration {
+        delay.mul_f64(self.jitter).max(self.min_jitter)
+    }
+}
+
+/// Tokens for retries: each call sent adds `ratio`, time adds `per_second`; a retry takes one.
+#[derive(Debug)]
+struct Budget {
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// Waits what the server asked, plus jitter, and retries (see the [module](crate::client)).
+#[derive(Clone, Debug)]
+pub struct RetryAfterLayer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    retry: Retry,
+    waits: Arc<Waits>,
+    budget: Mutex<Budget>,
+    /// Jitter draws: a counter hashed with the process's random keys.
+    draws: AtomicU64,
+    random: std::collections::hash_map::RandomState,
+}
+
+impl RetryAfterLayer {
+    /// A layer that retries as `retry` says.
+    pub fn new(retry: Retry) -> Self {
+        RetryAfterLayer {
+            shared: Arc::new(Shared {
+                retry,
+                waits: Arc::new(Waits::default()),
+                budget: Mutex::new(Budget {
+                    tokens: retry.budget_per_second.max(1.0),
+                    refilled: Instant::now(),
+                }),
+                draws: AtomicU64::new(0),
+                random: Default::default(),
+            }),
+        }
+    }
+}
+
+impl<S> Layer<S> for RetryAfterLayer {
+    type Service = RetryAfter<S>;
+
+    fn layer(&self, inner: S) -> RetryAfter<S> {
+        RetryAfter {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Shared {
+    /// A call is sent: the budget grows.
+    fn sent(&self) {
+        let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+        self.refill(&mut budget);
+        budget.tokens += self.retry.budget_ratio;
+    }
+
+    /// Takes a retry from the budget, if there is one.
+    fn take_retry(&self) -> bool {
+        let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+        self.refill(&mut budget);
+        if budget.tokens >= 1.0 {
+            budget.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn refill(&self, budget: &mut Budget) {
+        let now = Instant::now();
+        let elapsed = now.duration_since(budget.refilled).as_secs_f64();
+        budget.refilled = now;
+        // At most 10 s of refill banked.
+        let cap = (self.retry.budget_per_second * 10.0).max(1.0) + self.retry.budget_ratio * 100.0;
+        budget.tokens = (budget.tokens + elapsed * self.retry.budget_per_second).min(cap);
+    }
+
+    /// The delay plus a uniform random part of its jitter window.
+    fn jittered(&self, delay: Duration) -> Duration {
+        let mut hasher = self.random.build_hasher();
+        hasher.write_u64(self.draws.fetch_add(1, Ordering::Relaxed));
+        let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
+        delay + self.retry.window(delay).mul_f64(unit)
+    }
+}
+
+/// The service of [`RetryAfterLayer`]. Requests are cloned for their retries: their body must
+/// be `Clone` (`Full<Bytes>`, `Empty`, `String`…).
+#[derive(Clone, Debug)]
+pub struct RetryAfter<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// The response future of [`RetryAfter`].
+pub type RetryFuture<R, E> = Pin<Box<dyn Future<Output = Result<R, ClientError<E>>> + Send>>;
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RetryAfter<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    ReqBody: Clone + Send + 'static,
+    ResBody: Send + 'static,
+{
+    type Response = Response<ClientBody<ResBody>>;
+    type Error = ClientError<S::Error>;
+    type Future = RetryFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(ClientError::Inner)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The ready service goes with this call; retries use clones made ready again.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            let server: Box<str> = server_of(&request).into();
+            let grpc = is_grpc(&request);
+            let retry = shared.retry;
+            let mut retries = 0;
+            let mut ready = true;
+            loop {
+                // A wait the server asked for: waited (with jitter), or the call fails.
+                if let Some(left) = shared.waits.left(&server) {
+                    if left > retry.max_wait {
+                        return Err(ClientError::Throttled(Throttled::new(left, grpc)));
+                    }
+                    tokio::time::sleep(shared.jittered(left)).await;
+                }
+                if !ready {
+                    std::future::poll_fn(|cx| inner.poll_ready(cx))
+                        .await
+                        .map_err(ClientError::Inner)?;
+                }
+                ready = false;
+                shared.sent();
+                let response = inner
+                    .call(clone_request(&request))
+                    .await
+                    .map_err(ClientError::Inner)?;
+                let wait = signals::wait_of_head(response.status(), response.headers());
+                let watch = Watch {
+                    waits: shared.waits.clone(),
+                    server: server.clone(),
+                };
+                let refused = response.status() == http::StatusCode::TOO_MANY_REQUESTS
+                    || response.status() == http::StatusCode::SERVICE_UNAVAILABLE
+                    || signals::wait_of_grpc(response.headers()).is_some();
+                // Learned here (with the trailers of a gRPC answer, later): the next calls wait.
+                let Some(wait) = wait.filter(|_| refused) else {
+                    return Ok(watch.answer(response));
+                };
+                if retries >= retry.max_retries || wait > retry.max_wait || !shared.take_retry() {
+                    return Ok(watch.answer(response));
+                }
+                // The next calls to this server wait too; this one waits its delay and jitter.
+                shared.waits.learn(&server, wait);
+                drop(response);
+                tokio::time::sleep(shared.jittered(wait)).await;
+                retries += 1;
+            }
+        })
+    }
+}
+
+fn clone_request<B: Clone>(request: &Request<B>) -> Request<B> {
+    let mut clone = Request::new(request.body().clone());
+    *clone.method_mut() = request.method().clone();
+    *clone.uri_mut() = request.uri().clone();
+    *clone.version_mut() = request.version();
+    *clone.headers_mut() = request.headers().clone();
+    clone
+}

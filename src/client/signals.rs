@@ -1,0 +1,347 @@
+//! What a server says about when to come back, read from a response's head or trailers:
+//! `Retry-After` (RFC 9110 §10.2.3, on a 429 or a 503), the `RateLimit` field of
+//! draft-ietf-httpapi-ratelimit-headers-11 (a policy with `r=0` and a `t`), gRPC's
+//! `grpc-retry-pushback-ms`, and a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, StatusCode};
+
+/// The longest wait a server may announce and be believed: a day. A longer one (a
+/// misconfigured or hostile server, draft-11 §8.5.1) is capped to it.
+pub const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long the server asked its client to wait before its next request, from an answer's
+/// head: `None` when it did not ask.
+pub(crate) fn wait_of_head(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
+    let mut wait = None;
+    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+        wait = headers
+            .get(http::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(retry_after);
+    }
+    // Any answer may say a policy is spent (r=0) for the next t seconds.
+    let spent = headers
+        .get_all("ratelimit")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(spent_for)
+        .max();
+    wait = longest(wait, spent);
+    longest(wait, wait_of_grpc(headers)).map(|w| w.min(MAX_ANNOUNCED_WAIT))
+}
+
+/// The wait of a gRPC status (in a trailers-only answer's head, or in trailers): the pushback
+/// of `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, else its `RetryInfo`.
+pub(crate) fn wait_of_grpc(headers: &HeaderMap) -> Option<Duration> {
+    let status = headers.get("grpc-status")?.as_bytes();
+    if status != b"8" && status != b"14" {
+        return None;
+    }
+    let pushback = headers
+        .get("grpc-retry-pushback-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis);
+    let info = headers
+        .get("grpc-status-details-bin")
+        .and_then(|v| base64_decode(v.as_bytes()))
+        .and_then(|status| retry_info(&status));
+    longest(pushback, info).map(|w| w.min(MAX_ANNOUNCED_WAIT))
+}
+
+fn longest(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A `Retry-After` value: delay-seconds, or an HTTP-date (IMF-fixdate) from now.
+pub(crate) fn retry_after(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = imf_fixdate(value)?;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?;
+    Some(at.saturating_sub(now))
+}
+
+/// An IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`), as a time since the Unix epoch.
+fn imf_fixdate(value: &str) -> Option<Duration> {
+    let b = value.as_bytes();
+    if b.len() != 29 || &b[3..5] != b", " || &b[25..] != b" GMT" {
+        return None;
+    }
+    let number = |from: usize, len: usize| -> Option<u64> {
+        let text = value.get(from..from + len)?;
+        text.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| text.parse().ok())?
+    };
+    let day = number(5, 2)?;
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| value.get(8..11) == Some(*m))? as u64
+        + 1;
+    let year = number(12, 4)?;
+    let (hour, minute, second) = (number(17, 2)?, number(20, 2)?, number(23, 2)?);
+    if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
+        return None;
+    }
+    if !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 || year < 1970 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if month <= 2 {
+        (year - 1, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(Duration::from_secs(
+        days * 86_400 + hour * 3_600 + minute * 60 + second,
+    ))
+}
+
+/// The longest `t` of a `RateLimit` field's items whose `r` is 0: the time its policy is spent.
+fn spent_for(field: &str) -> Option<Duration> {
+    let mut longest: Option<u64> = None;
+    for item in split_list(field) {
+        let mut remaining = None;
+        let mut window = None;
+        // Parameters follow the item's name (an sf-string, which may hold `;`).
+        let params = match item.trim_start().strip_prefix('"') {
+            Some(rest) => after_string(rest)?,
+            None => item.split_once(';').map_or("", |(_, p)| p),
+        };
+        for param in params.split(';') {
+            let (name, value) = param.split_once('=').unwrap_or((param, ""));
+            match name.trim() {
+                "r" => remaining = value.trim().parse::<u64>().ok(),
+                "t" => window = value.trim().parse::<u64>().ok(),
+                _ => {}
+            }
+        }
+        if let (Some(0), Some(t)) = (remaining, window) {
+            longest = Some(longest.map_or(t, |l| l.max(t)));
+        }
+    }
+    longest.map(Duration::from_secs)
+}
+
+/// The items of a Structured Field list, split at the commas outside strings.
+fn split_list(field: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, c) in field.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            ',' if !quoted => {
+                items.push(&field[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&field[start..]);
+    items
+}
+
+/// What follows the sf-string that `rest` continues (after its opening quote).
+fn after_string(rest: &str) -> Option<&str> {
+    let mut escaped = false;
+    for (i, c) in rest.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return Some(&rest[i + 1..]),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Standard base64, with or without padding (gRPC's `-bin` metadata).
+fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let text: Vec<u8> = text.iter().copied().filter(|&c| c != b'=').collect();
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    for chunk in text.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= value(c)? << (18 - 6 * i);
+        }
+        let bytes = n.to_be_bytes();
+        match chunk.len() {
+            4 => out.extend_from_slice(&bytes[1..4]),
+            3 => out.extend_from_slice(&bytes[1..3]),
+            2 => out.push(bytes[1]),
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+/// One protobuf field: its number and its value (a varint, or length-delimited bytes).
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+/// The fields of a protobuf message (varints and length-delimited ones; others end it).
+fn fields(mut message: &[u8]) -> impl Iterator<Item = (u64, Field<'_>)> {
+    std::iter::from_fn(move || {
+        let key = varint(&mut message)?;
+        let field = match key & 7 {
+            0 => Field::Varint(varint(&mut message)?),
+            2 => {
+                let len = usize::try_from(varint(&mut message)?).ok()?;
+                let (bytes, rest) = message.split_at_checked(len)?;
+                message = rest;
+                Field::Bytes(bytes)
+            }
+            _ => return None,
+        };
+        Some((key >> 3, field))
+    })
+}
+
+fn varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut n = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = bytes.split_first()?;
+        *bytes = rest;
+        n |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// The delay of the `google.rpc.RetryInfo` among a `google.rpc.Status`'s details.
+fn retry_info(status: &[u8]) -> Option<Duration> {
+    const RETRY_INFO: &[u8] = b"type.googleapis.com/google.rpc.RetryInfo";
+    for (number, field) in fields(status) {
+        // google.rpc.Status: 3 = details (google.protobuf.Any: 1 = type_url, 2 = value).
+        let (3, Field::Bytes(any)) = (number, field) else {
+            continue;
+        };
+        let mut type_url = None;
+        let mut value = None;
+        for (number, field) in fields(any) {
+            match (number, field) {
+                (1, Field::Bytes(url)) => type_url = Some(url),
+                (2, Field::Bytes(bytes)) => value = Some(bytes),
+                _ => {}
+            }
+        }
+        if type_url != Some(RETRY_INFO) {
+            continue;
+        }
+        // RetryInfo: 1 = retry_delay (google.protobuf.Duration: 1 = seconds, 2 = nanos).
+        let mut delay = Duration::ZERO;
+        for (number, field) in fields(value.unwrap_or_default()) {
+            if let (1, Field::Bytes(duration)) = (number, field) {
+                for (number, field) in fields(duration) {
+                    match (number, field) {
+                        (1, Field::Varint(seconds)) => {
+                            delay += Duration::from_secs(seconds.min(u64::from(u32::MAX)))
+                        }
+                        (2, Field::Varint(nanos)) => {
+                            delay += Duration::from_nanos(nanos.min(999_999_999))
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        return Some(delay);
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_in_seconds_and_as_a_date() {
+        assert_eq!(retry_after("12"), Some(Duration::from_secs(12)));
+        assert_eq!(
+            imf_fixdate("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::from_secs(784_111_777))
+        );
+        assert_eq!(
+            retry_after("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon"), None);
+        assert_eq!(imf_fixdate("Sun, 36 Nov 1994 08:49:37 GMT"), None);
+    }
+
+    #[test]
+    fn a_spent_policy_of_the_ratelimit_field() {
+        assert_eq!(spent_for(r#""a";r=0;t=12"#), Some(Duration::from_secs(12)));
+        assert_eq!(
+            spent_for(r#""a";r=3;t=12, "b";r=0;t=5"#),
+            Some(Duration::from_secs(5))
+        );
+        assert_eq!(spent_for(r#""a;r=0";r=4;t=9"#), None);
+        assert_eq!(
+            spent_for(r#""slots";r=0"#),
+            None,
+            "no window: no time to wait"
+        );
+        assert_eq!(spent_for("garbage"), None);
+    }
+
+    #[test]
+    fn grpc_pushback_and_retry_info() {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-status", "8".parse().unwrap());
+        headers.insert("grpc-retry-pushback-ms", "1500".parse().unwrap());
+        assert_eq!(wait_of_grpc(&headers), Some(Duration::from_millis(1500)));
+        // A Status with RetryInfo of 3.5 s, as tollgate's answers carry it.
+        let answer = crate::response::grpc_denied_for_tests(3_500_000);
+        headers.remove("grpc-retry-pushback-ms");
+        headers.insert(
+            "grpc-status-details-bin",
+            answer.headers()["grpc-status-details-bin"].clone(),
+        );
+        assert_eq!(wait_of_grpc(&headers), Some(Duration::from_millis(3500)));
+        headers.insert("grpc-status", "0".parse().unwrap());
+        assert_eq!(wait_of_grpc(&headers), None, "OK asks no wait");
+    }
+
+    #[test]
+    fn an_announced_wait_is_capped() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", "99999999999".parse().unwrap());
+        assert_eq!(
+            wait_of_head(StatusCode::TOO_MANY_REQUESTS, &headers),
+            Some(MAX_ANNOUNCED_WAIT)
+        );
+        assert_eq!(wait_of_head(StatusCode::OK, &headers), None);
+    }
+}
