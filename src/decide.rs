@@ -34,7 +34,7 @@ use crate::observe::{Decided, Head, Observer, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant, TenantFuture};
 use crate::policy::{Live, Registrar, SharedTenantExtractor};
-use crate::response::{Answers, is_grpc};
+use crate::response::is_grpc;
 use crate::shed::{Priority, Shedder};
 use crate::store::{Adjustment, Change, Charge, MemoryStore, Store, StoreError};
 use crate::warn::{Every, unix_micros};
@@ -434,7 +434,11 @@ impl<St: Store> Shared<St> {
         crate::observe::metrics::shed(priority);
         self.emit_listed(&snapshot, parts, span, Verdict::Shed);
         let start = Start::Decided {
-            next: Next::Answer(Answers::shed(Head::of_parts(parts).is_grpc(), share)),
+            next: Next::Answer(
+                snapshot
+                    .answers
+                    .shed(Head::of_parts(parts).is_grpc(), share),
+            ),
             applied: Applied::new(),
         };
         (snapshot, start)
@@ -1037,11 +1041,10 @@ impl<St: Store> GiveBack for Shared<St> {
         let runtime = tokio::runtime::Handle::try_current();
         // A memory store answers at once; a remote store's future may need the runtime from
         // its first poll.
-        if runtime.is_err() && !(held.local || self.store.kind() == "memory") {
-            tracing::warn!(
-                "tollgate: concurrency slots released outside a Tokio runtime could not be \
-                 given back to the store; they are free when their hold expires"
-            );
+        if runtime.is_err() && !held.local && self.store.kind().starts_with("redis") {
+            report_give_back(Err(StoreError::Unavailable(
+                "released outside a Tokio runtime".into(),
+            )));
             return;
         }
         let mut context = Context::from_waker(std::task::Waker::noop());
@@ -1051,10 +1054,9 @@ impl<St: Store> GiveBack for Shared<St> {
                 Ok(runtime) => {
                     runtime.spawn(async move { report_give_back(future.await) });
                 }
-                Err(_) => tracing::warn!(
-                    "tollgate: concurrency slots released outside a Tokio runtime could not be \
-                     given back to the store; they are free when their hold expires"
-                ),
+                Err(_) => report_give_back(Err(StoreError::Unavailable(
+                    "released outside a Tokio runtime".into(),
+                ))),
             },
         }
     }

@@ -163,17 +163,23 @@ impl<St: Store> Limiter<St> {
         self.adjust(rule, key, Change::Refund(cost)).await
     }
 
-    /// Gives back the `cost` units (a concurrency rule's slots) that [`charge`](Self::charge)
-    /// took with `charged`, its decision: a job outside the request path holds slots as a
-    /// request does, from its charge until this call (or until the rule's longest hold).
+    /// Gives back the `cost` slots of a concurrency rule that [`charge`](Self::charge) took
+    /// with `charged`, its decision (given up here, so that it is given back once): a job
+    /// outside the request path holds slots as a request does, from its charge until this call
+    /// (or until the rule's longest hold). `cost` is the charge's.
     pub async fn give_back(
         &self,
         rule: &str,
         key: &Key,
         cost: u64,
-        charged: &Decision,
+        charged: Decision,
     ) -> Result<(), LimiterError> {
         let spec = self.rule(rule)?;
+        if !spec.algorithm().is_concurrency() {
+            return Err(LimiterError::Store(StoreError::Unsupported(
+                "give_back of a rule that is not a concurrency rule; use Limiter::refund",
+            )));
+        }
         if !charged.allowed() {
             return Ok(());
         }
@@ -189,6 +195,12 @@ impl<St: Store> Limiter<St> {
     /// Charges `cost` units to `rule` for `key` whatever its budget: past it, the key is in
     /// debt and its next requests wait (a cost learned later, a penalty).
     pub async fn force(&self, rule: &str, key: &Key, cost: u64) -> Result<(), LimiterError> {
+        if self.rule(rule)?.algorithm().is_concurrency() {
+            return Err(LimiterError::Store(StoreError::Unsupported(
+                "force on a concurrency rule (slots no one could give back); use \
+                 Limiter::charge and Limiter::give_back",
+            )));
+        }
         self.adjust(rule, key, Change::Charge(cost)).await
     }
 

@@ -84,7 +84,8 @@ pub type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
 ///
 /// One `Shedding` is one count of requests in flight: layers built with clones of it (one per
 /// route with `route_layer`, say) share its capacity; layers given separate `Shedding::new`s
-/// have one capacity each.
+/// have one capacity each. Do not nest two layers of one `Shedding` around the same request:
+/// it would be counted twice.
 #[derive(Clone)]
 pub struct Shedding {
     capacity: usize,

@@ -497,10 +497,117 @@ async fn a_slot_taken_for_a_request_that_went_away_is_given_back() {
         .connect()
         .await
         .unwrap();
+    let before = cluster_calls();
     for _ in 0..5 {
         drop(cluster.check(&charges));
     }
     admits_again(&cluster, &charges, "cluster").await;
+    // The dropped checks did reach the cluster (and the slot taken was given back).
+    assert!(
+        cluster_calls() >= before + 6,
+        "the dropped checks were never sent"
+    );
+}
+
+/// Calls of tollgate's code on every primary of the test cluster so far.
+fn cluster_calls() -> u64 {
+    support::cluster()
+        .urls()
+        .iter()
+        .map(|url| {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query(&mut conn)
+                .unwrap();
+            info.lines()
+                .filter_map(|l| {
+                    l.strip_prefix("cmdstat_fcall:calls=")
+                        .or_else(|| l.strip_prefix("cmdstat_evalsha:calls="))
+                })
+                .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// A request whose rules span several slots, one of them paid from a lease here, gives its
+/// slot back at the time its own node took it: ten rounds of one slot never find it held.
+#[tokio::test]
+async fn a_cluster_slot_is_given_back_at_its_own_nodes_time_beside_a_leased_rule() {
+    use tollgate::algorithm::Limits;
+    use tollgate::store::{Adjustment, Change, Charge, RuleSpec};
+
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("leased-beside"))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let leased = RuleSpec::new(
+        "leased",
+        tollgate::Algorithm::TokenBucket,
+        Limits::new(1_000, 60_000_000, 1_000).unwrap(),
+    )
+    .unwrap()
+    .with_lease(50, Duration::from_secs(30))
+    .unwrap();
+    let plain = RuleSpec::new(
+        "plain",
+        tollgate::Algorithm::TokenBucket,
+        Limits::new(1_000, 60_000_000, 1_000).unwrap(),
+    )
+    .unwrap();
+    let slots = RuleSpec::new(
+        "one-slot",
+        tollgate::Algorithm::Concurrency,
+        Limits::new(1, 60_000_000, 1).unwrap(),
+    )
+    .unwrap();
+    for round in 0..10 {
+        // Keys in other slots each round, so that the node order of the call changes.
+        let keys = [
+            Key::text(format!("a-{round}")),
+            Key::text(format!("b-{round}")),
+            Key::text(format!("c-{round}")),
+        ];
+        for step in 0..3 {
+            let charges = [
+                Charge {
+                    rule: &leased,
+                    key: &keys[0],
+                    cost: 1,
+                },
+                Charge {
+                    rule: &plain,
+                    key: &keys[1],
+                    cost: 1,
+                },
+                Charge {
+                    rule: &slots,
+                    key: &keys[2],
+                    cost: 1,
+                },
+            ];
+            let decision = cluster.check(&charges).await.unwrap();
+            assert!(
+                decision.allowed(),
+                "round {round}, step {step}: the slot is held"
+            );
+            cluster
+                .adjust(&[Adjustment {
+                    rule: &slots,
+                    key: &keys[2],
+                    change: Change::Refund(1),
+                    charged_at: decision.charged_at(2),
+                }])
+                .await
+                .unwrap();
+        }
+    }
 }
 
 /// Waits up to 3 s for the one slot to be free again (given back on the runtime), then takes
@@ -635,13 +742,14 @@ async fn the_limiter_takes_and_gives_back_slots() {
             "{name}"
         );
         assert!(limiter.refund("jobs", &key, 1).await.is_err(), "{name}");
-        limiter.give_back("jobs", &key, 1, &first).await.unwrap();
+        assert!(limiter.force("jobs", &key, 1).await.is_err(), "{name}");
+        limiter.give_back("jobs", &key, 1, first).await.unwrap();
         assert_eq!(
             limiter.peek("jobs", &key).await.unwrap().remaining,
             1,
             "{name}"
         );
-        limiter.give_back("jobs", &key, 1, &second).await.unwrap();
+        limiter.give_back("jobs", &key, 1, second).await.unwrap();
         assert_eq!(
             limiter.peek("jobs", &key).await.unwrap().remaining,
             2,

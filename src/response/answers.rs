@@ -108,7 +108,7 @@ impl Answers {
     /// `temporary-reduced-capacity` problem document naming the `"load-shedding"` policy,
     /// advertised with `share`, the requests in flight its class may join (draft-11 §5.2: "the
     /// new temporarily lower quota"); or gRPC `UNAVAILABLE`.
-    pub(crate) fn shed(grpc: bool, share: usize) -> Response<Bytes> {
+    pub(crate) fn shed(&self, grpc: bool, share: usize) -> Response<Bytes> {
         if grpc {
             return grpc_shed();
         }
@@ -119,6 +119,9 @@ impl Answers {
         let headers = response.headers_mut();
         headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON.clone());
         headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        if !self.headers.sends_ietf() {
+            return response;
+        }
         let mut policy = super::buffer::Buffer::<96>::default();
         policy
             .push(b"\"")

@@ -40,6 +40,13 @@ pub struct Headers {
     legacy: Option<ResetFormat>,
 }
 
+impl Headers {
+    /// Whether the draft-11 fields are sent.
+    pub(crate) fn sends_ietf(self) -> bool {
+        self.ietf
+    }
+}
+
 /// How `X-RateLimit-Reset` is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -332,6 +332,21 @@ impl Inner {
         permit: Permit,
         deadline: tokio::time::Instant,
     ) -> Result<Value, StoreError> {
+        self.run_until(mode, requests, permit, deadline, deadline)
+            .await
+    }
+
+    /// [`run`](Self::run), waiting for the answer until `late`: one that comes after `budget`
+    /// is returned, and told to the breaker and the connection's health as a time-out (the
+    /// server did not answer within a check's budget).
+    async fn run_until(
+        &self,
+        mode: Mode,
+        requests: &[Request<'_, Prepared>],
+        permit: Permit,
+        budget: tokio::time::Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Value, StoreError> {
         // One timer for the whole check; `in_use` tells which connection a time-out caught.
         let mut in_use = None;
         let attempt = async {
@@ -369,13 +384,21 @@ impl Inner {
             Ok(Ok(sent)) => sent,
             Ok(Err(error)) => (Err(error), false),
             Err(_elapsed) => {
-                if let Some(health) = in_use {
+                if let Some(health) = &in_use {
                     health.timed_out();
                 }
                 (Err(StoreError::Timeout), false)
             }
         };
-        self.report(permit, answered, &result);
+        if deadline > budget && tokio::time::Instant::now() > budget {
+            // Answered late: for the breaker, a time-out, whatever the answer.
+            if answered && let Some(health) = &in_use {
+                health.timed_out();
+            }
+            self.report(permit, false, &Err(StoreError::Timeout));
+        } else {
+            self.report(permit, answered, &result);
+        }
         result
     }
 
@@ -499,26 +522,49 @@ impl Inner {
     }
 
     /// One call for `batch`, within the time its earliest check has left; each check gets its
-    /// own reply, or the call's error. A reply whose check stopped waiting gives back the
-    /// concurrency slots it took.
+    /// own reply, or the call's error. A call that takes concurrency slots waits a while longer
+    /// for its reply than its checks do (on its own, so that the next batch need not wait), and
+    /// a reply whose check stopped waiting gives those slots back.
     async fn send(self: &Arc<Self>, batch: Vec<Job>) {
-        let Some(permit) = batch.last().map(|job| job.permit) else {
+        let Some(budget) = batch.iter().map(|job| job.deadline).min() else {
             return;
         };
-        let Some(mut deadline) = batch.iter().map(|job| job.deadline).min() else {
-            return;
-        };
-        // A call that takes concurrency slots waits a while longer for its reply than its
-        // checks do, so that slots taken for a check that stopped waiting can be given back.
-        if batch
+        let late = if batch
             .iter()
             .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
         {
-            deadline = deadline.max(
+            budget.max(
                 tokio::time::Instant::now()
                     + super::late_reply_wait(self.settings.response_timeout),
-            );
+            )
+        } else {
+            budget
+        };
+        let call = Self::call_batch(self.clone(), batch, budget, late);
+        if late == budget {
+            return call.await;
         }
+        let mut call = Box::pin(call);
+        if tokio::time::timeout_at(budget, &mut call).await.is_err() {
+            // The next batch goes on; this call's replies, or its slots, come back later.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(call)),
+                Err(_) => call.await,
+            }
+        }
+    }
+
+    /// [`send`](Self::send)'s call: the answer is waited for until `late`, and reported to the
+    /// breaker as a time-out when it comes after `budget`.
+    async fn call_batch(
+        self: Arc<Self>,
+        batch: Vec<Job>,
+        budget: tokio::time::Instant,
+        late: tokio::time::Instant,
+    ) {
+        let Some(permit) = batch.last().map(|job| job.permit) else {
+            return;
+        };
         let requests: Vec<Request<'_, Prepared>> = batch
             .iter()
             .map(|job| Request {
@@ -527,7 +573,7 @@ impl Inner {
             })
             .collect();
         let result = self
-            .run(Mode::Charge, &requests, permit, deadline)
+            .run_until(Mode::Charge, &requests, permit, budget, late)
             .await
             .and_then(|value| script::decode(value, &requests));
         drop(requests);
@@ -535,7 +581,7 @@ impl Inner {
             Ok(replies) => {
                 for (job, reply) in batch.into_iter().zip(replies) {
                     let now = job.now;
-                    let reply = Unclaimed::new(reply, &job.charges, || {
+                    let reply = Unclaimed::new(reply, job.charges, || {
                         let inner = self.clone();
                         Box::new(move |refunds| inner.give_back_orphan(now, refunds))
                     });

@@ -22,13 +22,13 @@ impl Unclaimed {
     /// concurrency slots. Replies without a concurrency charge carry nothing more.
     pub(crate) fn new(
         reply: Reply,
-        charges: &[Prepared],
+        charges: Vec<Prepared>,
         give_back: impl FnOnce() -> GiveBackOrphan,
     ) -> Self {
         let orphan = charges
             .iter()
             .any(|c| c.algorithm.is_concurrency())
-            .then(|| (charges.to_vec(), give_back()));
+            .then(|| (charges, give_back()));
         Unclaimed {
             reply: Some(reply),
             orphan,
@@ -126,7 +126,7 @@ mod tests {
         ];
         let given: Arc<Mutex<Vec<(u64, String, u64)>>> = Arc::default();
         let log = given.clone();
-        let unread = Unclaimed::new(reply(true), &charges, move || {
+        let unread = Unclaimed::new(reply(true), charges.to_vec(), move || {
             Box::new(move |refunds| {
                 log.lock()
                     .unwrap()
@@ -144,7 +144,7 @@ mod tests {
         let given = Arc::new(Mutex::new(0));
         for (allowed, read) in [(true, true), (false, false)] {
             let count = given.clone();
-            let reply = Unclaimed::new(reply(allowed), &charges, move || {
+            let reply = Unclaimed::new(reply(allowed), charges.to_vec(), move || {
                 Box::new(move |refunds| *count.lock().unwrap() += refunds.len())
             });
             if read {

@@ -334,8 +334,12 @@ impl Inner {
         mode: Mode,
         now: Option<u64>,
         charges: &[&Prepared],
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Value, StoreError> {
+        let Deadline {
+            budget,
+            late: deadline,
+        } = deadline;
         let requests = [Request { now, charges }];
         let topology = self
             .topology()
@@ -349,8 +353,8 @@ impl Inner {
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
             // A script queued on a multiplexed connection runs, whatever the caller does next:
-            // with no budget left it is not sent at all.
-            if deadline <= Instant::now() {
+            // with no budget left it is not sent at all (nor sent again after a redirection).
+            if budget <= Instant::now() {
                 return Err(StoreError::Timeout);
             }
             let Some(permit) = node.breaker().admit() else {
@@ -400,6 +404,15 @@ impl Inner {
                 }
             };
             let error = match result {
+                Ok(value) if Instant::now() > budget => {
+                    // Answered after a check's budget (a call that waits longer for its reply):
+                    // for the breaker and the connection, a time-out.
+                    if let Some(health) = in_use {
+                        health.timed_out();
+                    }
+                    self.failed(&node, permit, &StoreError::Timeout);
+                    return Ok(value);
+                }
                 Ok(value) => {
                     node.breaker().success(permit);
                     return Ok(value);
@@ -479,7 +492,7 @@ impl Inner {
         mode: Mode,
         now: Option<u64>,
         charges: &[&Prepared],
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Reply, StoreError> {
         let value = self.call(slot, mode, now, charges, deadline).await?;
         let requests = [Request { now, charges }];
@@ -493,7 +506,7 @@ impl Inner {
         &self,
         prepared: &[Prepared],
         now: Option<u64>,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Reply, StoreError> {
         let Some(first) = prepared.first() else {
             return Ok(Reply {
@@ -531,7 +544,7 @@ impl Inner {
         &self,
         prepared: &[Prepared],
         now: Option<u64>,
-        deadline: Instant,
+        deadline: Deadline,
     ) -> Result<Reply, StoreError> {
         let groups = groups(prepared);
         let group_charges: Vec<Vec<&Prepared>> = groups
@@ -554,6 +567,11 @@ impl Inner {
         let peeks = peeks
             .into_iter()
             .collect::<Result<Vec<Reply>, StoreError>>()?;
+
+        // A check out of budget charges nothing more: its request is decided without it.
+        if Instant::now() >= deadline.budget {
+            return Err(StoreError::Timeout);
+        }
 
         // 2. Charge every group, each atomically.
         let charged = join_all(
@@ -597,8 +615,14 @@ impl Inner {
             .collect();
         let refunds = to_refund.iter().map(|(slot, at, charges)| async move {
             let charges: Vec<&Prepared> = charges.iter().collect();
-            self.call(*slot, Mode::Refund(*at), now, &charges, refund_deadline)
-                .await
+            self.call(
+                *slot,
+                Mode::Refund(*at),
+                now,
+                &charges,
+                refund_deadline.into(),
+            )
+            .await
         });
         for result in join_all(refunds).await {
             if let Err(e) = result {
@@ -649,7 +673,7 @@ impl Inner {
         let results = join_all(
             groups
                 .iter()
-                .map(|(slot, group)| self.call(*slot, mode, now, group, deadline)),
+                .map(|(slot, group)| self.call(*slot, mode, now, group, deadline.into())),
         )
         .await;
         results.into_iter().collect::<Result<Vec<_>, _>>().map(drop)
@@ -757,6 +781,24 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
     }
 }
 
+/// When a call gives up: `late` for its answer; `budget`, the check's own time, for sending
+/// anything (a first call, a redirection, a second phase) and for the breaker (an answer after
+/// it is a time-out). The same for every call but those that take concurrency slots.
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    budget: Instant,
+    late: Instant,
+}
+
+impl From<Instant> for Deadline {
+    fn from(at: Instant) -> Self {
+        Deadline {
+            budget: at,
+            late: at,
+        }
+    }
+}
+
 /// The charges' indices grouped by slot, in slot order.
 fn groups(prepared: &[Prepared]) -> Vec<(u16, Vec<usize>)> {
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -826,8 +868,18 @@ impl Store for RedisClusterStore {
             // The request waits until its deadline; the call, a while longer for its reply.
             let late = Instant::now() + super::late_reply_wait(inner.settings.response_timeout);
             runtime.spawn(async move {
-                let reply = checking.check(&prepared, now, late).await.map(|reply| {
-                    Unclaimed::new(reply, &prepared, || {
+                let reply = checking
+                    .check(
+                        &prepared,
+                        now,
+                        Deadline {
+                            budget: deadline,
+                            late,
+                        },
+                    )
+                    .await;
+                let reply = reply.map(|reply| {
+                    Unclaimed::new(reply, prepared, || {
                         let inner = checking.clone();
                         Box::new(move |refunds| inner.give_back_orphan(now, refunds))
                     })
@@ -848,7 +900,7 @@ impl Store for RedisClusterStore {
         }
         Box::pin(async move {
             let deadline = Instant::now() + inner.settings.response_timeout;
-            let reply = inner.check(&prepared, now, deadline).await;
+            let reply = inner.check(&prepared, now, deadline.into()).await;
             plan.settle(Some(reply))
         })
     }
@@ -945,7 +997,7 @@ impl Store for RedisClusterStore {
                 let charges: Vec<&Prepared> = indices.iter().map(|&i| &prepared[i]).collect();
                 replies.push(
                     inner
-                        .reply(*slot, Mode::Peek, now, &charges, deadline)
+                        .reply(*slot, Mode::Peek, now, &charges, deadline.into())
                         .await?,
                 );
             }
