@@ -49,6 +49,27 @@ ensure_promtool() {
     fi
 }
 
+# grpcio (Python's gRPC, another implementation than tonic), for scripts/grpc_interop.py;
+# kept under target/ so that a second run installs nothing.
+ensure_grpcio() {
+    GRPCIO_DIR="$PWD/target/python-grpcio"
+    if PYTHONPATH="$GRPCIO_DIR" python3 -c 'import grpc, grpc_status, grpc_health' 2>/dev/null; then
+        return 0
+    fi
+    say "grpcio not found: installing grpcio, grpcio-status and grpcio-health-checking under target/ (PyPI)"
+    if ! command -v python3 >/dev/null 2>&1; then
+        echo "error: the gRPC interoperability check needs python3 (with pip) on PATH." >&2
+        exit 1
+    fi
+    python3 -m pip install --quiet --disable-pip-version-check --target "$GRPCIO_DIR" \
+        grpcio grpcio-status grpcio-health-checking >/dev/null 2>&1 || true
+    if ! PYTHONPATH="$GRPCIO_DIR" python3 -c 'import grpc, grpc_status, grpc_health' 2>/dev/null; then
+        echo "error: could not install grpcio, grpcio-status and grpcio-health-checking from PyPI;" >&2
+        echo "       install them (python3 -m pip install grpcio grpcio-status grpcio-health-checking) and run again." >&2
+        exit 1
+    fi
+}
+
 ensure_redis
 echo "using $(redis-server --version)"
 ensure_promtool
@@ -80,5 +101,10 @@ cargo test --all-features
 
 say "cargo build --examples --all-features"
 cargo build --examples --all-features
+
+say "a client of another gRPC implementation (Python's grpcio) reads RESOURCE_EXHAUSTED and RetryInfo"
+ensure_grpcio
+PYTHONPATH="$GRPCIO_DIR" python3 scripts/grpc_interop.py \
+    target/debug/examples/tonic_server target/debug/examples/grpc_interceptor
 
 say "all checks passed"

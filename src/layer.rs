@@ -94,6 +94,12 @@ impl<St> RateLimitLayer<St> {
         &self.shared.store
     }
 
+    /// What the layer's services share.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn shared(&self) -> &Arc<Shared<St>> {
+        &self.shared
+    }
+
     /// The layer's budgets from your own code: peek, charge, refund and reset one rule's key,
     /// with the layer's rules and store (see [`Limiter`](crate::Limiter)).
     pub fn limiter(&self) -> crate::Limiter<St> {

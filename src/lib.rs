@@ -62,6 +62,8 @@ mod decide;
 mod decision;
 mod error;
 pub mod future;
+#[cfg(feature = "tonic")]
+pub mod grpc;
 mod held;
 pub mod key;
 mod layer;

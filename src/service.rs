@@ -64,6 +64,13 @@ impl<S, St> RateLimit<S, St> {
     }
 }
 
+/// On one generated tonic service (`layer.layer(MyServiceServer::new(service))`), the limited
+/// service keeps its name, so `Server::builder().add_service` routes to it.
+#[cfg(feature = "tonic")]
+impl<S: tonic::server::NamedService, St> tonic::server::NamedService for RateLimit<S, St> {
+    const NAME: &'static str = S::NAME;
+}
+
 impl<S: Clone, St> Clone for RateLimit<S, St> {
     fn clone(&self) -> Self {
         RateLimit {

@@ -353,3 +353,32 @@ fn the_client_example_waits_out_the_servers_delays_instead_of_hammering_it() {
     );
     assert_eq!(printed.matches("200 OK").count(), 5, "{printed}");
 }
+
+#[cfg(feature = "tonic")]
+#[tokio::test]
+async fn the_grpc_interceptor_example_allows_ten_calls_a_minute_per_peer() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let example = Example::start("grpc_interceptor", "TOLLGATE_GRPC_ADDR", &[]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", example.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut codes = Vec::new();
+    for _ in 0..11 {
+        let reply = client
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await;
+        codes.push(reply.map_or_else(|status| status.code(), |_| tonic::Code::Ok));
+    }
+    let mut expected = vec![tonic::Code::Ok; 10];
+    expected.push(tonic::Code::ResourceExhausted);
+    assert_eq!(codes, expected);
+    let printed = example.stop();
+    assert!(printed.contains("grpcurl -plaintext"), "{printed}");
+}

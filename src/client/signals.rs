@@ -173,7 +173,7 @@ fn after_string(rest: &str) -> Option<&str> {
 }
 
 /// Standard base64, with or without padding (gRPC's `-bin` metadata).
-fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
     let value = |c: u8| -> Option<u32> {
         Some(match c {
             b'A'..=b'Z' => c - b'A',

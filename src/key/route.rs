@@ -80,18 +80,20 @@ impl Route {
         headers: &'a http::HeaderMap,
         extensions: &'a http::Extensions,
     ) -> Option<&'a str> {
-        #[cfg(feature = "axum")]
-        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
-            return Some(matched.as_str());
-        }
-        #[cfg(not(feature = "axum"))]
-        let _ = extensions;
+        // A gRPC call first: inside a tonic server (which routes with axum) its matched path is
+        // the service's wildcard, the same for every method.
         let grpc = headers
             .get(CONTENT_TYPE)
             .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"));
         if grpc && is_grpc_method_path(uri.path()) {
             return Some(uri.path());
         }
+        #[cfg(feature = "axum")]
+        if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
+            return Some(matched.as_str());
+        }
+        #[cfg(not(feature = "axum"))]
+        let _ = extensions;
         None
     }
 }

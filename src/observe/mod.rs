@@ -197,6 +197,14 @@ impl<'a> Head<'a> {
     where
         'a: 's,
     {
+        // A gRPC method the policy names first: inside a tonic server (which routes with
+        // axum) the matched path is the service's wildcard.
+        if self.is_grpc()
+            && let Some(route) = Route::route_in(self.uri, self.headers, self.extensions)
+                .and_then(|route| snapshot.resolver.known_route(route))
+        {
+            return route;
+        }
         #[cfg(feature = "axum")]
         if let Some(matched) = self.extensions.get::<axum::extract::MatchedPath>() {
             return matched.as_str();

@@ -1,0 +1,168 @@
+//! [`RateLimitInterceptor`]: a layer's rules as a tonic `Interceptor`, for stores that decide
+//! at once.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response};
+use tonic::metadata::MetadataMap;
+
+use super::GrpcPath;
+use crate::decide::{Next, Shared, Start};
+use crate::store::{MemoryStore, Store};
+use crate::warn::Once;
+use crate::{ConfigError, RateLimitLayer};
+
+/// A store that decides every check at once, without waiting ([`Store::check_now`] always
+/// answers): what a tonic interceptor, which cannot wait, needs.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` does not decide at once: a tonic interceptor cannot wait for it",
+    label = "an interceptor needs a store that decides at once, such as the memory store",
+    note = "put the layer on the service instead, which works with every store: \
+            `Server::builder().add_service(layer.layer(MyServiceServer::new(service)))`"
+)]
+pub trait DecidesAtOnce: Store {}
+
+impl DecidesAtOnce for MemoryStore {}
+
+/// A layer's rules checked by a tonic `Interceptor` (see the [module](crate::grpc)): made
+/// by [`RateLimitLayer::interceptor`].
+pub struct RateLimitInterceptor<St = MemoryStore> {
+    shared: Arc<Shared<St>>,
+}
+
+impl<St> Clone for RateLimitInterceptor<St> {
+    fn clone(&self) -> Self {
+        RateLimitInterceptor {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for RateLimitInterceptor<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitInterceptor")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St> RateLimitLayer<St> {
+    /// The layer's rules as a tonic `Interceptor`, for `MyServiceServer::with_interceptor`
+    /// (see [`grpc`](crate::grpc) for what an interceptor can and cannot do). Rules that act
+    /// after the response (concurrency limits, charges by outcome, settled costs) and shadow
+    /// or delay rules, which need a second check, are refused: put the layer on the service
+    /// for those.
+    ///
+    /// ```compile_fail
+    /// // A store that waits for a server cannot back an interceptor: the compiler says to put
+    /// // the layer on the service instead.
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = tollgate::store::RedisStore::builder("redis://127.0.0.1:6379").connect().await?;
+    /// let layer = tollgate::RateLimitLayer::builder()
+    ///     .rule(tollgate::Rule::new("r", tollgate::Quota::per_second(5)))
+    ///     .store(redis)
+    ///     .build()?;
+    /// let interceptor = layer.interceptor()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn interceptor(&self) -> Result<RateLimitInterceptor<St>, ConfigError>
+    where
+        St: DecidesAtOnce,
+    {
+        let shared = self.shared().clone();
+        let snapshot = shared.snapshot();
+        if snapshot.holds || snapshot.settles || snapshot.watches {
+            return Err(ConfigError::new(
+                "a tonic interceptor sees neither the response nor a second check: concurrency \
+                 limits, charges by outcome or settled costs, shadow and delay rules need the \
+                 layer on the service (layer.layer(MyServiceServer::new(service)))",
+            ));
+        }
+        Ok(RateLimitInterceptor { shared })
+    }
+}
+
+/// Said once: a call the interceptor could not decide at once went through.
+static UNDECIDED: Once = Once::new();
+
+impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St> {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let (metadata, extensions, ()) = request.into_parts();
+        let mut http = http::Request::new(());
+        *http.headers_mut() = metadata.into_headers();
+        *http.extensions_mut() = extensions;
+        if let Some(GrpcPath(path)) = http.extensions().get::<GrpcPath>().cloned()
+            && let Ok(uri) = http::Uri::builder().path_and_query(path).build()
+        {
+            *http.uri_mut() = uri;
+        }
+        // tonic keeps the content type out of the metadata: the answers are gRPC's.
+        let had_type = http
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        let (mut parts, ()) = http.into_parts();
+        let span = crate::observe::span();
+        let (_snapshot, start) = self.shared.start(&mut parts, &span);
+        let verdict = match start {
+            // Slots a reloaded policy may have added are given back here: nothing holds them.
+            Start::Decided {
+                next: Next::Call(_admitted),
+                ..
+            } => Ok(()),
+            Start::Decided {
+                next: Next::Answer(response),
+                ..
+            } => Err(status_of(response)),
+            _ => {
+                if UNDECIDED.first() {
+                    tracing::warn!(
+                        "tollgate: a tonic interceptor could not decide a call at once (a key \
+                         or tenant lookup, or a second check): it went through unlimited; put \
+                         the layer on the service for such rules"
+                    );
+                }
+                Ok(())
+            }
+        };
+        verdict?;
+        match had_type {
+            Some(value) => parts.headers.insert(CONTENT_TYPE, value),
+            None => parts.headers.remove(CONTENT_TYPE),
+        };
+        Ok(tonic::Request::from_parts(
+            MetadataMap::from_headers(parts.headers),
+            parts.extensions,
+            (),
+        ))
+    }
+}
+
+/// The layer's gRPC answer (a trailers-only response) as a `Status`: its code and message,
+/// its `google.rpc.Status` details, and the rest of its fields as metadata.
+fn status_of(response: Response<Bytes>) -> tonic::Status {
+    let (parts, _) = response.into_parts();
+    let mut headers = parts.headers;
+    let code = headers
+        .remove("grpc-status")
+        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
+        .map_or(tonic::Code::Unknown, tonic::Code::from_i32);
+    let message = headers
+        .remove("grpc-message")
+        .and_then(|v| v.to_str().ok().map(str::to_owned))
+        .unwrap_or_default();
+    let details = headers
+        .remove("grpc-status-details-bin")
+        .and_then(|v| crate::client::base64_decode(v.as_bytes()))
+        .map(Bytes::from)
+        .unwrap_or_default();
+    headers.remove(CONTENT_TYPE);
+    tonic::Status::with_details_and_metadata(
+        code,
+        message,
+        details,
+        MetadataMap::from_headers(headers),
+    )
+}

@@ -1,0 +1,60 @@
+//! tonic without a server-wide layer: a [`RateLimitInterceptor`] for one generated service,
+//! and [`RateLimitLayer`](crate::RateLimitLayer) itself on one service.
+//!
+//! ```
+//! use tollgate::{Quota, RateLimitLayer, Rule};
+//! use tonic::service::interceptor::InterceptedService;
+//!
+//! # fn main() -> Result<(), tollgate::ConfigError> {
+//! // An interceptor on one service: 10 calls a minute per peer IP, in the memory store.
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! let limits = RateLimitLayer::builder()
+//!     .rule(Rule::new("health", Quota::per_minute(10)))
+//!     .build()?;
+//! let limited = InterceptedService::new(health, limits.interceptor()?);
+//!
+//! // The layer on one service: any store (Redis included), the budget fields on every answer.
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("health-checks", Quota::per_minute(10)))
+//!     .build()?;
+//! let also_limited = tower_layer::Layer::layer(&layer, health);
+//! let router = tonic::transport::Server::builder()
+//!     .add_service(limited)
+//!     # ;
+//! # let _ = (router, also_limited);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! **The interceptor** ([`RateLimitLayer::interceptor`](crate::RateLimitLayer::interceptor))
+//! runs in tonic's `InterceptedService` before the call: it sees the call's metadata and its
+//! extensions (the peer address, what an authentication layer put there), decides, and either
+//! lets the call through or ends it with the layer's gRPC answer as a `Status`
+//! (`RESOURCE_EXHAUSTED` with `RetryInfo` in its details and `grpc-retry-pushback-ms`,
+//! `Retry-After` and the budget fields in its metadata). What it cannot do:
+//!
+//! - **wait**: tonic's interceptors are synchronous, so only stores that answer at once
+//!   ([`DecidesAtOnce`], the memory store) can build one; for another store the compiler says
+//!   to put the layer on the service instead. Key or tenant extractors that need an
+//!   asynchronous lookup, delay rules and shadow rules' second checks cannot be waited for
+//!   either: such a call goes through unlimited, and a warning says so once.
+//! - **see the response**: the budget fields go out only with denials (a successful call's
+//!   response metadata is the handler's), and rules that act after the response
+//!   (concurrency limits, charges by outcome or settled) are refused when the interceptor is
+//!   made.
+//! - **see the method**: tonic hands an interceptor no path. A service has its own
+//!   interceptor, so its limits are per service; for limits per method (route keys, policy
+//!   routes), put [`GrpcPathLayer`] on the server once
+//!   (`Server::builder().layer(GrpcPathLayer)`) and the interceptor reads the path from it.
+//!
+//! **The layer on one service**: `RateLimitLayer` is a Tower layer, and the service it makes is
+//! a tonic `NamedService` when the inner one is, so
+//! `Server::builder().add_service(layer.layer(HealthServer::new(health)))` limits that service
+//! alone, with any store, and adds the budget fields to every response.
+
+mod interceptor;
+mod path;
+
+pub use interceptor::{DecidesAtOnce, RateLimitInterceptor};
+pub use path::{GrpcPath, GrpcPathLayer, GrpcPathService};
