@@ -157,6 +157,14 @@ pub(crate) struct Admitted {
     pub(crate) held: Option<Held>,
 }
 
+impl Admitted {
+    /// Whether the request holds slots or has charges to settle after its response.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn holds_or_settles(&self) -> bool {
+        self.held.is_some() || self.settle.is_some()
+    }
+}
+
 /// What follows a request's check.
 pub(crate) enum Next {
     /// Call the inner service, then add the budget headers of the decision, settle what needs

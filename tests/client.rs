@@ -126,7 +126,8 @@ async fn any_server_that_says_when_is_honoured() {
         }),
     );
     let (addr, seen) = serve(app).await;
-    for (first, wait) in [(503, 29..=30), (200, 39..=40)] {
+    // Whole seconds, and the date was written before the server started: a second's slack.
+    for (first, wait) in [(503, 28..=30), (200, 39..=40)] {
         let mut client = HonourLimitsLayer::new().layer(
             Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>(),
         );
@@ -279,9 +280,9 @@ async fn the_retry_budget_keeps_retries_from_multiplying_the_load() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
-    // 50 calls; retries: 1 to start with, 0.1 per call: at most 6 (5 retries each: 300).
+    // 50 calls; retries: 0.1 per call, none to start with: at most 5 (5 retries each: 300).
     let seen = seen.load(Ordering::SeqCst);
-    assert!((50..=56).contains(&seen), "the server saw {seen} requests");
+    assert!((50..=55).contains(&seen), "the server saw {seen} requests");
 }
 
 #[cfg(feature = "tonic")]

@@ -97,7 +97,7 @@ impl Waits {
 }
 
 /// The server a request goes to: its authority (`""` for a request with a path only, as a
-/// tonic `Channel`'s are: one channel, one server).
+/// tonic `Channel`'s are: one channel, one server; so give each channel a layer of its own).
 pub(crate) fn server_of<B>(request: &Request<B>) -> &str {
     request.uri().authority().map_or("", |a| a.as_str())
 }
@@ -180,7 +180,8 @@ impl<E: fmt::Display> fmt::Display for ClientError<E> {
 impl<E: std::error::Error + 'static> std::error::Error for ClientError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClientError::Throttled(throttled) => throttled.source(),
+            // A tonic client finds its Status one step further, in the Throttled's source.
+            ClientError::Throttled(throttled) => Some(throttled),
             ClientError::Inner(error) => Some(error),
         }
     }

@@ -33,9 +33,9 @@ impl Default for Retry {
 }
 
 impl Retry {
-    /// At most 2 retries of a call, none that would wait more than 30 s, a jitter of up to
-    /// half the server's delay (at least 100 ms), and a budget of 1 retry per 5 calls plus 1
-    /// a second.
+    /// At most 2 retries of a call, none that would wait more than 30 s (plus its jitter), a
+    /// jitter of up to half the server's delay (at least 100 ms), and a budget of 1 retry per
+    /// 5 calls plus 1 a second.
     pub fn new() -> Self {
         Retry {
             max_retries: 2,
@@ -68,7 +68,7 @@ impl Retry {
         } else {
             0.5
         };
-        self.min_jitter = at_least;
+        self.min_jitter = at_least.min(super::MAX_ANNOUNCED_WAIT);
         self
     }
 
@@ -126,7 +126,7 @@ impl RetryAfterLayer {
                 retry,
                 waits: Arc::new(Waits::default()),
                 budget: Mutex::new(Budget {
-                    tokens: retry.budget_per_second.max(1.0),
+                    tokens: retry.budget_per_second,
                     refilled: Instant::now(),
                 }),
                 draws: AtomicU64::new(0),
@@ -229,6 +229,12 @@ where
                     if left > retry.max_wait {
                         return Err(ClientError::Throttled(Throttled::new(left, grpc)));
                     }
+                    // The ready service holds what readiness reserved (a buffer's place, a
+                    // concurrency permit): let it go while waiting, be ready again after.
+                    if ready {
+                        inner = inner.clone();
+                        ready = false;
+                    }
                     tokio::time::sleep(shared.jittered(left)).await;
                 }
                 if !ready {
@@ -237,7 +243,10 @@ where
                         .map_err(ClientError::Inner)?;
                 }
                 ready = false;
-                shared.sent();
+                // The budget grows with calls, not with their retries.
+                if retries == 0 {
+                    shared.sent();
+                }
                 let response = inner
                     .call(clone_request(&request))
                     .await
@@ -273,5 +282,6 @@ fn clone_request<B: Clone>(request: &Request<B>) -> Request<B> {
     *clone.uri_mut() = request.uri().clone();
     *clone.version_mut() = request.version();
     *clone.headers_mut() = request.headers().clone();
+    *clone.extensions_mut() = request.extensions().clone();
     clone
 }

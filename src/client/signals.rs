@@ -259,24 +259,24 @@ fn retry_info(status: &[u8]) -> Option<Duration> {
         if type_url != Some(RETRY_INFO) {
             continue;
         }
-        // RetryInfo: 1 = retry_delay (google.protobuf.Duration: 1 = seconds, 2 = nanos).
-        let mut delay = Duration::ZERO;
+        // RetryInfo: 1 = retry_delay (google.protobuf.Duration: 1 = seconds, 2 = nanos, both
+        // signed; the last of a repeated field wins). A negative delay asks no wait.
+        let (mut seconds, mut nanos) = (0i64, 0i64);
         for (number, field) in fields(value.unwrap_or_default()) {
             if let (1, Field::Bytes(duration)) = (number, field) {
                 for (number, field) in fields(duration) {
                     match (number, field) {
-                        (1, Field::Varint(seconds)) => {
-                            delay += Duration::from_secs(seconds.min(u64::from(u32::MAX)))
-                        }
-                        (2, Field::Varint(nanos)) => {
-                            delay += Duration::from_nanos(nanos.min(999_999_999))
-                        }
+                        (1, Field::Varint(n)) => seconds = n as i64,
+                        (2, Field::Varint(n)) => nanos = i64::from(n as i32),
                         _ => {}
                     }
                 }
             }
         }
-        return Some(delay);
+        if seconds < 0 || !(0..=999_999_999).contains(&nanos) {
+            return None;
+        }
+        return Some(Duration::new(seconds as u64, nanos as u32));
     }
     None
 }
@@ -332,6 +332,29 @@ mod tests {
         assert_eq!(wait_of_grpc(&headers), Some(Duration::from_millis(3500)));
         headers.insert("grpc-status", "0".parse().unwrap());
         assert_eq!(wait_of_grpc(&headers), None, "OK asks no wait");
+    }
+
+    #[test]
+    fn a_negative_retry_info_asks_no_wait() {
+        // google.rpc.Status { details: [Any { RetryInfo { retry_delay: { seconds: -1 } } }] }
+        let mut duration = vec![0x08];
+        duration.extend_from_slice(&[0xff; 9]);
+        duration.push(0x01);
+        let mut retry_info = vec![0x0a, duration.len() as u8];
+        retry_info.extend_from_slice(&duration);
+        let url = b"type.googleapis.com/google.rpc.RetryInfo";
+        let mut any = vec![0x0a, url.len() as u8];
+        any.extend_from_slice(url);
+        any.push(0x12);
+        any.push(retry_info.len() as u8);
+        any.extend_from_slice(&retry_info);
+        let mut status = vec![0x08, 0x08, 0x1a, any.len() as u8];
+        status.extend_from_slice(&any);
+        assert_eq!(retry_info_of(&status), None);
+    }
+
+    fn retry_info_of(status: &[u8]) -> Option<Duration> {
+        retry_info(status)
     }
 
     #[test]

@@ -10,7 +10,8 @@ use http::{HeaderValue, Response};
 use tonic::metadata::MetadataMap;
 
 use super::GrpcPath;
-use crate::decide::{Next, Shared, Start};
+use crate::decide::{Checked, Ctx, Next, Shared, Start};
+use crate::observe::Head;
 use crate::store::{MemoryStore, Store};
 use crate::warn::Once;
 use crate::{ConfigError, RateLimitLayer};
@@ -51,9 +52,8 @@ impl<St> fmt::Debug for RateLimitInterceptor<St> {
 impl<St> RateLimitLayer<St> {
     /// The layer's rules as a tonic `Interceptor`, for `MyServiceServer::with_interceptor`
     /// (see [`grpc`](crate::grpc) for what an interceptor can and cannot do). Rules that act
-    /// after the response (concurrency limits, charges by outcome, settled costs) and shadow
-    /// or delay rules, which need a second check, are refused: put the layer on the service
-    /// for those.
+    /// after the response (concurrency limits, charges by outcome, settled costs) and delay
+    /// rules, which wait, are refused: put the layer on the service for those.
     ///
     /// ```compile_fail
     /// // A store that waits for a server cannot back an interceptor: the compiler says to put
@@ -74,11 +74,15 @@ impl<St> RateLimitLayer<St> {
     {
         let shared = self.shared().clone();
         let snapshot = shared.snapshot();
-        if snapshot.holds || snapshot.settles || snapshot.watches {
+        let delays = snapshot
+            .rules
+            .iter()
+            .any(|rule| matches!(rule.mode, crate::RuleMode::Delay { .. }));
+        if snapshot.holds || snapshot.settles || delays {
             return Err(ConfigError::new(
-                "a tonic interceptor sees neither the response nor a second check: concurrency \
-                 limits, charges by outcome or settled costs, shadow and delay rules need the \
-                 layer on the service (layer.layer(MyServiceServer::new(service)))",
+                "a tonic interceptor neither sees the response nor waits: concurrency limits, \
+                 charges by outcome or settled costs and delay rules need the layer on the \
+                 service (layer.layer(MyServiceServer::new(service)))",
             ));
         }
         Ok(RateLimitInterceptor { shared })
@@ -88,10 +92,16 @@ impl<St> RateLimitLayer<St> {
 /// Said once: a call the interceptor could not decide at once went through.
 static UNDECIDED: Once = Once::new();
 
+/// Said once: the policy in force has rules an interceptor cannot keep.
+static AFTER_RESPONSE: Once = Once::new();
+
 impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St> {
     fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         let (metadata, extensions, ()) = request.into_parts();
+        // A gRPC call's request line, as the layer would see it.
         let mut http = http::Request::new(());
+        *http.method_mut() = http::Method::POST;
+        *http.version_mut() = http::Version::HTTP_2;
         *http.headers_mut() = metadata.into_headers();
         *http.extensions_mut() = extensions;
         if let Some(GrpcPath(path)) = http.extensions().get::<GrpcPath>().cloned()
@@ -99,35 +109,72 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
         {
             *http.uri_mut() = uri;
         }
-        // tonic keeps the content type out of the metadata: the answers are gRPC's.
+        // The answers are gRPC's, whatever the metadata says.
         let had_type = http
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let (mut parts, ()) = http.into_parts();
         let span = crate::observe::span();
-        let (_snapshot, start) = self.shared.start(&mut parts, &span);
-        let verdict = match start {
-            // Slots a reloaded policy may have added are given back here: nothing holds them.
-            Start::Decided {
-                next: Next::Call(_admitted),
-                ..
-            } => Ok(()),
-            Start::Decided {
-                next: Next::Answer(response),
-                ..
-            } => Err(status_of(response)),
+        let (snapshot, start) = self.shared.start(&mut parts, &span);
+        let mut next = match start {
+            Start::Decided { next, .. } => Some(next),
+            _ => None,
+        };
+        // A second check (the enforced rules alone, after a shadow rule's denial): on a store
+        // that decides at once, it is ready at its first poll.
+        for _ in 0..2 {
+            let Some(Next::Again(mut check)) = next else {
+                break;
+            };
+            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            next = match check.as_mut().poll(&mut context) {
+                std::task::Poll::Ready(Checked {
+                    mut applied,
+                    keys,
+                    result,
+                    phase,
+                    latency,
+                }) => {
+                    let ctx = Ctx {
+                        head: Head::of_parts(&parts),
+                        span: &span,
+                        latency,
+                        phase,
+                    };
+                    Some(self.shared.after_check(
+                        &snapshot,
+                        &mut applied,
+                        keys.as_deref(),
+                        result,
+                        &ctx,
+                    ))
+                }
+                std::task::Poll::Pending => None,
+            };
+        }
+        match next {
+            // A policy reloaded since the interceptor was made may hold slots or settle after
+            // the response: nothing here can, so they are given back at once (said once).
+            Some(Next::Call(admitted)) => {
+                if admitted.holds_or_settles() && AFTER_RESPONSE.first() {
+                    tracing::warn!(
+                        "tollgate: the policy in force has rules that act after the response \
+                         (concurrency, charges by outcome): a tonic interceptor cannot keep \
+                         them; put the layer on the service"
+                    );
+                }
+            }
+            Some(Next::Answer(response)) => return Err(status_of(response)),
             _ => {
                 if UNDECIDED.first() {
                     tracing::warn!(
                         "tollgate: a tonic interceptor could not decide a call at once (a key \
-                         or tenant lookup, or a second check): it went through unlimited; put \
-                         the layer on the service for such rules"
+                         or tenant lookup, or a delay rule's wait): it went through unlimited; \
+                         put the layer on the service for such rules"
                     );
                 }
-                Ok(())
             }
-        };
-        verdict?;
+        }
         match had_type {
             Some(value) => parts.headers.insert(CONTENT_TYPE, value),
             None => parts.headers.remove(CONTENT_TYPE),

@@ -36,13 +36,14 @@
 //!
 //! - **wait**: tonic's interceptors are synchronous, so only stores that answer at once
 //!   ([`DecidesAtOnce`], the memory store) can build one; for another store the compiler says
-//!   to put the layer on the service instead. Key or tenant extractors that need an
-//!   asynchronous lookup, delay rules and shadow rules' second checks cannot be waited for
-//!   either: such a call goes through unlimited, and a warning says so once.
+//!   to put the layer on the service instead. Delay rules are refused; key or tenant
+//!   extractors that need an asynchronous lookup cannot be waited for either: such a call goes
+//!   through unlimited, and a warning says so once. Shadow rules work (their second check is
+//!   decided at once too).
 //! - **see the response**: the budget fields go out only with denials (a successful call's
 //!   response metadata is the handler's), and rules that act after the response
 //!   (concurrency limits, charges by outcome or settled) are refused when the interceptor is
-//!   made.
+//!   made (brought in later by a reloaded policy, they are not kept, and a warning says so).
 //! - **see the method**: tonic hands an interceptor no path. A service has its own
 //!   interceptor, so its limits are per service; for limits per method (route keys, policy
 //!   routes), put [`GrpcPathLayer`] on the server once
@@ -51,7 +52,9 @@
 //! **The layer on one service**: `RateLimitLayer` is a Tower layer, and the service it makes is
 //! a tonic `NamedService` when the inner one is, so
 //! `Server::builder().add_service(layer.layer(HealthServer::new(health)))` limits that service
-//! alone, with any store, and adds the budget fields to every response.
+//! alone, with any store, and adds the budget fields to every response. Inside the server's
+//! router its calls' route is the service's pattern (`/package.Service/{*rest}`); with
+//! [`GrpcPathLayer`] on the server, their method path.
 
 mod interceptor;
 mod path;

@@ -37,7 +37,9 @@ pub const MAX_GRPC_PATH_LEN: usize = 256;
 /// For gRPC requests (`content-type: application/grpc…`) the key is the request path, which
 /// names the method, when it has the form `/package.Service/Method`. Methods are keyed by name
 /// as they arrive; a client can name methods that do not exist, but each such key is short
-/// and expires with its window.
+/// and expires with its window. A layer on one service of a tonic server sees the service's
+/// route pattern (`/package.Service/{*rest}`): one key per service, unless
+/// [`GrpcPathLayer`](crate::grpc::GrpcPathLayer) is on the server, which makes it per method.
 ///
 /// [`with_method`](Route::with_method) puts the method first (`GET /users/{id}`); methods other
 /// than the nine standard ones share the name `OTHER`, so they cannot multiply keys either.
@@ -80,20 +82,28 @@ impl Route {
         headers: &'a http::HeaderMap,
         extensions: &'a http::Extensions,
     ) -> Option<&'a str> {
-        // A gRPC call first: inside a tonic server (which routes with axum) its matched path is
-        // the service's wildcard, the same for every method.
         let grpc = headers
             .get(CONTENT_TYPE)
             .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"));
-        if grpc && is_grpc_method_path(uri.path()) {
-            return Some(uri.path());
+        // Inside a tonic server (which routes with axum) the matched path is the service's
+        // wildcard, the same for every method: the path `GrpcPathLayer` recorded before the
+        // routing names the method. (A client cannot forge an extension, only a content type.)
+        #[cfg(feature = "tonic")]
+        if grpc
+            && let Some(crate::grpc::GrpcPath(path)) = extensions.get::<crate::grpc::GrpcPath>()
+            && is_grpc_method_path(path.path())
+        {
+            return Some(path.path());
         }
         #[cfg(feature = "axum")]
         if let Some(matched) = extensions.get::<axum::extract::MatchedPath>() {
             return Some(matched.as_str());
         }
-        #[cfg(not(feature = "axum"))]
+        #[cfg(not(any(feature = "axum", feature = "tonic")))]
         let _ = extensions;
+        if grpc && is_grpc_method_path(uri.path()) {
+            return Some(uri.path());
+        }
         None
     }
 }
