@@ -1,8 +1,9 @@
 //! Concurrency limits on the memory store, a standalone Redis and a 3-primary cluster: never
 //! more requests in flight than the limit over several replicas, every slot free afterwards
 //! (bodies read to the end, streamed, or dropped by a client that leaves), slots of a replica
-//! that dies free after the longest hold, stacking with rate rules all or nothing, and the
-//! answers a client gets.
+//! that dies (its responses forgotten, or its process killed) free after the longest hold,
+//! slots taken for a request that went away mid-check given back, stacking with rate rules
+//! all or nothing, and the answers a client gets.
 
 mod support;
 
@@ -759,4 +760,109 @@ async fn the_limiter_takes_and_gives_back_slots() {
     run(memory, "memory").await;
     run(redis, "redis").await;
     run(cluster, "cluster").await;
+}
+
+/// The rule of the killed-replica test: 3 slots for everyone, held at most 2 s.
+fn held_by_a_process() -> Rule {
+    Rule::concurrent("held-by-a-process", 3)
+        .key(Global)
+        .max_hold(Duration::from_secs(2))
+}
+
+/// A replica in a process of its own takes every slot (on a standalone Redis and on the
+/// cluster), says so, and is killed (SIGKILL) while its responses are out: its slots are
+/// refused to the other replicas until the longest hold, and free after it.
+#[tokio::test]
+async fn a_killed_replica_process_frees_its_slots_after_the_longest_hold() {
+    if let Ok(servers) = std::env::var("TOLLGATE_TEST_HOLDER") {
+        return hold_until_killed(&servers).await;
+    }
+    let (redis_prefix, cluster_prefix) = (
+        support::unique_prefix("killed"),
+        support::unique_prefix("killed"),
+    );
+    let servers = format!(
+        "{}|{redis_prefix}|{}|{cluster_prefix}",
+        support::standalone().url(),
+        support::cluster().urls().join(",")
+    );
+    let mut holder = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_killed_replica_process_frees_its_slots_after_the_longest_hold",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("TOLLGATE_TEST_HOLDER", &servers)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = holder.stdout.take().unwrap();
+    let holding = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line.ends_with("HOLDING"))
+    });
+    assert!(holding.join().unwrap(), "the holder never took its slots");
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let killed_at = std::time::Instant::now();
+
+    let redis = RedisStore::builder(support::standalone().url())
+        .prefix(redis_prefix)
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(cluster_prefix)
+        .connect()
+        .await
+        .unwrap();
+    let redis = replica(redis, held_by_a_process(), InFlight::default());
+    let cluster = replica(cluster, held_by_a_process(), InFlight::default());
+    assert_eq!(send(&redis, "/slow", Reading::Whole).await, 429, "redis");
+    assert_eq!(
+        send(&cluster, "/slow", Reading::Whole).await,
+        429,
+        "cluster"
+    );
+    tokio::time::sleep(Duration::from_millis(2_100).saturating_sub(killed_at.elapsed())).await;
+    assert_eq!(send(&redis, "/slow", Reading::Whole).await, 200, "redis");
+    assert_eq!(
+        send(&cluster, "/slow", Reading::Whole).await,
+        200,
+        "cluster"
+    );
+}
+
+/// The killed replica: takes every slot, says `HOLDING`, and waits to be killed.
+async fn hold_until_killed(servers: &str) {
+    let parts: Vec<&str> = servers.split('|').collect();
+    let redis = RedisStore::builder(parts[0])
+        .prefix(parts[1])
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(parts[2].split(','))
+        .prefix(parts[3])
+        .connect()
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    for app in [
+        replica(redis, held_by_a_process(), InFlight::default()),
+        replica(cluster, held_by_a_process(), InFlight::default()),
+    ] {
+        for _ in 0..3 {
+            let response = app.clone().oneshot(request("/slow")).await.unwrap();
+            assert_eq!(response.status(), 200);
+            held.push(response);
+        }
+    }
+    println!("HOLDING");
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    drop(held);
 }
