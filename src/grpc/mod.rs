@@ -1,5 +1,6 @@
 //! tonic without a server-wide layer: a [`RateLimitInterceptor`] for one generated service,
-//! and [`RateLimitLayer`](crate::RateLimitLayer) itself on one service.
+//! and [`RateLimitLayer`](crate::RateLimitLayer) itself on one service; and limits per message
+//! of a stream ([`PerMessageLayer`]).
 //!
 //! ```
 //! use tollgate::{Quota, RateLimitLayer, Rule};
@@ -58,6 +59,8 @@
 
 mod interceptor;
 mod path;
+mod per_message;
 
 pub use interceptor::{DecidesAtOnce, RateLimitInterceptor};
 pub use path::{GrpcPath, GrpcPathLayer, GrpcPathService};
+pub use per_message::{PerMessage, PerMessageBody, PerMessageFuture, PerMessageLayer};

@@ -1,0 +1,177 @@
+//! Per-message limits on gRPC streams, with a generated tonic client and server
+//! (`tests/generated/notes.proto`): a client stream and a bidirectional stream end with
+//! `RESOURCE_EXHAUSTED` and a `RetryInfo` after exactly the allowed messages, every message
+//! accepted before that is processed whole, and the budget is shared by a peer's streams, on
+//! the memory store and on Redis.
+#![cfg(feature = "tonic")]
+
+mod support;
+
+#[allow(missing_docs, clippy::all)]
+#[path = "generated/notes.rs"]
+mod notes;
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures_util::{Stream, StreamExt};
+use notes::notes_client::NotesClient;
+use notes::notes_server::{Notes, NotesServer};
+use notes::{Note, Summary};
+use tollgate::grpc::PerMessageLayer;
+use tollgate::store::{RedisStore, Store};
+use tollgate::{Quota, RateLimitLayer, Rule};
+use tonic::{Request, Response, Status, Streaming};
+
+/// Counts the notes it receives whole; records them, or echoes each.
+#[derive(Clone, Default)]
+struct Recorder {
+    received: Arc<AtomicUsize>,
+}
+
+type Echoes = Pin<Box<dyn Stream<Item = Result<Note, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Notes for Recorder {
+    async fn record(&self, request: Request<Streaming<Note>>) -> Result<Response<Summary>, Status> {
+        let mut notes = request.into_inner();
+        let mut count = 0;
+        while let Some(note) = notes.message().await? {
+            assert_eq!(
+                note.text,
+                format!("note {count}"),
+                "a message arrived whole, in order"
+            );
+            self.received.fetch_add(1, Ordering::SeqCst);
+            count += 1;
+        }
+        Ok(Response::new(Summary { count }))
+    }
+
+    type ChatStream = Echoes;
+
+    async fn chat(&self, request: Request<Streaming<Note>>) -> Result<Response<Echoes>, Status> {
+        let received = self.received.clone();
+        let echoes = request.into_inner().map(move |note| {
+            received.fetch_add(1, Ordering::SeqCst);
+            note
+        });
+        Ok(Response::new(Box::pin(echoes)))
+    }
+}
+
+/// A server whose calls may send 3 messages an hour per peer, over all their streams.
+async fn server<St: Store>(store: St) -> (SocketAddr, Recorder) {
+    let messages: PerMessageLayer<St> = RateLimitLayer::builder()
+        .rule(Rule::new("messages", Quota::per_hour(3)))
+        .store(store)
+        .build()
+        .unwrap()
+        .per_message();
+    let recorder = Recorder::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(messages)
+            .add_service(NotesServer::new(recorder.clone()))
+            .serve_with_incoming(incoming),
+    );
+    (addr, recorder)
+}
+
+async fn client(addr: SocketAddr, from: [u8; 4]) -> NotesClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from(from)))
+        .connect()
+        .await
+        .unwrap();
+    NotesClient::new(channel)
+}
+
+fn notes(n: usize) -> impl Stream<Item = Note> + Send + 'static {
+    futures_util::stream::iter((0..n).map(|i| Note {
+        text: format!("note {i}"),
+    }))
+}
+
+/// The delay of the `google.rpc.RetryInfo` in a status's details: a `RetryInfo` is there.
+fn has_retry_info(status: &Status) -> bool {
+    let url = b"type.googleapis.com/google.rpc.RetryInfo";
+    status.details().windows(url.len()).any(|w| w == url)
+        && status.metadata().get("grpc-retry-pushback-ms").is_some()
+}
+
+async fn a_client_stream_ends_after_exactly_the_allowed_messages<St: Store>(
+    store: St,
+    from: [u8; 4],
+) {
+    let (addr, recorder) = server(store).await;
+    let mut client = client(addr, from).await;
+    let refused = client.record(notes(5)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(has_retry_info(&refused), "{refused:?}");
+    assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+    // The budget is the peer's, over its streams: the next stream's first message is refused.
+    let next = client.record(notes(1)).await.unwrap_err();
+    assert_eq!(next.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_client_stream_ends_after_exactly_the_allowed_messages_in_memory() {
+    a_client_stream_ends_after_exactly_the_allowed_messages(
+        tollgate::store::MemoryStore::new(),
+        [127, 0, 0, 1],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_stream_ends_after_exactly_the_allowed_messages_on_redis() {
+    let store = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("streams"))
+        .connect()
+        .await
+        .unwrap();
+    a_client_stream_ends_after_exactly_the_allowed_messages(store, [127, 0, 0, 2]).await;
+}
+
+#[tokio::test]
+async fn a_bidirectional_stream_echoes_the_allowed_messages_then_ends_exhausted() {
+    let (addr, recorder) = server(tollgate::store::MemoryStore::new()).await;
+    let mut client = client(addr, [127, 0, 0, 3]).await;
+    let mut echoes = client.chat(notes(5)).await.unwrap().into_inner();
+    let mut echoed = Vec::new();
+    let end = loop {
+        match echoes.message().await {
+            Ok(Some(note)) => echoed.push(note.text),
+            Ok(None) => panic!("the stream ended OK after {echoed:?}"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(echoed, ["note 0", "note 1", "note 2"]);
+    assert_eq!(end.code(), tonic::Code::ResourceExhausted, "{end:?}");
+    assert!(has_retry_info(&end), "{end:?}");
+    assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_stream_within_its_budget_ends_as_its_service_says() {
+    let (addr, recorder) = server(tollgate::store::MemoryStore::new()).await;
+    let mut client = client(addr, [127, 0, 0, 4]).await;
+    let summary = client.record(notes(2)).await.unwrap().into_inner();
+    assert_eq!(summary.count, 2);
+    let mut echoes = client.chat(notes(1)).await.unwrap().into_inner();
+    assert_eq!(echoes.message().await.unwrap().unwrap().text, "note 0");
+    assert!(echoes.message().await.unwrap().is_none(), "ended OK");
+    assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+}
