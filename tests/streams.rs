@@ -38,11 +38,15 @@ impl Notes for Recorder {
     async fn record(&self, request: Request<Streaming<Note>>) -> Result<Response<Summary>, Status> {
         let mut notes = request.into_inner();
         let mut count = 0;
-        while let Some(note) = notes.message().await? {
-            assert_eq!(
-                note.text,
-                format!("note {count}"),
-                "a message arrived whole, in order"
+        // Ends as if its client were done, whatever error ended the stream: the layer puts its
+        // refusal in the trailers instead of this OK. (Chat passes the error on instead.)
+        while let Ok(Some(note)) = notes.message().await {
+            // Short notes, or long ones padded with 300,000 dots: each whole, in order.
+            let text = note.text.trim_end_matches('.');
+            assert_eq!(text, format!("note {count}"), "in order");
+            assert!(
+                note.text.len() == text.len() || note.text.len() == text.len() + 300_000,
+                "a message arrived whole"
             );
             self.received.fetch_add(1, Ordering::SeqCst);
             count += 1;
@@ -54,22 +58,27 @@ impl Notes for Recorder {
 
     async fn chat(&self, request: Request<Streaming<Note>>) -> Result<Response<Echoes>, Status> {
         let received = self.received.clone();
+        // Each note echoed; the stream's error (a refused note) passed on, ending the call.
         let echoes = request.into_inner().map(move |note| {
-            received.fetch_add(1, Ordering::SeqCst);
+            if note.is_ok() {
+                received.fetch_add(1, Ordering::SeqCst);
+            }
             note
         });
         Ok(Response::new(Box::pin(echoes)))
     }
 }
 
-/// A server whose calls may send 3 messages an hour per peer, over all their streams.
+/// A server whose calls may send 3 messages an hour per peer, over all their streams (the
+/// health service's unary calls too).
 async fn server<St: Store>(store: St) -> (SocketAddr, Recorder) {
     let messages: PerMessageLayer<St> = RateLimitLayer::builder()
         .rule(Rule::new("messages", Quota::per_hour(3)))
         .store(store)
         .build()
         .unwrap()
-        .per_message();
+        .per_message()
+        .unwrap();
     let recorder = Recorder::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -78,6 +87,7 @@ async fn server<St: Store>(store: St) -> (SocketAddr, Recorder) {
         tonic::transport::Server::builder()
             .layer(messages)
             .add_service(NotesServer::new(recorder.clone()))
+            .add_service(tonic_health::server::health_reporter().1)
             .serve_with_incoming(incoming),
     );
     (addr, recorder)
@@ -96,6 +106,13 @@ async fn client(addr: SocketAddr, from: [u8; 4]) -> NotesClient<tonic::transport
 fn notes(n: usize) -> impl Stream<Item = Note> + Send + 'static {
     futures_util::stream::iter((0..n).map(|i| Note {
         text: format!("note {i}"),
+    }))
+}
+
+/// Notes of 300 KB each: each spans many HTTP/2 frames.
+fn long_notes(n: usize) -> impl Stream<Item = Note> + Send + 'static {
+    futures_util::stream::iter((0..n).map(|i| Note {
+        text: format!("note {i}{}", ".".repeat(300_000)),
     }))
 }
 
@@ -174,4 +191,55 @@ async fn a_stream_within_its_budget_ends_as_its_service_says() {
     assert_eq!(echoes.message().await.unwrap().unwrap().text, "note 0");
     assert!(echoes.message().await.unwrap().is_none(), "ended OK");
     assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn long_messages_over_many_frames_are_checked_whole() {
+    let (addr, recorder) = server(tollgate::store::MemoryStore::new()).await;
+    let mut client = client(addr, [127, 0, 0, 5]).await;
+    let refused = client.record(long_notes(5)).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(has_retry_info(&refused), "{refused:?}");
+    assert_eq!(recorder.received.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_unary_call_counts_its_one_message_and_is_refused_as_exhausted() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let (addr, _) = server(tollgate::store::MemoryStore::new()).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .local_address(Some(std::net::IpAddr::from([127, 0, 0, 6])))
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let check = || HealthCheckRequest {
+        service: String::new(),
+    };
+    for _ in 0..3 {
+        health.check(check()).await.unwrap();
+    }
+    let refused = health.check(check()).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(has_retry_info(&refused), "{refused:?}");
+}
+
+#[test]
+fn rules_that_act_after_a_response_are_refused_per_message() {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::concurrent("slots", 3))
+        .build()
+        .unwrap();
+    assert!(layer.per_message().is_err());
 }

@@ -4,9 +4,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use http::HeaderValue;
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Response};
 use tonic::metadata::MetadataMap;
 
 use super::GrpcPath;
@@ -164,7 +163,9 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
                     );
                 }
             }
-            Some(Next::Answer(response)) => return Err(status_of(response)),
+            Some(Next::Answer(response)) => {
+                return Err(super::status_of(response.into_parts().0.headers));
+            }
             _ => {
                 if UNDECIDED.first() {
                     tracing::warn!(
@@ -185,31 +186,4 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
             (),
         ))
     }
-}
-
-/// The layer's gRPC answer (a trailers-only response) as a `Status`: its code and message,
-/// its `google.rpc.Status` details, and the rest of its fields as metadata.
-fn status_of(response: Response<Bytes>) -> tonic::Status {
-    let (parts, _) = response.into_parts();
-    let mut headers = parts.headers;
-    let code = headers
-        .remove("grpc-status")
-        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
-        .map_or(tonic::Code::Unknown, tonic::Code::from_i32);
-    let message = headers
-        .remove("grpc-message")
-        .and_then(|v| v.to_str().ok().map(str::to_owned))
-        .unwrap_or_default();
-    let details = headers
-        .remove("grpc-status-details-bin")
-        .and_then(|v| crate::client::base64_decode(v.as_bytes()))
-        .map(Bytes::from)
-        .unwrap_or_default();
-    headers.remove(CONTENT_TYPE);
-    tonic::Status::with_details_and_metadata(
-        code,
-        message,
-        details,
-        MetadataMap::from_headers(headers),
-    )
 }

@@ -1,7 +1,6 @@
 //! [`PerMessageLayer`]: a layer's rules charged for each message of a client or bidirectional
 //! stream, not once per call.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::fmt;
 use std::future::{Future, Ready, ready};
@@ -24,16 +23,27 @@ use crate::response::ResponseBody;
 use crate::store::{MemoryStore, Store};
 
 /// The most bytes of one message held while it waits for its check (tonic's default largest
-/// message is 4 MiB); a longer one is passed on unchecked, for the server's decoder to refuse.
-const MAX_HELD_MESSAGE: usize = 16 * 1024 * 1024;
+/// message): a longer one is checked when its length prefix arrives, then passed on as it
+/// comes, unheld (and refused by the server's decoder unless it takes such messages).
+const MAX_HELD_MESSAGE: usize = 4 * 1024 * 1024;
 
 impl<St> RateLimitLayer<St> {
     /// The layer's rules charged per message of each call's request stream (see
     /// [`PerMessageLayer`]), on the same store and budgets.
-    pub fn per_message(&self) -> PerMessageLayer<St> {
-        PerMessageLayer {
-            shared: self.shared().clone(),
+    ///
+    /// Rules that act after the response (concurrency limits, charges by outcome, settled
+    /// costs) mean nothing per message: they are refused.
+    pub fn per_message(&self) -> Result<PerMessageLayer<St>, crate::ConfigError> {
+        let snapshot = self.shared().snapshot();
+        if snapshot.holds || snapshot.settles {
+            return Err(crate::ConfigError::new(
+                "concurrency limits and charges by outcome or settled costs act after a \
+                 response, which a message has not: use them on the layer itself",
+            ));
         }
+        Ok(PerMessageLayer {
+            shared: self.shared().clone(),
+        })
     }
 }
 
@@ -41,11 +51,14 @@ impl<St> RateLimitLayer<St> {
 /// rules' cost each), none when the call opens: for client streams and bidirectional streams,
 /// on a server (`Server::builder().layer(..)`) or on one service (`layer.layer(service)`).
 ///
-/// A message is checked once it has fully arrived, before the service sees it. When one is
-/// refused, the request stream ends there: the service gets every message accepted before it
-/// (none is cut in two), answers as it does when its client is done, and the call ends with
-/// `RESOURCE_EXHAUSTED`, a `RetryInfo` and `grpc-retry-pushback-ms` in the trailers instead of
-/// the service's status.
+/// A message is checked once it has fully arrived, before the service sees it (one longer than
+/// 4 MiB, when its length prefix has). When one is refused, the service gets every message
+/// accepted before it (none is cut in two), then the stream fails with the layer's answer as
+/// its error: `RESOURCE_EXHAUSTED` with a `RetryInfo` and `grpc-retry-pushback-ms` (or
+/// `PERMISSION_DENIED` for the deny list, `UNAVAILABLE` when the store fails closed). A
+/// service that passes the error on (`stream.message().await?`) ends the call with it; one
+/// that ends as if its client were done has its status replaced by it. Requests that are not
+/// gRPC pass through unchecked. Metrics and events count each message as a request.
 ///
 /// ```
 /// use tollgate::{Quota, RateLimitLayer, Rule};
@@ -55,7 +68,7 @@ impl<St> RateLimitLayer<St> {
 /// let messages = RateLimitLayer::builder()
 ///     .rule(Rule::new("messages", Quota::per_minute(100)))
 ///     .build()?
-///     .per_message();
+///     .per_message()?;
 /// let (_reporter, health) = tonic_health::server::health_reporter();
 /// let _router = tonic::transport::Server::builder().layer(messages).add_service(health);
 /// # Ok(())
@@ -134,6 +147,12 @@ where
     }
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
+        if !crate::response::is_grpc(request.headers()) {
+            return PerMessageFuture {
+                future: self.inner.call(request),
+                cut: None,
+            };
+        }
         let (parts, body) = request.into_parts();
         let cut = Cut::default();
         let metered = MeteredBody {
@@ -144,7 +163,8 @@ where
             },
             buffer: BytesMut::new(),
             waiting: None,
-            accepted: VecDeque::new(),
+            accepted: None,
+            passing: 0,
             cut: cut.clone(),
             ended: false,
         };
@@ -219,22 +239,27 @@ pin_project! {
         checker: Checker<St>,
         // Bytes of the message being received.
         buffer: BytesMut,
-        // A whole message, and its check.
-        waiting: Option<(Bytes, MessageCheck)>,
-        // Messages admitted, not yet passed on.
-        accepted: VecDeque<Bytes>,
+        // A whole message (or a long one's prefix, and how long its rest is), and its check.
+        waiting: Option<(Bytes, usize, MessageCheck)>,
+        // A message admitted, not yet passed on.
+        accepted: Option<Bytes>,
+        // Bytes of a long message admitted, still to pass on as they come.
+        passing: usize,
         cut: Cut,
         ended: bool,
     }
 }
 
-/// The length of the first gRPC message in `buffer` (5-byte prefix included), once it is
-/// whole.
-fn whole_message(buffer: &[u8]) -> Option<usize> {
+/// The first gRPC message in `buffer`, once it can be checked: `(bytes to hold, bytes still to
+/// come)`: the whole message (its 5-byte prefix included) and 0, or for a message longer than
+/// [`MAX_HELD_MESSAGE`], its prefix and the length of the rest.
+fn next_message(buffer: &[u8]) -> Option<(usize, usize)> {
     let prefix = buffer.get(..5)?;
     let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
-    let whole = 5usize.saturating_add(len);
-    (buffer.len() >= whole || whole > MAX_HELD_MESSAGE).then_some(whole.min(buffer.len()))
+    if len > MAX_HELD_MESSAGE {
+        return Some((5, len));
+    }
+    (buffer.len() >= 5 + len).then_some((5 + len, 0))
 }
 
 impl<St: Store> Body for MeteredBody<St> {
@@ -247,34 +272,42 @@ impl<St: Store> Body for MeteredBody<St> {
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         let mut this = self.project();
         loop {
-            if let Some(message) = this.accepted.pop_front() {
+            if let Some(message) = this.accepted.take() {
                 return Poll::Ready(Some(Ok(Frame::data(message))));
             }
-            if let Some((_, check)) = this.waiting.as_mut() {
+            // The rest of a long message admitted: passed on as it comes.
+            if *this.passing > 0 && !this.buffer.is_empty() {
+                let n = (*this.passing).min(this.buffer.len());
+                *this.passing -= n;
+                return Poll::Ready(Some(Ok(Frame::data(this.buffer.split_to(n).freeze()))));
+            }
+            if let Some((_, _, check)) = this.waiting.as_mut() {
                 let Poll::Ready(Ok(answer)) = check.as_mut().poll(cx) else {
                     return Poll::Pending;
                 };
-                let (message, _) = this.waiting.take().expect("a message waits");
+                let (message, rest, _) = this.waiting.take().expect("a message waits");
                 if answer.headers().contains_key("grpc-status") {
-                    // Refused: the stream ends before this message, and the call with the
-                    // layer's answer.
-                    let mut trailers = answer.into_parts().0.headers;
-                    trailers.remove(http::header::CONTENT_TYPE);
-                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(trailers);
+                    // Refused: the stream fails before this message with the layer's answer,
+                    // and the call ends with it.
+                    let answer = answer.into_parts().0.headers;
+                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer.clone());
                     *this.ended = true;
                     this.buffer.clear();
-                    return Poll::Ready(None);
+                    return Poll::Ready(Some(Err(super::status_of(answer))));
                 }
-                this.accepted.push_back(message);
+                *this.passing = rest;
+                *this.accepted = Some(message);
                 continue;
             }
             if *this.ended {
                 return Poll::Ready(None);
             }
-            if let Some(len) = whole_message(this.buffer) {
-                let message = this.buffer.split_to(len).freeze();
+            if *this.passing == 0
+                && let Some((hold, rest)) = next_message(this.buffer)
+            {
+                let message = this.buffer.split_to(hold).freeze();
                 let check = this.checker.check();
-                *this.waiting = Some((message, check));
+                *this.waiting = Some((message, rest, check));
                 continue;
             }
             match this.inner.as_mut().poll_frame(cx) {
@@ -287,8 +320,15 @@ impl<St: Store> Body for MeteredBody<St> {
                             data.advance(chunk);
                         }
                     }
-                    // Trailers of a request: passed on.
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    // Trailers of a request: after what is buffered.
+                    Err(frame) => {
+                        if !this.buffer.is_empty() {
+                            *this.ended = true;
+                            let rest = this.buffer.split().freeze();
+                            return Poll::Ready(Some(Ok(Frame::data(rest))));
+                        }
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
                 },
                 Poll::Ready(Some(Err(error))) => return Poll::Ready(Some(Err(error))),
                 Poll::Ready(None) => {
@@ -305,7 +345,7 @@ impl<St: Store> Body for MeteredBody<St> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.accepted.is_empty() && self.waiting.is_none()
+        self.ended && self.accepted.is_none() && self.waiting.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -331,7 +371,12 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let response = std::task::ready!(this.future.poll(cx))?;
-        let cut = this.cut.take().unwrap_or_default();
+        // A trailers-only answer (the service ended the call with a status of its own, the
+        // refusal's when it passed the stream's error on) gets no second status.
+        let cut = match this.cut.take() {
+            Some(_) if response.headers().contains_key("grpc-status") => Cut::default(),
+            cut => cut.unwrap_or_default(),
+        };
         Poll::Ready(Ok(response.map(|inner| PerMessageBody {
             inner,
             cut,
@@ -370,12 +415,18 @@ impl<B: Body<Data = Bytes>> Body for PerMessageBody<B> {
                     Some(answer) => {
                         *this.ended = true;
                         let mut trailers = frame.into_trailers().unwrap_or_default();
+                        for name in answer.keys() {
+                            trailers.remove(name);
+                        }
                         for (name, value) in &answer {
-                            trailers.insert(name, value.clone());
+                            trailers.append(name, value.clone());
                         }
                         Poll::Ready(Some(Ok(Frame::trailers(trailers))))
                     }
-                    None => Poll::Ready(Some(Ok(frame))),
+                    None => {
+                        *this.ended = true;
+                        Poll::Ready(Some(Ok(frame)))
+                    }
                 }
             }
             Some(other) => Poll::Ready(Some(other)),
@@ -393,5 +444,33 @@ impl<B: Body<Data = Bytes>> Body for PerMessageBody<B> {
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefixed(len: u32) -> Vec<u8> {
+        let mut message = vec![0];
+        message.extend_from_slice(&len.to_be_bytes());
+        message
+    }
+
+    #[test]
+    fn messages_are_whole_before_their_check_and_long_ones_go_by_their_prefix() {
+        let mut two = prefixed(3);
+        two.extend_from_slice(b"abc");
+        two.extend_from_slice(&prefixed(0));
+        assert_eq!(next_message(&two), Some((8, 0)));
+        assert_eq!(next_message(&two[8..]), Some((5, 0)), "an empty message");
+        assert_eq!(next_message(&two[..7]), None, "not whole yet");
+        assert_eq!(next_message(&two[..4]), None, "no prefix yet");
+        let long = prefixed(MAX_HELD_MESSAGE as u32 + 1);
+        assert_eq!(next_message(&long), Some((5, MAX_HELD_MESSAGE + 1)));
+        assert_eq!(
+            next_message(&prefixed(u32::MAX)),
+            Some((5, u32::MAX as usize))
+        );
     }
 }
