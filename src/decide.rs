@@ -1046,19 +1046,11 @@ impl<St: Store> GiveBack for Shared<St> {
             None => self.store.adjust(&adjustments),
         };
         let mut future = future;
-        let runtime = tokio::runtime::Handle::try_current();
-        // A memory store answers at once; a remote store's future may need the runtime from
-        // its first poll.
-        if runtime.is_err() && !held.local && self.store.kind().starts_with("redis") {
-            report_give_back(Err(StoreError::Unavailable(
-                "released outside a Tokio runtime".into(),
-            )));
-            return;
-        }
+        // A memory store answers at once; a Redis store outside a runtime refuses at once.
         let mut context = Context::from_waker(std::task::Waker::noop());
         match future.as_mut().poll(&mut context) {
             Poll::Ready(result) => report_give_back(result),
-            Poll::Pending => match runtime {
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
                 Ok(runtime) => {
                     runtime.spawn(async move { report_give_back(future.await) });
                 }

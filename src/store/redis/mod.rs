@@ -59,6 +59,7 @@ mod error;
 mod health;
 mod keys;
 mod local;
+mod outside;
 mod script;
 mod standalone;
 mod startup;

@@ -13,6 +13,7 @@ use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
 use super::health::Health;
 use super::local::Local;
+use super::outside::{self, Calls};
 use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::unclaimed::Unclaimed;
@@ -583,7 +584,7 @@ impl Inner {
                     let now = job.now;
                     let reply = Unclaimed::new(reply, job.charges, || {
                         let inner = self.clone();
-                        Box::new(move |refunds| inner.give_back_orphan(now, refunds))
+                        Box::new(move |refunds| outside::give_back_orphan(inner, now, refunds))
                     });
                     // Not sent: dropped here, and its slots go back.
                     let _ = job.reply.send(Ok(reply));
@@ -599,19 +600,6 @@ impl Inner {
 }
 
 impl Inner {
-    /// Gives back, on the runtime, the slots of a reply whose check stopped waiting.
-    fn give_back_orphan(self: Arc<Self>, now: Option<u64>, refunds: Vec<(u64, Prepared)>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            for (at, refund) in refunds {
-                let result = self.direct(Mode::Adjust(at), now, &[refund]).await;
-                crate::decide::report_give_back(result.map(drop));
-            }
-        });
-    }
-
     /// One call of `charges` outside the batches (peeks, adjustments, resets), within a
     /// check's time budget.
     async fn direct(
@@ -631,16 +619,6 @@ impl Inner {
         let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
         self.run(mode, &requests, permit, deadline).await
     }
-}
-
-/// The error of an operation on one key of a rule split into sub-keys: which sub-key is not
-/// known.
-pub(crate) fn split_rule<'a>(
-    mut rules: impl Iterator<Item = &'a crate::store::RuleSpec>,
-) -> Option<StoreError> {
-    rules
-        .find(|r| r.parts() > 1)
-        .map(|_| StoreError::Unsupported("adjust, peek or reset one key of a split rule"))
 }
 
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
@@ -712,41 +690,15 @@ impl Store for RedisStore {
     }
 
     fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
-        if let Some(error) = split_rule(adjustments.iter().map(|a| a.rule)) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let forget: Vec<(crate::store::RuleSpec, Key)> = adjustments
-            .iter()
-            .map(|a| (a.rule.clone(), a.key.clone()))
-            .collect();
-        let calls = script::adjustments(&inner.settings.prefix, adjustments);
-        let now = inner.settings.now();
-        Box::pin(async move {
-            // Each call stands alone: one that fails does not stop the others.
-            let mut result = Ok(());
-            for (at, charges) in calls {
-                if let Err(error) = inner.direct(Mode::Adjust(at), now, &charges).await {
-                    result = result.and(Err(error));
-                }
-            }
-            // Forgotten once the store changed: a denial cached meanwhile goes too.
-            for (rule, key) in &forget {
-                inner.local.forget(rule, key, false);
-            }
-            result
-        })
+        outside::adjust(&self.inner, adjustments)
     }
 
     fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
-        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+        if let Some(error) = outside::peek_refusal(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
+        let prepared = outside::prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
             let value = inner.direct(Mode::Peek, now, &prepared).await?;
@@ -762,26 +714,26 @@ impl Store for RedisStore {
     }
 
     fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
-        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let forget: Vec<(crate::store::RuleSpec, Key)> = charges
-            .iter()
-            .map(|c| (c.rule.clone(), c.key.clone()))
-            .collect();
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
-        let now = inner.settings.now();
-        Box::pin(async move {
-            let result = inner.direct(Mode::Reset, now, &prepared).await.map(drop);
-            for (rule, key) in &forget {
-                inner.local.forget(rule, key, result.is_ok());
-            }
-            result
-        })
+        outside::reset(&self.inner, charges)
+    }
+}
+
+impl Calls for Inner {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn local(&self) -> &Local {
+        &self.local
+    }
+
+    fn call(
+        self: Arc<Self>,
+        mode: Mode,
+        now: Option<u64>,
+        charges: Vec<Prepared>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
+        Box::pin(async move { self.direct(mode, now, &charges).await.map(drop) })
     }
 }
 

@@ -21,8 +21,8 @@ use self::node::Node;
 use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use super::local::Local;
+use super::outside::{self, Calls};
 use super::script::{self, Mode, Prepared, Program, Reply, Request};
-use super::standalone::split_rule;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::unclaimed::Unclaimed;
 use super::{CheckFuture, Settings, keys, redact};
@@ -526,19 +526,6 @@ impl Inner {
         self.check_across_slots(prepared, now, deadline).await
     }
 
-    /// Gives back, on the runtime, the slots of a reply whose check's request went away.
-    fn give_back_orphan(self: Arc<Self>, now: Option<u64>, refunds: Vec<(u64, Prepared)>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            for (at, refund) in refunds {
-                let result = self.each_slot(Mode::Adjust(at), now, &[refund]).await;
-                crate::decide::report_give_back(result.map(drop));
-            }
-        });
-    }
-
     /// Charges in several slots: check all, charge all, refund on a lost race.
     async fn check_across_slots(
         &self,
@@ -781,6 +768,25 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
     }
 }
 
+impl Calls for Inner {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn local(&self) -> &Local {
+        &self.local
+    }
+
+    fn call(
+        self: Arc<Self>,
+        mode: Mode,
+        now: Option<u64>,
+        charges: Vec<Prepared>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
+        Box::pin(async move { self.each_slot(mode, now, &charges).await })
+    }
+}
+
 /// When a call gives up: `late` for its answer; `budget`, the check's own time, for sending
 /// anything (a first call, a redirection, a second phase) and for the breaker (an answer after
 /// it is a time-out). The same for every call but those that take concurrency slots.
@@ -881,7 +887,7 @@ impl Store for RedisClusterStore {
                 let reply = reply.map(|reply| {
                     Unclaimed::new(reply, prepared, || {
                         let inner = checking.clone();
-                        Box::new(move |refunds| inner.give_back_orphan(now, refunds))
+                        Box::new(move |refunds| outside::give_back_orphan(inner, now, refunds))
                     })
                 });
                 // Not read: dropped here, and its slots go back.
@@ -953,41 +959,15 @@ impl Store for RedisClusterStore {
     }
 
     fn adjust(&self, adjustments: &[Adjustment<'_>]) -> CheckFuture<()> {
-        if let Some(error) = split_rule(adjustments.iter().map(|a| a.rule)) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let forget: Vec<(crate::store::RuleSpec, Key)> = adjustments
-            .iter()
-            .map(|a| (a.rule.clone(), a.key.clone()))
-            .collect();
-        let calls = script::adjustments(&inner.settings.prefix, adjustments);
-        let now = inner.settings.now();
-        Box::pin(async move {
-            // Each call stands alone: one that fails does not stop the others.
-            let mut result = Ok(());
-            for (at, charges) in calls {
-                if let Err(error) = inner.each_slot(Mode::Adjust(at), now, &charges).await {
-                    result = result.and(Err(error));
-                }
-            }
-            // Forgotten once the store changed: a denial cached meanwhile goes too.
-            for (rule, key) in &forget {
-                inner.local.forget(rule, key, false);
-            }
-            result
-        })
+        outside::adjust(&self.inner, adjustments)
     }
 
     fn peek(&self, charges: &[Charge<'_>]) -> CheckFuture<Decision> {
-        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
+        if let Some(error) = outside::peek_refusal(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
         let inner = self.inner.clone();
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
+        let prepared = outside::prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
             let deadline = Instant::now() + inner.settings.response_timeout;
@@ -1007,26 +987,7 @@ impl Store for RedisClusterStore {
     }
 
     fn reset(&self, charges: &[Charge<'_>]) -> CheckFuture<()> {
-        if let Some(error) = split_rule(charges.iter().map(|c| c.rule)) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let forget: Vec<(crate::store::RuleSpec, Key)> = charges
-            .iter()
-            .map(|c| (c.rule.clone(), c.key.clone()))
-            .collect();
-        let prepared: Vec<Prepared> = charges
-            .iter()
-            .map(|c| Prepared::new(&inner.settings.prefix, c))
-            .collect();
-        let now = inner.settings.now();
-        Box::pin(async move {
-            let result = inner.each_slot(Mode::Reset, now, &prepared).await;
-            for (rule, key) in &forget {
-                inner.local.forget(rule, key, result.is_ok());
-            }
-            result
-        })
+        outside::reset(&self.inner, charges)
     }
 }
 

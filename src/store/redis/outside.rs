@@ -1,0 +1,122 @@
+//! What the two Redis stores do outside the request path, the same way: adjustments, resets,
+//! and giving back the slots of a reply no request read. Each store brings its own call (one
+//! server, or one call per slot of a cluster) through [`Calls`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use super::Settings;
+use super::local::Local;
+use super::script::{self, Mode, Prepared};
+use crate::key::Key;
+use crate::store::{Adjustment, Charge, RuleSpec, StoreError, StoreFuture};
+
+/// A Redis store's calls outside the batches.
+pub(crate) trait Calls: Send + Sync + 'static {
+    fn settings(&self) -> &Settings;
+
+    fn local(&self) -> &Local;
+
+    /// One call of `charges` in `mode` (on a cluster, one per slot), within a check's time
+    /// budget.
+    fn call(
+        self: Arc<Self>,
+        mode: Mode,
+        now: Option<u64>,
+        charges: Vec<Prepared>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+}
+
+/// The refusal of an operation that cannot be made now: on one key of a rule split into
+/// sub-keys (which sub-key is not known), or outside a Tokio runtime (a call needs its timers).
+fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreError> {
+    if rules.any(|r| r.parts() > 1) {
+        return Some(StoreError::Unsupported(
+            "adjust, peek or reset one key of a split rule",
+        ));
+    }
+    tokio::runtime::Handle::try_current()
+        .is_err()
+        .then(|| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
+}
+
+/// [`Store::adjust`](crate::store::Store::adjust): one call per time the units were charged;
+/// one that fails does not stop the others.
+pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+    if let Some(error) = refusal(adjustments.iter().map(|a| a.rule)) {
+        return Box::pin(std::future::ready(Err(error)));
+    }
+    let inner = inner.clone();
+    let forget: Vec<(RuleSpec, Key)> = adjustments
+        .iter()
+        .map(|a| (a.rule.clone(), a.key.clone()))
+        .collect();
+    let calls = script::adjustments(&inner.settings().prefix, adjustments);
+    let now = inner.settings().now();
+    Box::pin(async move {
+        let mut result = Ok(());
+        for (at, charges) in calls {
+            if let Err(error) = inner.clone().call(Mode::Adjust(at), now, charges).await {
+                result = result.and(Err(error));
+            }
+        }
+        // Forgotten once the store changed: a denial cached meanwhile goes too.
+        for (rule, key) in &forget {
+            inner.local().forget(rule, key, false);
+        }
+        result
+    })
+}
+
+/// [`Store::reset`](crate::store::Store::reset).
+pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFuture<()> {
+    if let Some(error) = refusal(charges.iter().map(|c| c.rule)) {
+        return Box::pin(std::future::ready(Err(error)));
+    }
+    let inner = inner.clone();
+    let forget: Vec<(RuleSpec, Key)> = charges
+        .iter()
+        .map(|c| (c.rule.clone(), c.key.clone()))
+        .collect();
+    let prepared = prepared(&inner.settings().prefix, charges);
+    let now = inner.settings().now();
+    Box::pin(async move {
+        let result = inner.clone().call(Mode::Reset, now, prepared).await;
+        for (rule, key) in &forget {
+            inner.local().forget(rule, key, result.is_ok());
+        }
+        result
+    })
+}
+
+/// The charges, ready to send, whole keys (a split rule's are refused before).
+pub(crate) fn prepared(prefix: &str, charges: &[Charge<'_>]) -> Vec<Prepared> {
+    charges.iter().map(|c| Prepared::new(prefix, c)).collect()
+}
+
+/// The refusal of a peek of one key of a split rule, or outside a runtime.
+pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
+    refusal(charges.iter().map(|c| c.rule))
+}
+
+/// Gives back, on the runtime, the slots of a reply whose request went away: each refund at
+/// the time its slots were taken.
+pub(crate) fn give_back_orphan<I: Calls>(
+    inner: Arc<I>,
+    now: Option<u64>,
+    refunds: Vec<(u64, Prepared)>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        for (at, refund) in refunds {
+            let result = inner
+                .clone()
+                .call(Mode::Adjust(at), now, vec![refund])
+                .await;
+            crate::decide::report_give_back(result);
+        }
+    });
+}
