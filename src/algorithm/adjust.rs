@@ -150,7 +150,7 @@ impl Algorithm {
                     Some(State::SlidingWindowLog(log)) => *log,
                     _ => SlidingWindowLogState::default(),
                 };
-                let first = log.entries.partition_point(|&t| t + limits.period <= now);
+                let first = super::SlidingWindowLog::first_live(limits, &log.entries, now);
                 log.entries.drain(..first);
                 let at = log.entries.back().map_or(now, |&t| t.max(now));
                 let room = (MAX_LOG_ENTRIES as usize).saturating_sub(log.entries.len());
@@ -163,7 +163,7 @@ impl Algorithm {
                     Some(State::Concurrency(held)) => *held,
                     _ => ConcurrencyState::default(),
                 };
-                let first = held.taken.partition_point(|&t| t + limits.period <= now);
+                let first = super::SlidingWindowLog::first_live(limits, &held.taken, now);
                 held.taken.drain(..first);
                 let room = (MAX_LOG_ENTRIES as usize).saturating_sub(held.taken.len());
                 super::Concurrency::insert(&mut held, now, (cost as usize).min(room));

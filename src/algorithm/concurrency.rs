@@ -33,11 +33,6 @@ pub const CONCURRENCY_RETRY_MICROS: u64 = MICROS_PER_SECOND;
 pub struct Concurrency;
 
 impl Concurrency {
-    /// Index of the first unit still held at `now`.
-    fn first_live(limits: &Limits, taken: &VecDeque<u64>, now: u64) -> usize {
-        taken.partition_point(|&t| t + limits.period <= now)
-    }
-
     /// Checks a request of `cost` at `now`.
     #[inline]
     pub fn check(
@@ -48,7 +43,7 @@ impl Concurrency {
     ) -> Outcome {
         let empty = VecDeque::new();
         let taken = state.map_or(&empty, |s| &s.taken);
-        let first = Self::first_live(limits, taken, now);
+        let first = super::SlidingWindowLog::first_live(limits, taken, now);
         let count = (taken.len() - first) as u64;
         // The oldest held unit expires first.
         let expires = |i: usize| taken[first + i] + limits.period - now;
@@ -100,7 +95,7 @@ impl Concurrency {
         cost: u64,
     ) -> Option<ConcurrencyState> {
         let mut state = state.unwrap_or_default();
-        let first = Self::first_live(limits, &state.taken, now);
+        let first = super::SlidingWindowLog::first_live(limits, &state.taken, now);
         state.taken.drain(..first);
         Self::insert(&mut state, now, cost as usize);
         (!state.taken.is_empty()).then_some(state)

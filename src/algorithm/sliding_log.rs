@@ -29,8 +29,9 @@ pub struct SlidingWindowLogState {
 pub struct SlidingWindowLog;
 
 impl SlidingWindowLog {
-    /// Index of the first entry still inside the window at `now`.
-    fn first_live(limits: &Limits, entries: &VecDeque<u64>, now: u64) -> usize {
+    /// Index of the first entry still inside the window at `now` (of a concurrency key: the
+    /// first slot still held).
+    pub(crate) fn first_live(limits: &Limits, entries: &VecDeque<u64>, now: u64) -> usize {
         entries.partition_point(|&t| t + limits.period <= now)
     }
 

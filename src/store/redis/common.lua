@@ -39,6 +39,20 @@ local function int(n)
   return format('%d', n)
 end
 
+-- Appends `n` copies of `value` to the list at `key`, in pushes of at most 1,000 (Lua's unpack
+-- has a limit of its own).
+local function push_copies(key, value, n)
+  local left = n
+  while left > 0 do
+    local batch = {}
+    for i = 1, min(left, 1000) do
+      batch[i] = value
+    end
+    call('RPUSH', key, unpack(batch))
+    left = left - #batch
+  end
+end
+
 -- The string value of a key; nil when the key is missing or holds another type (a sliding log).
 local function get_string(key)
   local v = pcall_redis('GET', key)

@@ -64,16 +64,7 @@ local function insert_taken(key, s, now, n)
   end
   local value = int(now)
   if s == nil or s.len == s.first or s.back <= now then
-    -- In pushes of at most 1,000 (Lua's unpack has a limit of its own).
-    local left = n
-    while left > 0 do
-      local batch = {}
-      for i = 1, min(left, 1000) do
-        batch[i] = value
-      end
-      call('RPUSH', key, unpack(batch))
-      left = left - #batch
-    end
+    push_copies(key, value, n)
     return
   end
   -- The first unit taken after `now`, by binary search: the units go before it.

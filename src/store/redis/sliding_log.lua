@@ -94,16 +94,7 @@ function SlidingLog.commit(key, l, s, now, cost, reset, other)
       at = max(s.back, now)
     end
   end
-  local value = int(at)
-  local left = cost
-  while left > 0 do
-    local batch = {}
-    for i = 1, min(left, 1000) do
-      batch[i] = value
-    end
-    call('RPUSH', key, unpack(batch))
-    left = left - #batch
-  end
+  push_copies(key, int(at), cost)
   if kept + cost > 0 then
     call('PEXPIRE', key, expiry_ms(reset))
   end
