@@ -48,7 +48,7 @@ impl<B: Body> Body for ClientBody<B> {
             && let Some(watch) = this.watch.take()
             && let Some(wait) = super::signals::wait_of_grpc(trailers)
         {
-            watch.waits.learn(&watch.server, wait);
+            watch.learn(wait);
         }
         frame
     }

@@ -102,6 +102,11 @@ pub(crate) fn server_of<B>(request: &Request<B>) -> &str {
     request.uri().authority().map_or("", |a| a.as_str())
 }
 
+/// The request's authority, to remember it by (a shared handle: no copy of the text).
+pub(crate) fn authority_of<B>(request: &Request<B>) -> Option<http::uri::Authority> {
+    request.uri().authority().cloned()
+}
+
 /// Whether a request is a gRPC call.
 fn is_grpc<B>(request: &Request<B>) -> bool {
     crate::response::is_grpc(request.headers())
@@ -242,7 +247,7 @@ where
         }
         let watch = Watch {
             waits: self.waits.clone(),
-            server: server.into(),
+            server: authority_of(&request),
         };
         ResponseFuture {
             state: State::Sent {
@@ -256,14 +261,30 @@ where
 /// Where an answer's wait is recorded: the layer's waits, for the request's server.
 pub(crate) struct Watch {
     pub(crate) waits: Arc<Waits>,
-    pub(crate) server: Box<str>,
+    pub(crate) server: Option<http::uri::Authority>,
 }
 
 impl Watch {
+    /// Notes that the request's server asked to wait `wait` from now.
+    pub(crate) fn learn(&self, wait: Duration) {
+        let server = self.server.as_ref().map_or("", |a| a.as_str());
+        self.waits.learn(server, wait);
+    }
+
     /// Reads the answer's head; a gRPC answer's body is watched for the trailers.
     pub(crate) fn answer<B>(self, response: Response<B>) -> Response<ClientBody<B>> {
-        if let Some(wait) = signals::wait_of_head(response.status(), response.headers()) {
-            self.waits.learn(&self.server, wait);
+        let wait = signals::wait_of_head(response.status(), response.headers());
+        self.answered(response, wait)
+    }
+
+    /// [`answer`](Self::answer), the wait of the answer's head read already.
+    pub(crate) fn answered<B>(
+        self,
+        response: Response<B>,
+        wait: Option<Duration>,
+    ) -> Response<ClientBody<B>> {
+        if let Some(wait) = wait {
+            self.learn(wait);
         }
         let grpc = crate::response::is_grpc(response.headers());
         response.map(|body| ClientBody::new(body, grpc.then_some(self)))

@@ -218,7 +218,8 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let server: Box<str> = server_of(&request).into();
+            let authority = super::authority_of(&request);
+            let server = server_of(&request).to_owned();
             let grpc = is_grpc(&request);
             let retry = shared.retry;
             let mut retries = 0;
@@ -254,17 +255,22 @@ where
                 let wait = signals::wait_of_head(response.status(), response.headers());
                 let watch = Watch {
                     waits: shared.waits.clone(),
-                    server: server.clone(),
+                    server: authority.clone(),
                 };
+                // Refused: a 429 or a 503, or a gRPC call ended RESOURCE_EXHAUSTED or UNAVAILABLE
+                // in the head (a trailers-only answer).
                 let refused = response.status() == http::StatusCode::TOO_MANY_REQUESTS
                     || response.status() == http::StatusCode::SERVICE_UNAVAILABLE
-                    || signals::wait_of_grpc(response.headers()).is_some();
+                    || response
+                        .headers()
+                        .get("grpc-status")
+                        .is_some_and(|s| s == "8" || s == "14");
                 // Learned here (with the trailers of a gRPC answer, later): the next calls wait.
                 let Some(wait) = wait.filter(|_| refused) else {
-                    return Ok(watch.answer(response));
+                    return Ok(watch.answered(response, wait));
                 };
                 if retries >= retry.max_retries || wait > retry.max_wait || !shared.take_retry() {
-                    return Ok(watch.answer(response));
+                    return Ok(watch.answered(response, Some(wait)));
                 }
                 // The next calls to this server wait too; this one waits its delay and jitter.
                 shared.waits.learn(&server, wait);
