@@ -10,18 +10,21 @@
 --          charge (below).
 -- ARGV[1], for a batch: "B". Then per request its number of charges (with an injected clock,
 --          "<n>@<time>"), then one argument per charge. A batch of requests of one charge each,
---          with the server's time, is "b", then one argument per charge: no counts.
+--          with the server's time, is "b", then one argument per charge: no counts; or a single
+--          argument, the charge of every key.
 -- A charge: "<algorithm>:<limit>:<period>:<burst>:<interval>:<cost>:<lease>" (lease 0: charge
 -- `cost`; n > 0: take every unit there is up to n, at least `cost`).
 --
--- Returns one string of integers separated by spaces (a client parses one string much faster
--- than an array): the time of the call, then per charge: remaining, reset, retry_after (0 when
--- admitted; -1: never), window, and for a lease the units taken (0 unless admitted). A request
--- that is not charged (denied, or a peek) reports every rule's budget as it stands: a rule that
--- would admit it is checked again at cost 0 for its numbers. A refund returns only the time.
+-- Returns an array of integers: the time of the call, then per charge: remaining, reset,
+-- retry_after (0 when admitted; -1: never), window, and for a lease the units taken (0 unless
+-- admitted). A request that is not charged (denied, or a peek) reports every rule's budget as it
+-- stands: a rule that would admit it is checked again at cost 0 for its numbers. A refund
+-- returns only the time.
 --
--- A server spends more on each argument, table and call here than on anything else: hence one
--- argument per charge, parsed once, and a request of one charge decided without tables.
+-- A server spends more on each argument, table, call and number written as text here than on
+-- anything else: hence one argument per charge (one per batch when they are all the same),
+-- parsed once, a request of one charge decided without tables, and integers answered as
+-- integers (Redis writes them itself; Lua would format each one as a double).
 local ALGORITHMS = {
   tb = TokenBucket,
   gcra = Gcra,
@@ -81,23 +84,8 @@ local function check_charge(key, c, now)
   return state, other, take, remaining, reset, retry, window
 end
 
--- Numbers from 10^14 on are written with all their digits: table.concat writes 14 at most.
-local BIG = 100000000000000
-
 -- Appends a charge's numbers to `out` after position `len`; the new length.
 local function answer(out, len, c, remaining, reset, retry, window)
-  if remaining >= BIG then
-    remaining = int(remaining)
-  end
-  if reset >= BIG then
-    reset = int(reset)
-  end
-  if retry >= BIG then
-    retry = int(retry)
-  end
-  if window >= BIG then
-    window = int(window)
-  end
   out[len + 1] = remaining
   out[len + 2] = reset
   out[len + 3] = retry
@@ -114,26 +102,37 @@ end
 -- while another does.
 local RULES = {}
 
+-- Checks and charges one request of one charge `c` on `key`: appends its numbers to `out` after
+-- position `len`; the new length.
+local function charge_one(key, c, now, out, len)
+  local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
+  local at = len
+  len = answer(out, len, c, remaining, reset, retry, window)
+  if retry == 0 then
+    c.algorithm.commit(key, c.limits, state, now, take, reset, other)
+    if c.lease > 0 then
+      out[at + 5] = take
+    end
+  end
+  return len
+end
+
 -- Decides one request of `n` charges: KEYS after `k`, charge arguments after ARGV[a]. Appends
 -- its numbers to `out` after position `len`; the new length.
 local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
   if n == 1 then
     -- One charge: no tables.
     local key, c = KEYS[k + 1], charge_of(ARGV[a + 1])
-    local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
+    if mode == 'c' then
+      return charge_one(key, c, now, out, len)
+    end
+    local state, _, take, remaining, reset, retry, window = check_charge(key, c, now)
     local at = len
     len = answer(out, len, c, remaining, reset, retry, window)
-    if retry == 0 then
-      if mode == 'c' then
-        c.algorithm.commit(key, c.limits, state, now, take, reset, other)
-        if c.lease > 0 then
-          out[at + 5] = take < BIG and take or int(take)
-        end
-      elseif take > 0 then
-        -- A peek (Algorithm::uncharged): the budget as it stands.
-        local _, remaining, reset, _, window = c.algorithm.check(c.limits, state, now, 0)
-        answer(out, at, c, remaining, reset, 0, window)
-      end
+    if retry == 0 and take > 0 then
+      -- A peek (Algorithm::uncharged): the budget as it stands.
+      local _, remaining, reset, _, window = c.algorithm.check(c.limits, state, now, 0)
+      answer(out, at, c, remaining, reset, 0, window)
     end
     return len
   end
@@ -179,7 +178,7 @@ local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
     written[r.key] = true
     A.commit(r.key, l, state, now, r.take, reset, other)
     if r.c.lease > 0 then
-      out[r.at + 5] = r.take < BIG and r.take or int(r.take)
+      out[r.at + 5] = r.take
     end
   end
   return len
@@ -210,12 +209,6 @@ local function adjust(KEYS, ARGV, at, now)
   end
 end
 
--- The answer: `out` as one string (its first number is the time, always past 10^14).
-local function reply(out)
-  out[1] = int(out[1])
-  return table.concat(out, ' ')
-end
-
 local function check(KEYS, ARGV)
   if call == nil then
     bind()
@@ -232,38 +225,40 @@ local function check(KEYS, ARGV)
     for i = len + 1, 5 do
       out[i] = nil
     end
-    return reply(out)
+    return out
   end
   if mode == 'b' then
-    -- A batch of requests of one charge each, with the server's time: no counts.
+    -- A batch of requests of one charge each, with the server's time: no counts, and one
+    -- charge for every key when they share it.
     local out = { now }
     local len = 1
+    local shared = #ARGV == 2 and charge_of(ARGV[2])
     for i = 1, #KEYS do
-      len = request(KEYS, ARGV, 'c', now, i - 1, i, 1, out, len)
+      len = charge_one(KEYS[i], shared or charge_of(ARGV[i + 1]), now, out, len)
     end
-    return reply(out)
+    return out
   end
   if mode ~= 'B' then
     local letter, at, given = string.match(mode, '^(%a)(%d*)@?(%d*)$')
     now = now or tonumber(given)
     if letter == 'r' then
       refund(KEYS, ARGV, tonumber(at), now)
-      return int(now)
+      return now
     end
     if letter == 'a' then
       adjust(KEYS, ARGV, tonumber(at), now)
-      return int(now)
+      return now
     end
     if letter == 'x' then
       -- Reset: every key of the call, as if never charged.
       for i = 1, #KEYS do
         call('DEL', KEYS[i])
       end
-      return int(now)
+      return now
     end
     local out = { now }
     request(KEYS, ARGV, letter, now, 0, 1, #KEYS, out, 1)
-    return reply(out)
+    return out
   end
   local out = { now or 0 }
   local len, a, k = 1, 1, 0
@@ -278,5 +273,5 @@ local function check(KEYS, ARGV)
     len = request(KEYS, ARGV, 'c', now, k, a + 1, n, out, len)
     a, k = a + 1 + n, k + n
   end
-  return reply(out)
+  return out
 end

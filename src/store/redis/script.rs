@@ -181,6 +181,16 @@ impl Program {
             at(&mut text, requests.first().and_then(|r| r.now));
         }
         cmd.arg(text.as_str());
+        // A batch of one charge each, all alike (one rule, one cost): its charge once.
+        let alike = !single && simple && {
+            let mut all = requests.iter().map(|r| r.charges[0].borrow());
+            let first = all.next();
+            all.all(|c| {
+                first.is_some_and(|f| {
+                    (c.cost, c.lease, &c.descriptor) == (f.cost, f.lease, &f.descriptor)
+                })
+            })
+        };
         for request in requests {
             if !single && !simple {
                 text.clear();
@@ -196,6 +206,9 @@ impl Program {
                 text.push(':');
                 keys::push_integer(&mut text, charge.lease);
                 cmd.arg(text.as_str());
+                if alike {
+                    return cmd;
+                }
             }
         }
         cmd
@@ -451,47 +464,22 @@ impl Reply {
     }
 }
 
-/// The integers of a reply: one string of integers separated by spaces.
+/// The integers of a reply: an array of integers.
 fn numbers(value: &Value) -> Result<SmallVec<[i64; 8]>, StoreError> {
-    let bytes = match value {
-        Value::BulkString(bytes) => bytes.as_slice(),
-        Value::SimpleString(text) => text.as_bytes(),
-        other => {
-            return Err(StoreError::Protocol(format!(
-                "the rate-limit code answered {other:?}, not a string of numbers"
-            )));
-        }
+    let Value::Array(items) = value else {
+        return Err(StoreError::Protocol(format!(
+            "the rate-limit code answered {value:?}, not an array of integers"
+        )));
     };
-    bytes
-        .split(|&b| b == b' ')
-        .map(|n| {
-            integer(n).ok_or_else(|| {
-                StoreError::Protocol(format!(
-                    "the rate-limit code answered {:?}, not an integer",
-                    String::from_utf8_lossy(n)
-                ))
-            })
+    items
+        .iter()
+        .map(|item| match item {
+            Value::Int(n) => Ok(*n),
+            other => Err(StoreError::Protocol(format!(
+                "the rate-limit code answered {other:?}, not an integer"
+            ))),
         })
         .collect()
-}
-
-/// A decimal integer, optionally negative, of at most 18 digits.
-fn integer(text: &[u8]) -> Option<i64> {
-    let (negative, digits) = match text {
-        [b'-', rest @ ..] => (true, rest),
-        digits => (false, digits),
-    };
-    if digits.is_empty() || digits.len() > 18 {
-        return None;
-    }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        n = n * 10 + i64::from(d - b'0');
-    }
-    Some(if negative { -n } else { n })
 }
 
 /// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`: the call's
