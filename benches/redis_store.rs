@@ -14,7 +14,9 @@
 //!    the server's µs per decision (`INFO commandstats`);
 //! 2. `redis-benchmark` with the same concurrency calling tollgate's function (one decision
 //!    per call) and the seed's plain token-bucket script, twice each, interleaved; and the
-//!    function with `-P 16`;
+//!    function with `-P 16`; and, where `node` and `npm` are installed, the Node limiter
+//!    rate-limiter-flexible over ioredis (`benches/support/node_limiter.js`, installed under
+//!    `target/node-limiter` on the first run) at the same concurrency;
 //! 3. `RedisStore` in open loop at half of its best rate: p50, p99;
 //! 4. the cluster: `RedisClusterStore` (one multiplexed connection per primary) against a bb8
 //!    pool of 4 cluster connections sending the same `FCALL`;
@@ -255,6 +257,87 @@ return { allowed, math.floor(tokens), retry_ms }
 "#;
 
 /// `redis-benchmark` sending `command` (`__rand_int__` for random clients).
+/// rate-limiter-flexible's `RateLimiterRedis` over one ioredis connection (pinned versions,
+/// installed under `target/node-limiter` with npm on the first run), checking the same number
+/// of clients at the same concurrency against `server`; its row, with its own client CPU. `None`,
+/// said on stderr, without `node` and `npm` or when the install fails.
+fn node_limiter(server: &support::RedisServer, seconds: u64, concurrency: u64) -> Option<Figures> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let prefix = root.join("target").join("node-limiter");
+    let modules = prefix.join("node_modules");
+    if !modules.join("rate-limiter-flexible").exists() || !modules.join("ioredis").exists() {
+        let installed = Command::new("npm")
+            .args([
+                "install",
+                "--no-save",
+                "--no-audit",
+                "--no-fund",
+                "--prefix",
+            ])
+            .arg(&prefix)
+            .args(["rate-limiter-flexible@11.4.0", "ioredis@6.0.0"])
+            .status();
+        if !matches!(installed, Ok(status) if status.success()) {
+            eprintln!(
+                "  the Node limiter is not measured: `npm install rate-limiter-flexible ioredis` \
+                 failed ({installed:?}); install Node.js and npm to compare with it"
+            );
+            return None;
+        }
+    }
+    reset_stats(server);
+    let before = cpu(server);
+    let output = Command::new("node")
+        .env("NODE_PATH", &modules)
+        .arg(root.join("benches/support/node_limiter.js"))
+        .args([
+            server.port.to_string(),
+            seconds.to_string(),
+            concurrency.to_string(),
+        ])
+        .output();
+    let text = match &output {
+        Ok(output) if output.status.success() => String::from_utf8_lossy(&output.stdout),
+        _ => {
+            eprintln!("  the Node limiter did not run: {output:?}");
+            return None;
+        }
+    };
+    let fields: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let [rate, p50, p99, failed, decisions, client_cpu] = fields[..] else {
+        eprintln!("  the Node limiter answered {text:?}");
+        return None;
+    };
+    let f = Figures {
+        rate,
+        p50,
+        p99,
+        failed: failed as usize,
+    };
+    let (calls, usec) = script_calls(server);
+    let (_, redis) = cpu(server);
+    println!(
+        "| rate-limiter-flexible 11.4 (Node {}, ioredis, one connection) | {rate:.0} | {p50:.0} | {p99:.0} | {} | {:.1} | {:.2} | {client_cpu:.2} | {:.2} | {} |",
+        String::from_utf8_lossy(
+            &Command::new("node")
+                .arg("--version")
+                .output()
+                .map(|o| o.stdout)
+                .unwrap_or_default()
+        )
+        .trim(),
+        f.failed,
+        decisions / calls,
+        usec / decisions,
+        (redis - before.1) * 1e6 / decisions,
+        load_average()
+    );
+    Some(f)
+}
+
 fn redis_benchmark(
     port: u16,
     command_line: &[&str],
@@ -495,6 +578,8 @@ fn main() {
             }
         }
     }
+    // The Node limiter of the issue that set the goal, on the same server.
+    let node = node_limiter(&server, seconds, concurrency);
     reset_stats(&server);
     let before = cpu(&server);
     let pipelined = redis_benchmark(server.port, &fcall, concurrency, requests * 2, 16);
@@ -528,6 +613,12 @@ fn main() {
         best.rate / pipelined.rate,
         median(seed_figures)
     );
+    if let Some(node) = node {
+        println!(
+            "best RedisStore / rate-limiter-flexible (Node): {:.2}",
+            best.rate / node.rate
+        );
+    }
 
     // The cluster: the store's one multiplexed connection against a bb8 pool of connections.
     let cluster = support::RedisCluster::start();
