@@ -182,28 +182,33 @@ where
     figures(all, started.elapsed().as_secs_f64())
 }
 
-/// Open loop: `rate` checks per second, started on a schedule whatever the answers' speed.
-async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figures {
-    let rule = rule();
+/// Open loop: checks started on a schedule whatever the answers, `rate` a second spread evenly
+/// (not in bursts): a thread of its own starts each one on the runtime when it is due (as a
+/// server's connections would), and its latency counts from that moment, so a check the
+/// schedule or the runtime started late counts as late.
+async fn open_loop<S: Store + Clone + Send + Sync + 'static>(
+    store: S,
+    rate: f64,
+    seconds: u64,
+) -> Figures
+where
+    S::Future: Send,
+{
+    let rule = Arc::new(rule());
     let keys: Arc<Vec<Key>> = Arc::new((0..CLIENTS).map(|i| Key::text(i.to_string())).collect());
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<u32>>();
-    let tick = Duration::from_millis(1);
-    let per_tick = rate / 1000.0;
-    let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-    let started = Instant::now();
-    let mut owed = 0.0;
-    let mut n = 0u64;
-    while started.elapsed() < Duration::from_secs(seconds) {
-        interval.tick().await;
-        owed += per_tick;
-        while owed >= 1.0 {
-            owed -= 1.0;
-            n += 1;
+    let runtime = tokio::runtime::Handle::current();
+    let total = (rate * seconds as f64) as u64;
+    let schedule = std::thread::spawn(move || {
+        let started = Instant::now();
+        for n in 0..total {
+            let due = started + Duration::from_secs_f64(n as f64 / rate);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
             let (store, rule, keys, tx) = (store.clone(), rule.clone(), keys.clone(), tx.clone());
-            // From the moment the check is due: waiting to be scheduled counts too.
-            let start = Instant::now();
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let key = &keys[(n.wrapping_mul(0x9E37_79B9) % CLIENTS) as usize];
                 let result = store
                     .check(&[Charge {
@@ -214,13 +219,13 @@ async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figur
                     .await;
                 let latency = result.ok().map(|decision| {
                     std::hint::black_box(decision);
-                    start.elapsed().as_micros() as u32
+                    due.elapsed().as_micros() as u32
                 });
                 let _ = tx.send(latency);
             });
         }
-    }
-    drop(tx);
+        started
+    });
     let (mut all, mut failed) = (Vec::new(), 0);
     while let Some(latency) = rx.recv().await {
         match latency {
@@ -228,6 +233,7 @@ async fn open_loop<S: Store + Clone>(store: S, rate: f64, seconds: u64) -> Figur
             None => failed += 1,
         }
     }
+    let started = schedule.join().expect("the schedule's thread");
     let elapsed = started.elapsed().as_secs_f64();
     Figures {
         failed,
