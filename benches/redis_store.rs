@@ -182,10 +182,12 @@ where
     figures(all, started.elapsed().as_secs_f64())
 }
 
-/// Open loop: checks started on a schedule whatever the answers, `rate` a second spread evenly
-/// (not in bursts): a thread of its own starts each one on the runtime when it is due (as a
-/// server's connections would), and its latency counts from that moment, so a check the
-/// schedule or the runtime started late counts as late.
+/// Open loop: checks started on a schedule whatever the answers, `rate` a second, spread over
+/// the second rather than in bursts: a thread of its own starts each one on the runtime when
+/// it is due (as a server's connections would; a sleep overshoots by the timer slack, 50–80
+/// µs, and the few checks due meanwhile start together), and its latency counts from the moment
+/// it was due, so a check the schedule or the runtime started late counts as late. Its CPU is
+/// the process's, the schedule's thread included.
 async fn open_loop<S: Store + Clone + Send + Sync + 'static>(
     store: S,
     rate: f64,
@@ -262,7 +264,6 @@ if allowed == 0 then retry_ms = math.ceil((cost - tokens) / rate * 1000) end
 return { allowed, math.floor(tokens), retry_ms }
 "#;
 
-/// `redis-benchmark` sending `command` (`__rand_int__` for random clients).
 /// rate-limiter-flexible's `RateLimiterRedis` over one ioredis connection (pinned versions,
 /// installed under `target/node-limiter` with npm on the first run), checking the same number
 /// of clients at the same concurrency against `server`; its row, with its own client CPU. `None`,
@@ -272,38 +273,45 @@ fn node_limiter(server: &support::RedisServer, seconds: u64, concurrency: u64) -
     let prefix = root.join("target").join("node-limiter");
     let modules = prefix.join("node_modules");
     if !modules.join("rate-limiter-flexible").exists() || !modules.join("ioredis").exists() {
-        let installed = Command::new("npm")
-            .args([
-                "install",
-                "--no-save",
-                "--no-audit",
-                "--no-fund",
-                "--prefix",
-            ])
-            .arg(&prefix)
-            .args(["rate-limiter-flexible@11.4.0", "ioredis@6.0.0"])
-            .status();
-        if !matches!(installed, Ok(status) if status.success()) {
+        // Packages' own install scripts are not run; a registry out of reach gives up in 2 min.
+        let installed = run_for(
+            Command::new("npm")
+                .args([
+                    "install",
+                    "--no-save",
+                    "--no-audit",
+                    "--no-fund",
+                    "--ignore-scripts",
+                    "--prefix",
+                ])
+                .arg(&prefix)
+                .args(["rate-limiter-flexible@11.4.0", "ioredis@6.0.0"]),
+            Duration::from_secs(120),
+        );
+        if !matches!(&installed, Some(output) if output.status.success()) {
             eprintln!(
                 "  the Node limiter is not measured: `npm install rate-limiter-flexible ioredis` \
-                 failed ({installed:?}); install Node.js and npm to compare with it"
+                 failed or ran out of time ({:?}); install Node.js and npm to compare with it",
+                installed.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
             );
             return None;
         }
     }
     reset_stats(server);
     let before = cpu(server);
-    let output = Command::new("node")
-        .env("NODE_PATH", &modules)
-        .arg(root.join("benches/support/node_limiter.js"))
-        .args([
-            server.port.to_string(),
-            seconds.to_string(),
-            concurrency.to_string(),
-        ])
-        .output();
+    let output = run_for(
+        Command::new("node")
+            .env("NODE_PATH", &modules)
+            .arg(root.join("benches/support/node_limiter.js"))
+            .args([
+                server.port.to_string(),
+                seconds.to_string(),
+                concurrency.to_string(),
+            ]),
+        Duration::from_secs(seconds + 60),
+    );
     let text = match &output {
-        Ok(output) if output.status.success() => String::from_utf8_lossy(&output.stdout),
+        Some(output) if output.status.success() => String::from_utf8_lossy(&output.stdout),
         _ => {
             eprintln!("  the Node limiter did not run: {output:?}");
             return None;
@@ -344,6 +352,29 @@ fn node_limiter(server: &support::RedisServer, seconds: u64, concurrency: u64) -
     Some(f)
 }
 
+/// Runs `command` until it ends or `limit` has passed (then it is killed): its output, `None`
+/// when it could not start or ran out of time.
+fn run_for(command: &mut Command, limit: Duration) -> Option<std::process::Output> {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => return child.wait_with_output().ok(),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+}
+
+/// `redis-benchmark` sending `command` (`__rand_int__` for random clients).
 fn redis_benchmark(
     port: u16,
     command_line: &[&str],
@@ -487,6 +518,7 @@ fn main() {
         for rate in rates
             .split(',')
             .filter_map(|r| r.trim().parse::<f64>().ok())
+            .filter(|r| r.is_finite() && (1.0..=10_000_000.0).contains(r))
         {
             reset_stats(&server);
             let before = cpu(&server);

@@ -392,6 +392,19 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
     }
 }
 
+/// The `FCALL`s `server` has run.
+fn fcall_calls(server: &support::RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut server.conn())
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .expect("INFO commandstats counts FCALL")
+}
+
 /// Concurrent checks go to Redis in batches (one call decides many requests, each at its own
 /// time): they decide as the model does, one after the other in the order they were made.
 #[tokio::test]
@@ -439,20 +452,94 @@ async fn standalone_batched_checks_match_the_model_one_by_one() {
             }
         }
     }
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    let calls: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap();
+    let calls = fcall_calls(&server);
     let checks = 5 * 10 * 40;
     assert!(
         calls * 4 < checks,
         "{calls} calls for {checks} checks: batched"
+    );
+}
+
+/// Batches decided on the server's clock (no clock injected: one `TIME` per call, a charge
+/// argument per check, or one for the whole batch when its checks share one rule and cost):
+/// each decision equals the model's at the time the call was made, the decisions replayed in
+/// the order Redis made them.
+#[tokio::test]
+async fn standalone_batches_on_the_server_clock_match_the_model() {
+    let mut rng = Rng(0x5e7e);
+    let server = support::RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .pool_size(1)
+        .deny_cache(0)
+        .response_timeout(Duration::from_secs(10))
+        .prefix(support::unique_prefix("server-clock"))
+        .connect()
+        .await
+        .unwrap();
+    let mut checks_made = 0u64;
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(0);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        for round in 0..6 {
+            let rules: Vec<RuleSpec> = (0..3)
+                .map(|i| {
+                    RuleSpec::new(
+                        format!("server-clock-{algorithm}-{round}-{i}"),
+                        algorithm,
+                        random_limits(&mut rng, algorithm),
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let keys: Vec<Key> = (0..5)
+                .map(|i| Key::text(format!("server-clock-{algorithm}-{round}-{i}")))
+                .collect();
+            // Even rounds: one rule, one unit each (the shared charge); odd ones: any rule, any
+            // cost.
+            let plan: Vec<(usize, usize, u64)> = (0..40)
+                .map(|_| {
+                    let key = rng.below(5) as usize;
+                    if round % 2 == 0 {
+                        (0, key, 1)
+                    } else {
+                        let rule = rng.below(3) as usize;
+                        (rule, key, random_cost(&mut rng, &rules[rule]))
+                    }
+                })
+                .collect();
+            let checks = plan.iter().map(|&(rule, key, cost)| {
+                let redis = &redis;
+                let (rule, key) = (&rules[rule], &keys[key]);
+                async move { redis.check(&[Charge { rule, key, cost }]).await.unwrap() }
+            });
+            let actual = futures_util::future::join_all(checks).await;
+            checks_made += plan.len() as u64;
+            // The order Redis made them in: by the time of their call, then as they were made.
+            let mut order: Vec<usize> = (0..plan.len()).collect();
+            order.sort_by_key(|&i| actual[i].made_at());
+            for i in order {
+                let (rule, key, cost) = plan[i];
+                assert!(actual[i].made_at() > 0, "the server's time");
+                clock.set(actual[i].made_at());
+                let expected = memory
+                    .check(&[Charge {
+                        rule: &rules[rule],
+                        key: &keys[key],
+                        cost,
+                    }])
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    actual[i], expected,
+                    "{algorithm}, round {round}, check {i} (rule {rule}, key {key}, cost {cost})"
+                );
+            }
+        }
+    }
+    let calls = fcall_calls(&server);
+    assert!(
+        calls * 4 < checks_made,
+        "{calls} calls for {checks_made} checks: batched"
     );
 }
 

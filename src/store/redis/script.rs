@@ -464,22 +464,24 @@ impl Reply {
     }
 }
 
-/// The integers of a reply: an array of integers.
-fn numbers(value: &Value) -> Result<SmallVec<[i64; 8]>, StoreError> {
-    let Value::Array(items) = value else {
-        return Err(StoreError::Protocol(format!(
-            "the rate-limit code answered {value:?}, not an array of integers"
-        )));
-    };
-    items
-        .iter()
-        .map(|item| match item {
-            Value::Int(n) => Ok(*n),
-            other => Err(StoreError::Protocol(format!(
-                "the rate-limit code answered {other:?}, not an integer"
-            ))),
-        })
-        .collect()
+/// The items of a reply: an array (of integers, read one by one with [`integer`]).
+fn items(value: &Value) -> Result<&[Value], StoreError> {
+    match value {
+        Value::Array(items) => Ok(items),
+        other => Err(StoreError::Protocol(format!(
+            "the rate-limit code answered {other:?}, not an array of integers"
+        ))),
+    }
+}
+
+/// One item of a reply, an integer.
+fn integer(item: &Value) -> Result<i64, StoreError> {
+    match item {
+        Value::Int(n) => Ok(*n),
+        other => Err(StoreError::Protocol(format!(
+            "the rate-limit code answered {other:?}, not an integer"
+        ))),
+    }
 }
 
 /// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`: the call's
@@ -488,7 +490,7 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
     value: Value,
     requests: &[Request<'_, P>],
 ) -> Result<Vec<Reply>, StoreError> {
-    let numbers = numbers(&value)?;
+    let numbers = items(&value)?;
     let per_charge = |p: &Prepared| if p.lease > 0 { 5 } else { 4 };
     let expected: usize = 1 + requests
         .iter()
@@ -501,12 +503,13 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
             numbers.len()
         )));
     }
-    let non_negative = |n: i64| {
+    let non_negative = |item: &Value| {
+        let n = integer(item)?;
         u64::try_from(n).map_err(|_| {
             StoreError::Protocol(format!("the rate-limit code answered a negative {n}"))
         })
     };
-    let now = non_negative(numbers[0])?;
+    let now = non_negative(&numbers[0])?;
     let mut rest = &numbers[1..];
     let mut replies = Vec::with_capacity(requests.len());
     for request in requests {
@@ -516,20 +519,20 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
             let charge = charge.borrow();
             let (n, tail) = rest.split_at(per_charge(charge));
             rest = tail;
-            let retry_after = match n[2] {
+            let retry_after = match integer(&n[2])? {
                 -1 => u64::MAX,
-                retry => non_negative(retry)?,
+                _ => non_negative(&n[2])?,
             };
             outcomes.push(Outcome {
                 allowed: retry_after == 0,
                 limit: charge.algorithm.capacity(&charge.limits),
-                remaining: non_negative(n[0])?,
-                reset: non_negative(n[1])?,
+                remaining: non_negative(&n[0])?,
+                reset: non_negative(&n[1])?,
                 retry_after,
-                window: non_negative(n[3])?,
+                window: non_negative(&n[3])?,
             });
             taken.push(match n.get(4) {
-                Some(&taken) => non_negative(taken)?,
+                Some(taken) => non_negative(taken)?,
                 None if retry_after == 0 => charge.cost,
                 None => 0,
             });
