@@ -816,6 +816,56 @@ async fn three_replicas_share_one_budget_in_redis() {
     assert_eq!(cluster, 20);
 }
 
+/// A check polled where no Tokio runtime runs (another executor) is an error of the store,
+/// decided by the rule's failure mode, not a panic: its call needs the runtime's tasks and timers.
+#[test]
+fn a_check_polled_outside_a_tokio_runtime_is_an_error() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let prefix = unique_prefix("no-runtime");
+    let standalone = runtime
+        .block_on(RedisStore::builder(server.url()).prefix(&prefix).connect())
+        .unwrap();
+    let cluster = runtime.block_on(cluster_store(&prefix));
+    polled_outside_a_runtime(&runtime, standalone);
+    polled_outside_a_runtime(&runtime, cluster);
+}
+
+fn polled_outside_a_runtime<S: Store + Sync>(runtime: &tokio::runtime::Runtime, store: S)
+where
+    S::Future: Unpin,
+{
+    let rule = spec("no-runtime", Algorithm::TokenBucket, 10, MAX_PERIOD_MICROS);
+    let key = Key::text("no-runtime-client");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    // Polled on a thread of its own, outside the runtime.
+    let polled = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut check = store.check(&charge);
+                let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+                std::pin::Pin::new(&mut check).poll(&mut context)
+            })
+            .join()
+            .expect("polling outside a runtime does not panic")
+    });
+    match polled {
+        std::task::Poll::Ready(Err(StoreError::Unavailable(why))) => {
+            assert!(why.to_string().contains("outside a Tokio runtime"), "{why}")
+        }
+        other => panic!(
+            "{}: a check outside a runtime answered {other:?}",
+            store.kind()
+        ),
+    }
+    // Inside the runtime the same store decides.
+    assert!(runtime.block_on(store.check(&charge)).unwrap().allowed());
+}
+
 /// The runtime that started a store's background connection may go away (a setup runtime, a
 /// test's own): the next check, on another runtime, starts it again.
 #[test]

@@ -522,27 +522,30 @@ impl Plan {
 
     /// The charges to send, in order, with the lease of each refill.
     pub(crate) fn prepared(&self, prefix: &str, charges: &[Charge<'_>]) -> Vec<Prepared> {
-        self.charges
-            .iter()
-            .zip(charges)
-            .filter_map(|(planned, charge)| {
-                let mut prepared = Prepared::new(prefix, charge);
-                if let Some((part, _)) = planned.part {
-                    prepared = prepared.of_part(prefix, charge, part);
-                }
-                match planned.how {
-                    How::Sent => {}
-                    How::Leased(..) | How::Cached(_) => return None,
-                    How::Refill { held, lease, .. } => {
-                        // A refill starts below the cost, and what is held never reaches the
-                        // lease (it holds at most `lease - cost` after a refill).
-                        prepared.cost = charge.cost.saturating_sub(held);
-                        prepared.lease = lease.saturating_sub(held).max(prepared.cost);
+        let mut all = Vec::with_capacity(charges.len());
+        all.extend(
+            self.charges
+                .iter()
+                .zip(charges)
+                .filter_map(|(planned, charge)| {
+                    let mut one = Prepared::new(prefix, charge);
+                    if let Some((part, _)) = planned.part {
+                        one = one.of_part(prefix, charge, part);
                     }
-                }
-                Some(prepared)
-            })
-            .collect()
+                    match planned.how {
+                        How::Sent => {}
+                        How::Leased(..) | How::Cached(_) => return None,
+                        How::Refill { held, lease, .. } => {
+                            // A refill starts below the cost, and what is held never reaches the
+                            // lease (it holds at most `lease - cost` after a refill).
+                            one.cost = charge.cost.saturating_sub(held);
+                            one.lease = lease.saturating_sub(held).max(one.cost);
+                        }
+                    }
+                    Some(one)
+                }),
+        );
+        all
     }
 
     /// The decision of the request from Redis's reply to [`prepared`](Plan::prepared) (none

@@ -36,9 +36,7 @@ fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreErr
             "adjust, peek or reset one key of a split rule",
         ));
     }
-    tokio::runtime::Handle::try_current()
-        .is_err()
-        .then(|| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
+    super::runtime().err()
 }
 
 /// [`Store::adjust`](crate::store::Store::adjust): one call per time the units were charged;

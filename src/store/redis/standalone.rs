@@ -495,6 +495,8 @@ impl Inner {
         now: Option<u64>,
         permit: Permit,
     ) -> Result<Reply, StoreError> {
+        // Its call is sent by a task of its own, and waited for with the runtime's timers.
+        let runtime = super::runtime()?;
         let (reply, answer) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
         let job = Job {
@@ -507,11 +509,7 @@ impl Inner {
         if let Some((batch, turn)) = self.batcher.push(job) {
             // Sent from a task of its own, so that a client that goes away cancels no one
             // else's check of the batch.
-            let sending = send_batches(self.clone(), batch, turn);
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(sending)),
-                Err(_) => sending.await,
-            }
+            drop(runtime.spawn(send_batches(self.clone(), batch, turn)));
         }
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(result)) => result.map(Unclaimed::claim),

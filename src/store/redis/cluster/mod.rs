@@ -905,6 +905,10 @@ impl Store for RedisClusterStore {
             });
         }
         Box::pin(async move {
+            // Its calls are waited for with the runtime's timers.
+            if let Err(error) = super::runtime() {
+                return plan.settle(Some(Err(error)));
+            }
             let deadline = Instant::now() + inner.settings.response_timeout;
             let reply = inner.check(&prepared, now, deadline.into()).await;
             plan.settle(Some(reply))
