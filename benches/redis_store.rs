@@ -352,26 +352,58 @@ fn node_limiter(server: &support::RedisServer, seconds: u64, concurrency: u64) -
     Some(f)
 }
 
-/// Runs `command` until it ends or `limit` has passed (then it is killed): its output, `None`
-/// when it could not start or ran out of time.
+/// Runs `command` until it ends or `limit` has passed (then it is killed): its output (read
+/// while it runs, so that a talkative command never blocks on a full pipe), `None` when it could
+/// not start or ran out of time.
 fn run_for(command: &mut Command, limit: Duration) -> Option<std::process::Output> {
+    use std::io::Read;
     let mut child = command
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .ok()?;
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
     let deadline = Instant::now() + limit;
-    loop {
+    let status = loop {
         match child.try_wait() {
-            Ok(Some(_)) => return child.wait_with_output().ok(),
+            Ok(Some(status)) => break Some(status),
             Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
             _ => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return None;
+                break None;
             }
         }
-    }
+    };
+    let (stdout, stderr) = (
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    );
+    Some(std::process::Output {
+        status: status?,
+        stdout,
+        stderr,
+    })
 }
 
 /// `redis-benchmark` sending `command` (`__rand_int__` for random clients).
@@ -518,7 +550,13 @@ fn main() {
         for rate in rates
             .split(',')
             .filter_map(|r| r.trim().parse::<f64>().ok())
-            .filter(|r| r.is_finite() && (1.0..=10_000_000.0).contains(r))
+            .filter(|r| {
+                let measurable = r.is_finite() && (1.0..=10_000_000.0).contains(r);
+                if !measurable {
+                    eprintln!("  BENCH_OPEN_RATES: {r}/s is not measured (1 to 10,000,000/s)");
+                }
+                measurable
+            })
         {
             reset_stats(&server);
             let before = cpu(&server);

@@ -824,7 +824,12 @@ fn a_check_polled_outside_a_tokio_runtime_is_an_error() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let prefix = unique_prefix("no-runtime");
     let standalone = runtime
-        .block_on(RedisStore::builder(server.url()).prefix(&prefix).connect())
+        .block_on(
+            RedisStore::builder(server.url())
+                .prefix(&prefix)
+                .response_timeout(TEST_TIMEOUT)
+                .connect(),
+        )
         .unwrap();
     let cluster = runtime.block_on(cluster_store(&prefix));
     polled_outside_a_runtime(&runtime, standalone);
@@ -833,37 +838,49 @@ fn a_check_polled_outside_a_tokio_runtime_is_an_error() {
 
 fn polled_outside_a_runtime<S: Store + Sync>(runtime: &tokio::runtime::Runtime, store: S)
 where
-    S::Future: Unpin,
+    S::Future: Unpin + Send,
 {
-    let rule = spec("no-runtime", Algorithm::TokenBucket, 10, MAX_PERIOD_MICROS);
     let key = Key::text("no-runtime-client");
-    let charge = [Charge {
-        rule: &rule,
-        key: &key,
-        cost: 1,
-    }];
-    // Polled on a thread of its own, outside the runtime.
-    let polled = std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                let mut check = store.check(&charge);
-                let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-                std::pin::Pin::new(&mut check).poll(&mut context)
-            })
-            .join()
-            .expect("polling outside a runtime does not panic")
-    });
-    match polled {
-        std::task::Poll::Ready(Err(StoreError::Unavailable(why))) => {
-            assert!(why.to_string().contains("outside a Tokio runtime"), "{why}")
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Concurrency] {
+        let rule = spec("no-runtime", algorithm, 10, MAX_PERIOD_MICROS);
+        let charge = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        // Made on the runtime, polled elsewhere; and made and polled elsewhere.
+        let made_inside = {
+            let _entered = runtime.enter();
+            store.check(&charge)
+        };
+        let polled = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+                    let mut made_inside = made_inside;
+                    let mut made_outside = store.check(&charge);
+                    [
+                        std::pin::Pin::new(&mut made_inside).poll(&mut context),
+                        std::pin::Pin::new(&mut made_outside).poll(&mut context),
+                    ]
+                })
+                .join()
+                .expect("polling outside a runtime does not panic")
+        });
+        for polled in polled {
+            match polled {
+                std::task::Poll::Ready(Err(StoreError::Unavailable(why))) => {
+                    assert!(why.to_string().contains("outside a Tokio runtime"), "{why}")
+                }
+                other => panic!(
+                    "{} ({algorithm}): a check outside a runtime answered {other:?}",
+                    store.kind()
+                ),
+            }
         }
-        other => panic!(
-            "{}: a check outside a runtime answered {other:?}",
-            store.kind()
-        ),
+        // Inside the runtime the same store decides.
+        assert!(runtime.block_on(store.check(&charge)).unwrap().allowed());
     }
-    // Inside the runtime the same store decides.
-    assert!(runtime.block_on(store.check(&charge)).unwrap().allowed());
 }
 
 /// The runtime that started a store's background connection may go away (a setup runtime, a

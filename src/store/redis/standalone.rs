@@ -487,16 +487,15 @@ impl bb8::ErrorSink<RedisError> for LogConnectErrors {
 }
 
 impl Inner {
-    /// Decides one check: queued for the next call to Redis (sent at once when no call is
-    /// out), within the check's time budget.
+    /// Decides one check: queued for the next call to Redis (sent at once, by a task of its own
+    /// on `runtime`, when no call is out), within the check's time budget.
     async fn decide(
         self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
         charges: Vec<Prepared>,
         now: Option<u64>,
         permit: Permit,
     ) -> Result<Reply, StoreError> {
-        // Its call is sent by a task of its own, and waited for with the runtime's timers.
-        let runtime = super::runtime()?;
         let (reply, answer) = oneshot::channel();
         let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
         let job = Job {
@@ -545,11 +544,9 @@ impl Inner {
         }
         let mut call = Box::pin(call);
         if tokio::time::timeout_at(budget, &mut call).await.is_err() {
-            // The next batch goes on; this call's replies, or its slots, come back later.
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(call)),
-                Err(_) => call.await,
-            }
+            // The next batch goes on; this call's replies, or its slots, come back later (a
+            // batch is sent by a task of its own, on the runtime).
+            drop(tokio::spawn(call));
         }
     }
 
@@ -654,13 +651,17 @@ impl Store for RedisStore {
         if let Some(error) = inner.refusal() {
             return Box::pin(async move { Err(error) });
         }
-        let Some(permit) = inner.breaker.admit() else {
-            return Box::pin(async { Err(StoreError::CircuitOpen) });
-        };
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
-            let reply = inner.decide(prepared, now, permit).await;
+            // Polled where no runtime runs, it is refused before it takes the breaker's probe.
+            let reply = match super::runtime() {
+                Ok(runtime) => match inner.breaker.admit() {
+                    Some(permit) => inner.decide(&runtime, prepared, now, permit).await,
+                    None => Err(StoreError::CircuitOpen),
+                },
+                Err(error) => Err(error),
+            };
             plan.settle(Some(reply))
         })
     }

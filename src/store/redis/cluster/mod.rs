@@ -894,6 +894,10 @@ impl Store for RedisClusterStore {
                 let _ = answer.send(reply);
             });
             return Box::pin(async move {
+                // Waited for with the runtime's timers, wherever it is polled.
+                if let Err(error) = super::runtime() {
+                    return plan.settle(Some(Err(error)));
+                }
                 let reply = match tokio::time::timeout_at(deadline.into(), answered).await {
                     Ok(Ok(reply)) => reply.map(Unclaimed::claim),
                     Ok(Err(_)) => Err(StoreError::Unavailable(
