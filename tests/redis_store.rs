@@ -848,32 +848,54 @@ where
             key: &key,
             cost: 1,
         }];
-        // Made on the runtime, polled elsewhere; and made and polled elsewhere.
-        let made_inside = {
+        // Made on the runtime, polled elsewhere; and made and polled elsewhere. Peeks and
+        // resets too.
+        let (made_inside, peek, reset) = {
             let _entered = runtime.enter();
-            store.check(&charge)
+            (
+                store.check(&charge),
+                store.peek(&charge),
+                store.reset(&charge),
+            )
         };
         let polled = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
                     let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-                    let mut made_inside = made_inside;
+                    let (mut made_inside, mut peek, mut reset) = (made_inside, peek, reset);
                     let mut made_outside = store.check(&charge);
+                    let errors = |poll: std::task::Poll<Result<(), StoreError>>| match poll {
+                        std::task::Poll::Ready(result) => result.err(),
+                        std::task::Poll::Pending => None,
+                    };
                     [
-                        std::pin::Pin::new(&mut made_inside).poll(&mut context),
-                        std::pin::Pin::new(&mut made_outside).poll(&mut context),
+                        errors(
+                            std::pin::Pin::new(&mut made_inside)
+                                .poll(&mut context)
+                                .map(|r| r.map(drop)),
+                        ),
+                        errors(
+                            std::pin::Pin::new(&mut made_outside)
+                                .poll(&mut context)
+                                .map(|r| r.map(drop)),
+                        ),
+                        errors(peek.as_mut().poll(&mut context).map(|r| r.map(drop))),
+                        errors(reset.as_mut().poll(&mut context)),
                     ]
                 })
                 .join()
                 .expect("polling outside a runtime does not panic")
         });
-        for polled in polled {
-            match polled {
-                std::task::Poll::Ready(Err(StoreError::Unavailable(why))) => {
+        for (what, error) in ["check made inside", "check", "peek", "reset"]
+            .iter()
+            .zip(polled)
+        {
+            match error {
+                Some(StoreError::Unavailable(why)) => {
                     assert!(why.to_string().contains("outside a Tokio runtime"), "{why}")
                 }
                 other => panic!(
-                    "{} ({algorithm}): a check outside a runtime answered {other:?}",
+                    "{} ({algorithm}): a {what} outside a runtime answered {other:?}",
                     store.kind()
                 ),
             }

@@ -28,15 +28,15 @@ pub(crate) trait Calls: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 }
 
-/// The refusal of an operation that cannot be made now: on one key of a rule split into
-/// sub-keys (which sub-key is not known), or outside a Tokio runtime (a call needs its timers).
+/// The refusal of an operation that cannot be made: on one key of a rule split into sub-keys
+/// (which sub-key is not known). One polled outside a Tokio runtime is refused when it is
+/// polled ([`super::runtime`]).
 fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreError> {
-    if rules.any(|r| r.parts() > 1) {
-        return Some(StoreError::Unsupported(
+    rules
+        .any(|r| r.parts() > 1)
+        .then_some(StoreError::Unsupported(
             "adjust, peek or reset one key of a split rule",
-        ));
-    }
-    super::runtime().err()
+        ))
 }
 
 /// [`Store::adjust`](crate::store::Store::adjust): one call per time the units were charged;
@@ -53,6 +53,7 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
     let calls = script::adjustments(&inner.settings().prefix, adjustments);
     let now = inner.settings().now();
     Box::pin(async move {
+        super::runtime()?;
         let mut result = Ok(());
         for (at, charges) in calls {
             if let Err(error) = inner.clone().call(Mode::Adjust(at), now, charges).await {
@@ -80,6 +81,7 @@ pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFu
     let prepared = prepared(&inner.settings().prefix, charges);
     let now = inner.settings().now();
     Box::pin(async move {
+        super::runtime()?;
         let result = inner.clone().call(Mode::Reset, now, prepared).await;
         for (rule, key) in &forget {
             inner.local().forget(rule, key, result.is_ok());
@@ -93,7 +95,7 @@ pub(crate) fn prepared(prefix: &str, charges: &[Charge<'_>]) -> Vec<Prepared> {
     charges.iter().map(|c| Prepared::new(prefix, c)).collect()
 }
 
-/// The refusal of a peek of one key of a split rule, or outside a runtime.
+/// The refusal of a peek of one key of a split rule.
 pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
     refusal(charges.iter().map(|c| c.rule))
 }

@@ -700,6 +700,7 @@ impl Store for RedisStore {
         let prepared = outside::prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
+            super::runtime()?;
             let value = inner.direct(Mode::Peek, now, &prepared).await?;
             let requests = [Request {
                 now,

@@ -978,6 +978,7 @@ impl Store for RedisClusterStore {
         let prepared = outside::prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
+            super::runtime()?;
             let deadline = Instant::now() + inner.settings.response_timeout;
             let groups = groups(&prepared);
             let mut replies = Vec::with_capacity(groups.len());
