@@ -331,23 +331,18 @@ fn node_limiter(server: &support::RedisServer, seconds: u64, concurrency: u64) -
         p99,
         failed: failed as usize,
     };
-    let (calls, usec) = script_calls(server);
-    let (_, redis) = cpu(server);
-    println!(
-        "| rate-limiter-flexible 11.4 (Node {}, ioredis, one connection) | {rate:.0} | {p50:.0} | {p99:.0} | {} | {:.1} | {:.2} | {client_cpu:.2} | {:.2} | {} |",
-        String::from_utf8_lossy(
-            &Command::new("node")
-                .arg("--version")
-                .output()
-                .map(|o| o.stdout)
-                .unwrap_or_default()
-        )
-        .trim(),
-        f.failed,
-        decisions / calls,
-        usec / decisions,
-        (redis - before.1) * 1e6 / decisions,
-        load_average()
+    let node = Command::new("node").arg("--version").output();
+    let version = node.map(|o| o.stdout).unwrap_or_default();
+    row_with_client_cpu(
+        &format!(
+            "rate-limiter-flexible 11.4 (Node {}, ioredis, one connection)",
+            String::from_utf8_lossy(&version).trim()
+        ),
+        f,
+        decisions,
+        client_cpu,
+        before.1,
+        server,
     );
     Some(f)
 }
@@ -362,7 +357,7 @@ fn run_for(command: &mut Command, limit: Duration) -> Option<std::process::Outpu
         .stderr(std::process::Stdio::piped())
         .spawn()
         .ok()?;
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
+    fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(mut pipe) = pipe {
@@ -370,19 +365,9 @@ fn run_for(command: &mut Command, limit: Duration) -> Option<std::process::Outpu
             }
             bytes
         })
-    };
-    let stdout = read(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = read(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + limit;
     let status = loop {
         match child.try_wait() {
@@ -497,18 +482,31 @@ fn server_row(
     cpu_before: (f64, f64),
     server: &support::RedisServer,
 ) {
+    let (own, _) = cpu(server);
+    let client_cpu = (own - cpu_before.0) * 1e6 / decisions;
+    row_with_client_cpu(name, f, decisions, client_cpu, cpu_before.1, server);
+}
+
+/// [`server_row`] for a client of its own, which measured its CPU per decision itself.
+fn row_with_client_cpu(
+    name: &str,
+    f: Figures,
+    decisions: f64,
+    client_cpu: f64,
+    redis_cpu_before: f64,
+    server: &support::RedisServer,
+) {
     let (calls, usec) = script_calls(server);
-    let (own, redis) = cpu(server);
+    let (_, redis) = cpu(server);
     println!(
-        "| {name} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {:.2} | {:.2} | {:.2} | {} |",
+        "| {name} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {:.2} | {client_cpu:.2} | {:.2} | {} |",
         f.rate,
         f.p50,
         f.p99,
         f.failed,
         decisions / calls,
         usec / decisions,
-        (own - cpu_before.0) * 1e6 / decisions,
-        (redis - cpu_before.1) * 1e6 / decisions,
+        (redis - redis_cpu_before) * 1e6 / decisions,
         load_average()
     );
 }

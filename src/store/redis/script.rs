@@ -182,15 +182,12 @@ impl Program {
         }
         cmd.arg(text.as_str());
         // A batch of one charge each, all alike (one rule, one cost): its charge once.
-        let alike = !single && simple && {
-            let mut all = requests.iter().map(|r| r.charges[0].borrow());
-            let first = all.next();
-            all.all(|c| {
-                first.is_some_and(|f| {
-                    (c.cost, c.lease, &c.descriptor) == (f.cost, f.lease, &f.descriptor)
-                })
-            })
-        };
+        let alike = !single
+            && simple
+            && requests.windows(2).all(|pair| {
+                let (a, b) = (pair[0].charges[0].borrow(), pair[1].charges[0].borrow());
+                (a.cost, a.lease, &a.descriptor) == (b.cost, b.lease, &b.descriptor)
+            });
         for request in requests {
             if !single && !simple {
                 text.clear();
@@ -503,12 +500,12 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
             numbers.len()
         )));
     }
-    let non_negative = |item: &Value| {
-        let n = integer(item)?;
+    let unsigned = |n: i64| {
         u64::try_from(n).map_err(|_| {
             StoreError::Protocol(format!("the rate-limit code answered a negative {n}"))
         })
     };
+    let non_negative = |item: &Value| unsigned(integer(item)?);
     let now = non_negative(&numbers[0])?;
     let mut rest = &numbers[1..];
     let mut replies = Vec::with_capacity(requests.len());
@@ -521,7 +518,7 @@ pub(crate) fn decode<P: Borrow<Prepared>>(
             rest = tail;
             let retry_after = match integer(&n[2])? {
                 -1 => u64::MAX,
-                _ => non_negative(&n[2])?,
+                retry => unsigned(retry)?,
             };
             outcomes.push(Outcome {
                 allowed: retry_after == 0,

@@ -487,11 +487,10 @@ impl bb8::ErrorSink<RedisError> for LogConnectErrors {
 }
 
 impl Inner {
-    /// Decides one check: queued for the next call to Redis (sent at once, by a task of its own
-    /// on `runtime`, when no call is out), within the check's time budget.
+    /// Decides one check: queued for the next call to Redis (sent at once when no call is
+    /// out), within the check's time budget. Polled on a Tokio runtime.
     async fn decide(
         self: &Arc<Self>,
-        runtime: &tokio::runtime::Handle,
         charges: Vec<Prepared>,
         now: Option<u64>,
         permit: Permit,
@@ -508,7 +507,7 @@ impl Inner {
         if let Some((batch, turn)) = self.batcher.push(job) {
             // Sent from a task of its own, so that a client that goes away cancels no one
             // else's check of the batch.
-            drop(runtime.spawn(send_batches(self.clone(), batch, turn)));
+            drop(tokio::spawn(send_batches(self.clone(), batch, turn)));
         }
         match tokio::time::timeout_at(deadline, answer).await {
             Ok(Ok(result)) => result.map(Unclaimed::claim),
@@ -654,15 +653,13 @@ impl Store for RedisStore {
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
         Box::pin(async move {
-            // Polled where no runtime runs, it is refused before it takes the breaker's probe.
-            let reply = match super::runtime() {
-                Ok(runtime) => match inner.breaker.admit() {
-                    Some(permit) => inner.decide(&runtime, prepared, now, permit).await,
-                    None => Err(StoreError::CircuitOpen),
-                },
-                Err(error) => Err(error),
+            let reply = async {
+                // Polled where no runtime runs, refused before it takes the breaker's probe.
+                super::runtime()?;
+                let permit = inner.breaker.admit().ok_or(StoreError::CircuitOpen)?;
+                inner.decide(prepared, now, permit).await
             };
-            plan.settle(Some(reply))
+            plan.settle(Some(reply.await))
         })
     }
 
