@@ -12,13 +12,18 @@
 //! first request); tower_governor allowing everything; tower_governor rejecting everything;
 //! tollgate with a concurrency rule (`Rule::concurrent`) allowing everything (`LOAD_ONLY=0,1,5`
 //! compares it with the token bucket). With
-//! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything;
-//! its connections are driven by the serving thread, so their cost is counted where it is paid.
+//! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything,
+//! and allowing with a lease of 100 units (`Rule::lease`: the load is one hot key, every
+//! connection comes from 127.0.0.1; `LOAD_ONLY=0,5,9` without `--metrics`: `LOAD_ONLY` counts
+//! the configurations that remain after `--redis` and `--metrics` filter them); its connections are driven by the serving
+//! thread, so their cost is counted where it is paid.
 //! With `--metrics` (and the feature `metrics`), also tollgate allowing and rejecting with a
 //! Prometheus recorder (`metrics-exporter-prometheus`) installed on the serving thread.
 //! The load generator is `wrk` when it is installed (one thread, the other core), else a built-in
-//! hyper client. Rounds are interleaved; each figure is the median over rounds. Only loopback
-//! addresses are used and every run stops by itself.
+//! hyper client. Rounds are interleaved; each figure is the median over rounds. "machine idle" is
+//! the share of all cores' time that no process used during the run (`/proc/stat`): a server
+//! bound by waiting (on Redis, on waking a core) leaves it high, a CPU-bound one near zero. Only
+//! loopback addresses are used and every run stops by itself.
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -41,13 +46,14 @@ enum Config {
     RedisAllow,
     RedisAllowUnbatched,
     RedisReject,
+    RedisAllowLeased,
     MetricsAllow,
     MetricsReject,
     ConcurrencyAllow,
 }
 
 impl Config {
-    const ALL: [Config; 11] = [
+    const ALL: [Config; 12] = [
         Config::Bare,
         Config::TollgateAllow,
         Config::TollgateReject,
@@ -59,6 +65,7 @@ impl Config {
         Config::MetricsAllow,
         Config::MetricsReject,
         Config::ConcurrencyAllow,
+        Config::RedisAllowLeased,
     ];
 
     fn name(self) -> &'static str {
@@ -74,13 +81,17 @@ impl Config {
             Config::MetricsAllow => "tollgate + Prometheus, allowing all",
             Config::MetricsReject => "tollgate + Prometheus, rejecting all",
             Config::ConcurrencyAllow => "tollgate, concurrency rule allowing all",
+            Config::RedisAllowLeased => "tollgate + Redis, allowing, lease(100)",
         }
     }
 
     fn uses_redis(self) -> bool {
         matches!(
             self,
-            Config::RedisAllow | Config::RedisAllowUnbatched | Config::RedisReject
+            Config::RedisAllow
+                | Config::RedisAllowUnbatched
+                | Config::RedisReject
+                | Config::RedisAllowLeased
         )
     }
 
@@ -142,23 +153,28 @@ impl Config {
                     .expect("valid configuration");
                 app.layer(tower_governor::GovernorLayer::new(config))
             }
-            Config::RedisAllow | Config::RedisAllowUnbatched => app.layer(
-                RateLimitLayer::builder()
-                    .rule(Rule::new(
-                        "load",
-                        Quota::per_second(1_000_000).burst(1_000_000_000),
-                    ))
-                    .store(
-                        redis_store(if self == Config::RedisAllow {
-                            tollgate::store::DEFAULT_MAX_BATCH
-                        } else {
-                            1
-                        })
-                        .await,
-                    )
-                    .build()
-                    .expect("valid configuration"),
-            ),
+            // RedisAllowLeased: the load is one key (every connection comes from 127.0.0.1), a
+            // hot key; each call takes 100 units that the next requests spend here.
+            Config::RedisAllow | Config::RedisAllowUnbatched | Config::RedisAllowLeased => {
+                let rule = Rule::new("load", Quota::per_second(1_000_000).burst(1_000_000_000));
+                let rule = if self == Config::RedisAllowLeased {
+                    rule.lease(100)
+                } else {
+                    rule
+                };
+                let max_batch = if self == Config::RedisAllowUnbatched {
+                    1
+                } else {
+                    tollgate::store::DEFAULT_MAX_BATCH
+                };
+                app.layer(
+                    RateLimitLayer::builder()
+                        .rule(rule)
+                        .store(redis_store(max_batch).await)
+                        .build()
+                        .expect("valid configuration"),
+                )
+            }
             // After its first request the client is a known-denied key (the deny cache).
             Config::RedisReject => app.layer(
                 RateLimitLayer::builder()
@@ -257,6 +273,20 @@ impl Drop for Server {
     }
 }
 
+/// Idle and total CPU time of the whole machine so far (`/proc/stat`, in clock ticks).
+fn machine_cpu_ticks() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …: idle and iowait are idle time.
+    let idle = ticks.get(3)? + ticks.get(4)?;
+    Some((idle, ticks.iter().take(8).sum()))
+}
+
 /// Calls of tollgate's code (`FCALL`, `EVALSHA`) Redis ran so far, and the µs it spent in them.
 fn redis_calls(url: &str) -> Option<(f64, f64)> {
     let mut conn = redis::Client::open(url).ok()?.get_connection().ok()?;
@@ -294,6 +324,9 @@ struct Measurement {
     p50_micros: f64,
     p99_micros: f64,
     non_2xx_share: f64,
+    /// Share of the machine's CPU time (all cores) that was idle during the run: a server
+    /// that waits on Redis leaves cores idle that a CPU-bound one keeps busy.
+    machine_idle_share: f64,
 }
 
 fn have_wrk() -> bool {
@@ -352,6 +385,7 @@ fn measure_wrk(addr: SocketAddr, seconds: u64, connections: u64) -> Measurement 
         p50_micros: field("50%").map(latency).unwrap_or(f64::NAN),
         p99_micros: field("99%").map(latency).unwrap_or(f64::NAN),
         non_2xx_share: non_2xx / total,
+        machine_idle_share: f64::NAN,
     }
 }
 
@@ -418,6 +452,7 @@ fn measure_hyper(addr: SocketAddr, seconds: u64, connections: u64) -> Measuremen
             p50_micros: pct(0.50),
             p99_micros: pct(0.99),
             non_2xx_share: rejected as f64 / all.len().max(1) as f64,
+            machine_idle_share: f64::NAN,
         }
     })
 }
@@ -481,6 +516,7 @@ fn main() {
             let prefix = format!("tollgate-load-{}-{round}-{i}", std::process::id());
             let server = Server::start(*config, (url.clone(), prefix));
             let cpu_before = server.cpu_seconds();
+            let machine_before = machine_cpu_ticks();
             let redis_before = config.uses_redis().then(|| redis_calls(&url)).flatten();
             let mut m = if wrk {
                 measure_wrk(server.addr, seconds, connections)
@@ -493,6 +529,11 @@ fn main() {
             } else {
                 m.cpu_micros_per_request = f64::NAN;
             }
+            if let (Some((idle, total)), Some((idle_after, total_after))) =
+                (machine_before, machine_cpu_ticks())
+            {
+                m.machine_idle_share = (idle_after - idle) / (total_after - total).max(1.0);
+            }
             if let (Some((calls, usec)), Some((calls_after, usec_after))) =
                 (redis_before, redis_calls(&url))
             {
@@ -502,13 +543,14 @@ fn main() {
             }
             drop(server);
             eprintln!(
-                "round {round}: {:<30} {:>10.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  non-2xx {:>5.1}%  server CPU {:.2} µs/req",
+                "round {round}: {:<30} {:>10.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  non-2xx {:>5.1}%  server CPU {:.2} µs/req  machine idle {:>4.1}%",
                 config.name(),
                 m.requests_per_second,
                 m.p50_micros,
                 m.p99_micros,
                 100.0 * m.non_2xx_share,
-                m.cpu_micros_per_request
+                m.cpu_micros_per_request,
+                100.0 * m.machine_idle_share
             );
             results[i].push(m);
         }
@@ -534,6 +576,7 @@ fn main() {
                     redis_micros_per_request: median(
                         ms.iter().map(|m| m.redis_micros_per_request).collect(),
                     ),
+                    machine_idle_share: median(ms.iter().map(|m| m.machine_idle_share).collect()),
                 }
             }
         })
@@ -541,9 +584,9 @@ fn main() {
     let bare = summary[0];
     println!();
     println!(
-        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx | Redis calls/req | Redis µs/req |"
+        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx | machine idle | Redis calls/req | Redis µs/req |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for ((config, m), measured) in configs.iter().zip(&summary).zip(&results) {
         if measured.is_empty() {
             // Left out by LOAD_ONLY.
@@ -557,7 +600,7 @@ fn main() {
             }
         };
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% | {} | {} |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% | {:.0}% | {} | {} |",
             config.name(),
             m.requests_per_second,
             m.requests_per_second / bare.requests_per_second,
@@ -567,6 +610,7 @@ fn main() {
             m.p99_micros,
             m.p99_micros - bare.p99_micros,
             100.0 * m.non_2xx_share,
+            100.0 * m.machine_idle_share,
             redis(m.redis_calls_per_request, 4),
             redis(m.redis_micros_per_request, 2)
         );
