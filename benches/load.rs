@@ -13,10 +13,11 @@
 //! tollgate with a concurrency rule (`Rule::concurrent`) allowing everything (`LOAD_ONLY=0,1,5`
 //! compares it with the token bucket). With
 //! `--redis`, also tollgate with the Redis store (`REDIS_URL`), allowing and rejecting everything,
-//! and allowing with a lease of 100 units (`Rule::lease`: the load is one hot key, every
-//! connection comes from 127.0.0.1; `LOAD_ONLY=0,5,9` without `--metrics`: `LOAD_ONLY` counts
-//! the configurations that remain after `--redis` and `--metrics` filter them); its connections are driven by the serving
-//! thread, so their cost is counted where it is paid.
+//! and allowing with a lease of `LOAD_LEASE` units (default 200; `Rule::lease`: the load is one
+//! hot key, every connection comes from 127.0.0.1; `LOAD_ONLY=0,5,9` without `--metrics`:
+//! `LOAD_ONLY` counts the configurations that remain after `--redis` and `--metrics` filter
+//! them); its connections are driven by the serving thread, so their cost is counted where it
+//! is paid.
 //! With `--metrics` (and the feature `metrics`), also tollgate allowing and rejecting with a
 //! Prometheus recorder (`metrics-exporter-prometheus`) installed on the serving thread.
 //! The load generator is `wrk` when it is installed (one thread, the other core), else a built-in
@@ -81,7 +82,7 @@ impl Config {
             Config::MetricsAllow => "tollgate + Prometheus, allowing all",
             Config::MetricsReject => "tollgate + Prometheus, rejecting all",
             Config::ConcurrencyAllow => "tollgate, concurrency rule allowing all",
-            Config::RedisAllowLeased => "tollgate + Redis, allowing, lease(100)",
+            Config::RedisAllowLeased => "tollgate + Redis, allowing, leased",
         }
     }
 
@@ -154,11 +155,11 @@ impl Config {
                 app.layer(tower_governor::GovernorLayer::new(config))
             }
             // RedisAllowLeased: the load is one key (every connection comes from 127.0.0.1), a
-            // hot key; each call takes 100 units that the next requests spend here.
+            // hot key; each call takes up to LOAD_LEASE units that the next requests spend here.
             Config::RedisAllow | Config::RedisAllowUnbatched | Config::RedisAllowLeased => {
                 let rule = Rule::new("load", Quota::per_second(1_000_000).burst(1_000_000_000));
                 let rule = if self == Config::RedisAllowLeased {
-                    rule.lease(100)
+                    rule.lease(env_u64("LOAD_LEASE", 200))
                 } else {
                     rule
                 };
@@ -497,7 +498,10 @@ fn main() {
             "built-in hyper client"
         },
         if with_redis {
-            format!(", Redis at {url}")
+            format!(
+                ", Redis at {url}, lease of {} units",
+                env_u64("LOAD_LEASE", 200)
+            )
         } else {
             String::new()
         }

@@ -338,6 +338,47 @@ proptest! {
             }
         }
     }
+
+    /// A lease takes what the budget holds, at most the lease: at least the cost, and admitted
+    /// exactly when the cost alone would be; at cost 0 (a refill ahead of need) possibly
+    /// nothing, and always admitted.
+    #[test]
+    fn a_lease_takes_what_there_is_up_to_the_lease_and_admits_as_the_cost_would(
+        case in case(),
+        lease in 2u64..40,
+    ) {
+        for alg in Algorithm::ALL {
+            if alg.is_concurrency() {
+                continue;
+            }
+            let mut state: Option<State> = None;
+            let mut now = EPOCH;
+            for step in &case.steps {
+                now += step.gap;
+                let available = alg.check(&case.limits, state.as_ref(), now, 0).remaining;
+                let take = alg.lease_take(&case.limits, state.as_ref(), now, step.cost, lease);
+                let alone = alg.check(&case.limits, state.as_ref(), now, step.cost);
+                let taken = alg.check(&case.limits, state.as_ref(), now, take);
+                prop_assert_eq!(taken.allowed, alone.allowed, "{} take {}", alg, take);
+                if step.cost > capacity(alg, &case.limits) {
+                    prop_assert_eq!(take, step.cost);
+                    continue;
+                }
+                prop_assert!(take >= step.cost && take <= lease.max(step.cost), "{}", alg);
+                if step.cost == 0 {
+                    prop_assert!(taken.allowed && take <= available, "{}", alg);
+                }
+                if taken.allowed && take < lease {
+                    // Every unit there is: one more would not be admitted.
+                    let more = alg.check(&case.limits, state.as_ref(), now, take + 1);
+                    prop_assert!(!more.allowed, "{} took {} of {}", alg, take, available);
+                }
+                if taken.allowed {
+                    alg.commit(&case.limits, &mut state, now, take);
+                }
+            }
+        }
+    }
 }
 
 #[test]

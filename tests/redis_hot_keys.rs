@@ -317,6 +317,210 @@ async fn a_lease_asks_redis_once_per_lease() {
     assert!(!check(&store, &rule, &key, 1).await.allowed());
 }
 
+/// The code takes a lease as the reference model's `lease_take` does, at every cost: at least
+/// the cost, and at cost 0 (a refill ahead of need) every unit there is up to the lease,
+/// possibly none, always admitted. The library is called as `RedisStore::script_source`
+/// documents it, on the server's clock; the model runs at the time each call answers.
+#[test]
+fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
+    let server = support::RedisServer::start();
+    let mut conn = server.conn();
+    let (library, function) = RedisStore::function_library();
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query(&mut conn)
+        .unwrap();
+    let mut seed = 0x00a4_ead5_u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut partial = 0;
+    for algorithm in Algorithm::ALL {
+        let code = match algorithm {
+            Algorithm::TokenBucket => "tb",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fw",
+            Algorithm::SlidingWindowLog => "sl",
+            Algorithm::SlidingWindowCounter => "sc",
+            _ => continue,
+        };
+        let limits = Limits::new(12, 50_000, 12).unwrap();
+        let key = format!("lease-model:{algorithm}");
+        let mut state: Option<State> = None;
+        let mut ahead_takes = 0;
+        for step in 0..200 {
+            if next() % 4 == 0 {
+                std::thread::sleep(Duration::from_micros(next() % 20_000));
+            }
+            let cost = [0, 0, 1, 1, 2, 3][(next() % 6) as usize];
+            let lease = 2 + next() % 16;
+            let charge = format!(
+                "{code}:{}:{}:{}:{}:{cost}:{lease}",
+                limits.limit, limits.period, limits.burst, limits.interval
+            );
+            let reply: Vec<i64> = redis::cmd("FCALL")
+                .arg(function)
+                .arg(1)
+                .arg(&key)
+                .arg("c")
+                .arg(&charge)
+                .query(&mut conn)
+                .unwrap();
+            let now = reply[0] as u64;
+            let take = algorithm.lease_take(&limits, state.as_ref(), now, cost, lease);
+            let outcome = algorithm.check(&limits, state.as_ref(), now, take);
+            let at = format!("{algorithm} step {step}: cost {cost}, lease {lease}");
+            assert_eq!(reply[3] == 0, outcome.allowed, "{at}: admitted");
+            assert_eq!(reply[1] as u64, outcome.remaining, "{at}: remaining");
+            if outcome.allowed {
+                assert_eq!(reply[5] as u64, take, "{at}: taken");
+                algorithm.commit(&limits, &mut state, now, take);
+                if cost == 0 && take > 0 {
+                    ahead_takes += 1;
+                    partial += u64::from(take < lease);
+                }
+            } else {
+                assert_eq!(reply[5], 0, "{at}: nothing taken");
+                assert!(cost > 0, "{at}: a refill ahead of need is never denied");
+            }
+        }
+        assert!(
+            ahead_takes > 0,
+            "{algorithm}: no refill ahead of need took a unit"
+        );
+    }
+    assert!(partial > 0, "no refill ahead of need was partly filled");
+}
+
+/// A key spent by many requests at once refills its lease ahead of need, and one replica still
+/// spends exactly the budget, every algorithm: time stopped, requests one at a time after a
+/// first burst (each one's refill ahead of need settled before the next), until Redis has
+/// nothing left, whether a refill ahead asks for all there is, some of it, or none.
+#[tokio::test]
+async fn a_refill_ahead_of_need_loses_nothing() {
+    let server = support::RedisServer::start();
+    for limit in [40, 16, 12] {
+        for algorithm in Algorithm::ALL {
+            if algorithm.is_concurrency() {
+                continue;
+            }
+            let clock = ManualClock::new(1_700_000_000_000_000);
+            let store = store_on(&server, Some(&clock)).await;
+            let rule = RuleSpec::new(
+                format!("ahead-{algorithm}-{limit}"),
+                algorithm,
+                Limits::new(limit, 3_600_000_000, limit).unwrap(),
+            )
+            .unwrap()
+            .with_lease(10, Duration::from_secs(60))
+            .unwrap();
+            let key = Key::text("hot");
+            // Three requests at once: the first refills (10 taken, 9 held), the other two find
+            // no unit while it is out and go to Redis: 2 units asked for, a mark of 3, so that
+            // the request that leaves 2 units asks for 7 more.
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }];
+            let (a, b, c) = tokio::join!(
+                store.check(&charge),
+                store.check(&charge),
+                store.check(&charge)
+            );
+            let mut admitted = 0;
+            for decision in [a, b, c] {
+                assert!(decision.unwrap().allowed(), "{algorithm}");
+                admitted += 1;
+            }
+            // A refill ahead of need settles in a task of its own: a denial is final once
+            // requests have been denied for a second.
+            let mut denied_since = None;
+            loop {
+                let decision = check(&store, &rule, &key, 1).await;
+                if decision.allowed() {
+                    admitted += 1;
+                    denied_since = None;
+                } else if denied_since
+                    .get_or_insert_with(std::time::Instant::now)
+                    .elapsed()
+                    > Duration::from_secs(1)
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                assert!(admitted <= limit, "{algorithm}: {admitted} admitted");
+            }
+            assert_eq!(
+                admitted, limit,
+                "{algorithm}, budget {limit}: every unit spent"
+            );
+        }
+    }
+}
+
+/// Units held here are spent while Redis is away and its breaker open, those that a refill
+/// ahead of need would follow included; past them, requests need Redis.
+#[tokio::test]
+async fn leased_units_are_spent_while_redis_is_away() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(Duration::from_millis(100))
+        .circuit_breaker(
+            tollgate::CircuitBreaker::after_failures(1).cooldown(Duration::from_secs(60)),
+        )
+        .connect()
+        .await
+        .unwrap();
+    let rule = leased(Algorithm::TokenBucket);
+    let key = Key::text("hot");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    // A refill and two requests at once: 9 held, a mark of 3.
+    let (a, b, c) = tokio::join!(
+        store.check(&charge),
+        store.check(&charge),
+        store.check(&charge)
+    );
+    assert!(a.unwrap().allowed() && b.unwrap().allowed() && c.unwrap().allowed());
+    server.stop();
+    let other = Key::text("other");
+    let error = store
+        .check(&[Charge {
+            rule: &rule,
+            key: &other,
+            cost: 1,
+        }])
+        .await
+        .unwrap_err();
+    assert!(!matches!(error, tollgate::store::StoreError::CircuitOpen));
+    for held in (0..9).rev() {
+        // Answered at once, as the layer asks first.
+        let decision = store
+            .check_now(&charge)
+            .expect("answered at once")
+            .expect("paid here");
+        assert!(decision.allowed(), "{held} left");
+        assert_eq!(decision.source(), DecisionSource::Lease);
+    }
+    assert!(matches!(
+        store.check_now(&charge),
+        Some(Err(tollgate::store::StoreError::CircuitOpen))
+    ));
+    assert!(matches!(
+        store.check(&charge).await,
+        Err(tollgate::store::StoreError::CircuitOpen)
+    ));
+}
+
 /// A replica with a lease decides as the reference model with the same leases does: one
 /// replica, random costs and times within the leases' time to live, every algorithm.
 #[tokio::test]

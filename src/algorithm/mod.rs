@@ -371,8 +371,9 @@ impl Algorithm {
 impl Algorithm {
     /// The units a lease of up to `lease` takes for a request of `cost`: every unit there is
     /// now, at most `lease`, at least `cost` (then checked and charged as the cost of the
-    /// request: denied when fewer than `cost` are there). `cost` itself when `lease` or `cost`
-    /// is 0, or when `cost` is above the capacity.
+    /// request: denied when fewer than `cost` are there). `cost` itself when `lease` is 0, or
+    /// when `cost` is above the capacity. At cost 0 (a refill ahead of need, for a request
+    /// already paid), every unit there is up to `lease`, possibly none: always admitted.
     ///
     /// ```
     /// use tollgate::Algorithm;
@@ -381,6 +382,8 @@ impl Algorithm {
     /// let limits = Limits::new(100, 3_600_000_000, 100).unwrap();
     /// // A full bucket of 100: a lease of 10 for a request of 1 takes 10.
     /// assert_eq!(Algorithm::TokenBucket.lease_take(&limits, None, 0, 1, 10), 10);
+    /// // Ahead of need: what there is, up to the lease.
+    /// assert_eq!(Algorithm::TokenBucket.lease_take(&limits, None, 0, 0, 10), 10);
     /// ```
     #[inline]
     pub fn lease_take(
@@ -391,7 +394,7 @@ impl Algorithm {
         cost: u64,
         lease: u64,
     ) -> u64 {
-        if lease == 0 || cost == 0 || cost > self.capacity(limits) {
+        if lease == 0 || cost > self.capacity(limits) {
             return cost;
         }
         // What a check at cost 0 leaves is exactly the largest cost it would admit now.

@@ -177,7 +177,11 @@ impl Rule {
     /// budget in the one call that checks a request, and spends them on the key's next
     /// requests itself, for at most [`lease_ttl`](Rule::lease_ttl) (default 1 s) and never past
     /// the end of a fixed or sliding-counter window. A replica then asks Redis about once per
-    /// `units` requests of the key instead of once per request.
+    /// `units` requests of the key instead of once per request. A key spent by many requests
+    /// at once is refilled ahead of need (on a Tokio runtime, in a task of its own) before its
+    /// units run out; size `units` to more than twice what one replica spends of the key during
+    /// a round trip to Redis (its request rate times the round trip), or requests that find no
+    /// unit while a refill is out go to Redis one by one.
     ///
     /// The fleet never admits more than the shared budget as counted when units are charged:
     /// every unit is charged to Redis before it is spent, at most a time to live earlier (so

@@ -75,8 +75,9 @@ local function check_charge(key, c, now)
     return state, other, c.cost, remaining, reset, -1, window
   end
   local take = c.cost
-  if c.lease > 0 and take > 0 then
-    -- Algorithm::lease_take: the units there are, at most the lease, at least the cost.
+  if c.lease > 0 then
+    -- Algorithm::lease_take: the units there are, at most the lease, at least the cost (at
+    -- cost 0, a refill ahead of need: possibly none).
     local _, available = A.check(l, state, now, 0)
     take = max(min(c.lease, available), take)
   end

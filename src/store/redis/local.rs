@@ -15,8 +15,26 @@
 //! checks one of its requests (every unit there is, at most `n`, at least the request's cost:
 //! [`Algorithm::lease_take`](crate::Algorithm::lease_take)) and spends the rest here, for at
 //! most the lease's time to live, and never past the end of a fixed or sliding-counter window.
-//! While a refill is out, other requests of the key are charged to Redis one by one. Units
-//! left when the lease expires are dropped, not given back.
+//! While a refill is out, other requests of the key that find no unit here are charged to Redis
+//! one by one.
+//!
+//! **Refills ahead of need.** A refill counts the units the key's requests ask for while it is
+//! out (paid here or not); with half as much again, that is the key's low-water mark, at most
+//! `n − 1`. Once fewer units than the mark would be left (those waiting included), the request
+//! paid here also sends a refill ahead of need: Redis is asked, at cost 0, for every unit there
+//! is up to what the lease lacks (`n − 1 −` those left; possibly none, so it never denies). The
+//! request is answered at once (on a Tokio runtime: the call goes on in a task of its own, and
+//! what the request spent never goes back), and the units the call brings wait until those left
+//! are spent; a batch that joins units already waiting lives no longer than they do. A key
+//! spent one request at a time has a mark of 0 and asks Redis once per lease; a key spent by
+//! many requests at once, `d` units per round trip, keeps units while its refills are out as
+//! long as `n` is more than `2 d + 1`, with one call per round trip at most, and about one per
+//! `n − 1.5 d` requests when that is more (with less, requests still find no unit now and then,
+//! and go to Redis one by one). When Redis
+//! cannot be asked (its breaker open, not connected), units held here are spent all the same.
+//! Units left unspent when a lease expires are dropped, not given back, and the key's mark
+//! goes back to 0; a request that costs more than the units left of a lease while later units
+//! wait drops those (fewer than its cost).
 //!
 //! The bound: every unit spent here was charged to Redis first and is spent once, so the fleet
 //! never admits more than the shared budget as counted when the units were charged; a unit is
@@ -24,9 +42,12 @@
 //! on top of that period's budget, the units replicas held at its start. Units given back (a
 //! request denied by another rule) return only to the lease they came from, while it lives.
 //! A replica holds at most `n − cost ≤ n − 1` units of a key after a refill (it asks for
-//! `n − held` at most, and spends `cost − held` at once), and only spends from there, so while R replicas hold units the fleet may refuse a request that the budget
-//! would admit by at most `(n − 1) × R` units (plus, for each refill whose reply was lost to a
-//! time-out or a client that went away, the units it took).
+//! `n − held` at most, and spends `cost − held` at once), and at most `n − 1` after a refill
+//! ahead of need (it asks for `n − 1 − left` at most; what a reply or a give-back would bring
+//! beyond `n − 1` is dropped), and only spends from there, so
+//! while R replicas hold units the fleet may refuse a request that the budget would admit by at
+//! most `(n − 1) × R` units (plus, for each refill whose reply was lost to a time-out or a
+//! client that went away, the units it took, and the units that expired unspent).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -84,14 +105,29 @@ struct Denial {
 /// Units leased to this replica for one key.
 #[derive(Clone, Copy, Debug, Default)]
 struct Held {
+    /// The units being spent, until `until`, of lease `generation`.
     units: u64,
+    until: u64,
+    /// Units of a refill ahead of need that came while `units` were left: spent once those are
+    /// gone, until `next_until`.
+    next: u64,
+    next_until: u64,
     algorithm: Algorithm,
-    /// The outcome Redis reported when they were taken, and when (local microseconds).
+    /// The outcome Redis reported at the last refill, and when it was sent (local microseconds).
     outcome: Outcome,
     at: u64,
-    until: u64,
-    /// A refill is out: other requests are charged to Redis one by one meanwhile.
+    /// A refill is out: requests that find no unit here are charged to Redis one by one
+    /// meanwhile.
     refilling: bool,
+    /// Fewer units left than this, the next request paid here sends a refill ahead of need:
+    /// half as much again as the units the key's requests asked for while its last refill was
+    /// out (paid here or not), at most `n - 1`; 0 (no refill ahead) for a key spent one request
+    /// at a time, and after a lease's units expired unspent.
+    low_water: u64,
+    /// The units asked of this lease since its refill went out.
+    demand: u64,
+    /// The rule's lease: `n`, the most units taken at once (a replica holds at most `n − 1`).
+    size: u64,
     /// Counts the leases of this key: units taken from one go back only to it, while it lives.
     generation: u64,
 }
@@ -166,6 +202,8 @@ pub(crate) struct Plan {
     at: u64,
     charges: SmallVec<[Planned; 2]>,
     settled: bool,
+    /// The request was answered before the call (paid here): what it spent never goes back.
+    detached: bool,
 }
 
 /// One charge of a [`Plan`].
@@ -203,6 +241,16 @@ enum How {
         ttl: u64,
         generation: u64,
     },
+    /// Paid from this replica's lease (of that generation), as [`Leased`](How::Leased), and
+    /// sent as a refill ahead of need: Redis is asked for every unit there is up to `ask`
+    /// (a lease of `lease` units), at cost 0.
+    Ahead {
+        outcome: Outcome,
+        ask: u64,
+        lease: u64,
+        ttl: u64,
+        generation: u64,
+    },
 }
 
 impl Local {
@@ -232,27 +280,49 @@ impl Local {
             let key = (lease_key(rule), key.clone());
             if let Some(held) = self.leases.shard(&key).get_mut(&key) {
                 held.units = 0;
+                held.next = 0;
                 held.generation += 1;
             }
         }
     }
 
     /// The decision of a request that needs no call to Redis: a denial Redis made moments ago,
-    /// or every charge paid from this replica's leases.
-    pub(crate) fn answer(&self, charges: &[Charge<'_>]) -> Option<Decision> {
+    /// or every charge paid from this replica's leases. With `ahead`, a request whose payment
+    /// would send a refill ahead of need is left to [`plan`](Local::plan); without (Redis
+    /// cannot be asked now), it is paid here all the same.
+    pub(crate) fn answer(&self, charges: &[Charge<'_>], ahead: bool) -> Option<Decision> {
         // A split key's sub-key is chosen when the check is planned.
         if charges.is_empty() || charges.iter().any(|c| c.rule.parts() > 1) {
             return None;
         }
-        if !self.denials.is_empty()
-            && let Some(decision) = self.cached_denial(charges)
-        {
-            return Some(decision);
-        }
+        // Units held here were charged before Redis denied anything since: spent first.
         if !self.leases.is_empty() && charges.iter().all(|c| c.rule.lease().is_some()) {
-            return self.paid_by_leases(charges);
+            if let Some(decision) = self.paid_by_leases(charges, ahead) {
+                return Some(decision);
+            }
+            if ahead && self.leases_pay(charges, self.now()) {
+                // Paid with a refill ahead of need: planned.
+                return None;
+            }
+        }
+        if !self.denials.is_empty() {
+            return self.cached_denial(charges);
         }
         None
+    }
+
+    /// Whether this replica's leases hold enough for every charge now (all leased).
+    fn leases_pay(&self, charges: &[Charge<'_>], now: u64) -> bool {
+        !self.leases.is_empty()
+            && charges.iter().all(|charge| {
+                let key = (lease_key(charge.rule), charge.key.clone());
+                charge.rule.lease().is_some()
+                    && self
+                        .leases
+                        .shard(&key)
+                        .get(&key)
+                        .is_some_and(|held| held.can_pay(now, charge.cost))
+            })
     }
 
     fn cached_denial(&self, charges: &[Charge<'_>]) -> Option<Decision> {
@@ -275,7 +345,7 @@ impl Local {
         denied.then(|| Decision::from_outcomes(outcomes).made_by(DecisionSource::DenyCache))
     }
 
-    fn paid_by_leases(&self, charges: &[Charge<'_>]) -> Option<Decision> {
+    fn paid_by_leases(&self, charges: &[Charge<'_>], ahead: bool) -> Option<Decision> {
         let now = self.now();
         let mut outcomes = SmallVec::<[Outcome; 2]>::new();
         let mut taken = SmallVec::<[u64; 2]>::new();
@@ -284,11 +354,16 @@ impl Local {
             let paid = {
                 let mut shard = self.leases.shard(&key);
                 match shard.get_mut(&key) {
-                    Some(held) if held.units >= charge.cost && now < held.until => {
-                        held.units -= charge.cost;
-                        Some((held.spent(now), held.generation))
+                    Some(held) => {
+                        held.roll(now, charge.cost);
+                        // A request that would send a refill ahead of need is planned.
+                        (held.units >= charge.cost && (!ahead || held.ahead(charge.cost) == 0))
+                            .then(|| {
+                                held.pay(charge.cost);
+                                (held.spent(now), held.generation)
+                            })
                     }
-                    _ => None,
+                    None => None,
                 }
             };
             match paid {
@@ -316,7 +391,7 @@ impl Local {
             && held.generation == generation
             && now < held.until
         {
-            held.units += units;
+            held.take_back(units);
         }
     }
 
@@ -360,6 +435,7 @@ impl Local {
                 .collect();
             if let Some(entries) = entries
                 && entries.iter().any(|d| d.denies)
+                && !self.leases_pay(charges, at)
             {
                 for (p, d) in planned.iter_mut().zip(entries) {
                     p.how = How::Cached(aged(d.outcome, at.saturating_sub(d.at), p.algorithm));
@@ -369,6 +445,7 @@ impl Local {
                     at,
                     charges: planned,
                     settled: false,
+                    detached: false,
                 };
             }
         }
@@ -384,6 +461,7 @@ impl Local {
             at,
             charges: planned,
             settled: false,
+            detached: false,
         }
     }
 
@@ -418,7 +496,7 @@ impl Local {
         // Full: leases that expired, with no refill out, make room; still full, this request is
         // charged to Redis alone.
         if !self.leases.room(&mut shard, &key, now, |held| {
-            !held.refilling && now >= held.until
+            !held.refilling && now >= held.until && (held.next == 0 || now >= held.next_until)
         }) {
             return How::Sent;
         }
@@ -426,22 +504,34 @@ impl Local {
             self.leases.len.fetch_add(1, Ordering::Relaxed);
             Held {
                 algorithm: charge.rule.algorithm(),
+                size: lease.units,
                 ..Held::default()
             }
         });
-        if now >= held.until && held.units > 0 {
-            // Expired: what is left is dropped, and what was taken from it cannot come back.
-            held.units = 0;
-            held.generation += 1;
-        }
+        held.roll(now, charge.cost);
         if held.units >= charge.cost {
-            held.units -= charge.cost;
+            let ask = held.ahead(charge.cost);
+            held.pay(charge.cost);
+            if ask > 0 {
+                held.refilling = true;
+                held.demand = 0;
+                return How::Ahead {
+                    outcome: held.spent(now),
+                    ask,
+                    lease: lease.units,
+                    ttl,
+                    generation: held.generation,
+                };
+            }
             return How::Leased(held.spent(now), held.generation);
         }
         if held.refilling {
+            // No unit here while the refill is out: counted, so that the next goes out sooner.
+            held.demand = held.demand.saturating_add(charge.cost);
             return How::Sent;
         }
         held.refilling = true;
+        held.demand = 0;
         let taken = std::mem::take(&mut held.units);
         How::Refill {
             held: taken,
@@ -453,20 +543,83 @@ impl Local {
 }
 
 impl Held {
+    /// Makes current the units that may pay `cost` at `now`: an expired lease, or one left
+    /// with less than `cost` while a refill's units wait, gives way to those (what it held is
+    /// dropped: at most `cost − 1` units, none for requests of 1).
+    fn roll(&mut self, now: u64, cost: u64) {
+        if now < self.until && (self.units >= cost || self.next == 0) {
+            return;
+        }
+        if self.units > 0 || self.next > 0 {
+            self.generation += 1;
+        }
+        if (now >= self.until && self.units > 0) || (now >= self.next_until && self.next > 0) {
+            // Units left unspent for a whole time to live: the key is no longer hot.
+            self.low_water = 0;
+        }
+        if self.next > 0 && now < self.next_until {
+            self.units = self.next;
+            self.until = self.next_until;
+        } else {
+            self.units = 0;
+        }
+        self.next = 0;
+    }
+
+    /// Whether [`roll`](Held::roll) would leave `cost` units to spend at `now`.
+    fn can_pay(&self, now: u64, cost: u64) -> bool {
+        (now < self.until && self.units >= cost) || (now < self.next_until && self.next >= cost)
+    }
+
+    /// Spends `cost` units of [`units`](Held::units), counted in the demand on a refill out.
+    fn pay(&mut self, cost: u64) {
+        self.units -= cost;
+        if self.refilling {
+            self.demand = self.demand.saturating_add(cost);
+        }
+    }
+
+    /// Units given back to [`units`](Held::units), never past `n − 1` held in all (what would
+    /// go beyond is dropped).
+    fn take_back(&mut self, units: u64) {
+        let room = self
+            .size
+            .saturating_sub(1)
+            .saturating_sub(self.units.saturating_add(self.next));
+        self.units += units.min(room);
+    }
+
+    /// The units a refill ahead of need asks for when a request of `cost` is paid from
+    /// [`units`](Held::units) (0: none is due): none is out, and fewer than the low-water mark
+    /// would be left (with the units waiting); what the lease then lacks, keeping at most
+    /// `n − 1`.
+    fn ahead(&self, cost: u64) -> u64 {
+        let left = self.units.saturating_sub(cost).saturating_add(self.next);
+        if self.refilling || left >= self.low_water {
+            return 0;
+        }
+        self.size.saturating_sub(1).saturating_sub(left)
+    }
+
     /// The outcome of a request paid from this lease: what Redis reported, aged, with the units
     /// still held here counted as remaining.
     fn spent(&self, now: u64) -> Outcome {
         let mut outcome = aged(self.outcome, now.saturating_sub(self.at), self.algorithm);
         outcome.allowed = true;
         outcome.retry_after = 0;
-        outcome.remaining = (outcome.remaining + self.units).min(outcome.limit);
+        outcome.remaining = (outcome.remaining + self.units + self.next).min(outcome.limit);
         outcome
     }
 }
 
+/// The units of a rule's lease (0: not leased).
+fn lease_units(rule: &crate::store::RuleSpec) -> u64 {
+    rule.lease().map_or(0, |lease| lease.units)
+}
+
 /// The key of a rule's leases: its fingerprint and its lease's size (a new size is a new lease).
 fn lease_key(rule: &crate::store::RuleSpec) -> u64 {
-    let units = rule.lease().map_or(0, |lease| lease.units);
+    let units = lease_units(rule);
     (rule.fingerprint() ^ units.rotate_left(32)).wrapping_mul(0xff51_afd7_ed55_8ccd)
 }
 
@@ -517,7 +670,39 @@ impl Plan {
     pub(crate) fn sends(&self) -> bool {
         self.charges
             .iter()
-            .any(|c| matches!(c.how, How::Sent | How::Refill { .. }))
+            .any(|c| matches!(c.how, How::Sent | How::Refill { .. } | How::Ahead { .. }))
+    }
+
+    /// Whether every charge is paid here (from leases), whatever Redis answers: its refills
+    /// ahead of need only add units.
+    fn paid_here(&self) -> bool {
+        self.charges
+            .iter()
+            .all(|c| matches!(c.how, How::Leased(..) | How::Ahead { .. }))
+    }
+
+    /// The decision of a request paid here, when it sends only refills ahead of need: it is
+    /// answered now, and this plan goes on to settle the refills by itself (what the request
+    /// spent no longer goes back, whatever becomes of the call).
+    pub(crate) fn detach(&mut self) -> Option<Decision> {
+        if !self.paid_here() {
+            return None;
+        }
+        self.detached = true;
+        Some(self.paid_decision())
+    }
+
+    /// The decision of a request paid here: the outcomes its leases reported.
+    fn paid_decision(&self) -> Decision {
+        let outcomes = self
+            .charges
+            .iter()
+            .filter_map(|planned| match planned.how {
+                How::Leased(outcome, _) | How::Ahead { outcome, .. } => Some(outcome),
+                _ => None,
+            })
+            .collect::<SmallVec<[Outcome; 2]>>();
+        Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease)
     }
 
     /// The charges to send, in order, with the lease of each refill.
@@ -540,6 +725,11 @@ impl Plan {
                             // lease (it holds at most `lease - cost` after a refill).
                             one.cost = charge.cost.saturating_sub(held);
                             one.lease = lease.saturating_sub(held).max(one.cost);
+                        }
+                        How::Ahead { ask, .. } => {
+                            // Paid here: Redis is asked for units only.
+                            one.cost = 0;
+                            one.lease = ask;
                         }
                     }
                     Some(one)
@@ -565,10 +755,7 @@ impl Plan {
                 times: None,
             },
             Some(Ok(reply)) => reply,
-            Some(Err(error)) => {
-                self.undo();
-                return Err(error);
-            }
+            Some(Err(error)) => return self.failed(error),
         };
         // The outcome of each charge: from the lease here, or from Redis (with what it took,
         // and when, when the charges went to several nodes: their times follow the charges
@@ -588,7 +775,7 @@ impl Plan {
                     }
                     (outcome, 0)
                 }
-                How::Sent | How::Refill { .. } => match sent.next() {
+                How::Sent | How::Refill { .. } | How::Ahead { .. } => match sent.next() {
                     // A sub-key's outcome, told for the whole key: its capacity, and what is
                     // left of it if every sub-key has what this one has.
                     Some((outcome, units)) => {
@@ -601,8 +788,7 @@ impl Plan {
                         }
                     }
                     None => {
-                        self.undo();
-                        return Err(StoreError::Protocol(
+                        return self.failed(StoreError::Protocol(
                             "the rate-limit code answered fewer charges than it was sent".into(),
                         ));
                     }
@@ -611,16 +797,17 @@ impl Plan {
             outcomes.push(outcome);
             taken.push(units);
         }
-        let admitted = outcomes.iter().all(|o| o.allowed);
+        // A request paid here stands whatever Redis says of its refills (at cost 0, it admits).
+        let admitted = self.paid_here() || outcomes.iter().all(|o| o.allowed);
         for ((planned, outcome), units) in self.charges.iter().zip(outcomes.iter_mut()).zip(taken) {
-            let How::Refill {
-                held,
-                ttl,
-                generation,
-                ..
-            } = planned.how
-            else {
-                continue;
+            let (ttl, generation) = match planned.how {
+                How::Refill {
+                    ttl, generation, ..
+                }
+                | How::Ahead {
+                    ttl, generation, ..
+                } => (ttl, generation),
+                _ => continue,
             };
             let key = (planned.lease_key, planned.key.clone());
             let mut shard = local.leases.shard(&key);
@@ -629,8 +816,13 @@ impl Plan {
             };
             lease.refilling = false;
             if !admitted {
-                if lease.generation == generation && local.now() < lease.until {
-                    lease.units += held;
+                // A refill's units taken here go back (an ahead refill's cost goes back with
+                // the leased charges, below).
+                if let How::Refill { held, .. } = planned.how
+                    && lease.generation == generation
+                    && local.now() < lease.until
+                {
+                    lease.take_back(held);
                 }
                 continue;
             }
@@ -642,12 +834,53 @@ impl Plan {
                 }
                 _ => u64::MAX,
             };
-            // A new lease: units given back meanwhile to the old one are dropped with it.
-            lease.generation += 1;
-            lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
+            let until = self.at.saturating_add(ttl.min(horizon));
+            // What the key's requests asked for while this refill was out, and a half more: a
+            // refill ahead of need goes out with that many units left.
+            let size = match planned.how {
+                How::Refill { lease, .. } | How::Ahead { lease, .. } => lease,
+                _ => 0,
+            };
+            lease.low_water = lease
+                .demand
+                .saturating_add(lease.demand / 2)
+                .min(size.saturating_sub(1));
+            match planned.how {
+                How::Refill { held, .. } => {
+                    // A new lease: units given back meanwhile to the old one are dropped with it.
+                    lease.generation += 1;
+                    lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
+                    lease.until = until;
+                }
+                How::Ahead { lease: size, .. } => {
+                    // Ahead of need: spent once the units held are gone, never more than
+                    // `size - 1` held in all.
+                    let now = local.now();
+                    if now >= lease.next_until {
+                        lease.next = 0;
+                    }
+                    let live = if now < lease.until { lease.units } else { 0 };
+                    let units = units.min(
+                        size.saturating_sub(1)
+                            .saturating_sub(live.saturating_add(lease.next)),
+                    );
+                    if lease.next > 0 {
+                        // With the units already waiting, until the sooner of both times.
+                        lease.next += units;
+                        lease.next_until = lease.next_until.min(until);
+                    } else if live > 0 {
+                        lease.next = units;
+                        lease.next_until = until;
+                    } else {
+                        lease.generation += 1;
+                        lease.units = units;
+                        lease.until = until;
+                    }
+                }
+                _ => {}
+            }
             lease.outcome = *outcome;
             lease.at = self.at;
-            lease.until = self.at.saturating_add(ttl.min(horizon));
             *outcome = lease.spent(self.at);
         }
         if admitted {
@@ -664,7 +897,9 @@ impl Plan {
                 self.cache_denial(&outcomes);
             }
         }
-        let source = if self.sends() {
+        let source = if self.paid_here() {
+            DecisionSource::Lease
+        } else if self.sends() {
             DecisionSource::Store
         } else if self.charges.iter().any(|c| matches!(c.how, How::Cached(_))) {
             DecisionSource::DenyCache
@@ -727,9 +962,12 @@ impl Plan {
     /// Units taken from leases here go back (the request was not admitted), to the leases they
     /// came from while those live.
     fn undo_leased(&self) {
+        if self.detached {
+            return;
+        }
         let now = self.local.now();
         for planned in &self.charges {
-            if let How::Leased(_, generation) = planned.how {
+            if let How::Leased(_, generation) | How::Ahead { generation, .. } = planned.how {
                 let key = (planned.lease_key, planned.key.clone());
                 self.local.give_back(&key, planned.cost, generation, now);
             }
@@ -742,19 +980,40 @@ impl Plan {
         self.undo_leased();
         let now = self.local.now();
         for planned in &self.charges {
-            if let How::Refill {
-                held, generation, ..
-            } = planned.how
-            {
-                let key = (planned.lease_key, planned.key.clone());
-                if let Some(lease) = self.local.leases.shard(&key).get_mut(&key) {
-                    lease.refilling = false;
-                    if lease.generation == generation && now < lease.until {
-                        lease.units += held;
-                    }
+            let (held, generation) = match planned.how {
+                How::Refill {
+                    held, generation, ..
+                } => (held, generation),
+                How::Ahead { generation, .. } => (0, generation),
+                _ => continue,
+            };
+            let key = (planned.lease_key, planned.key.clone());
+            if let Some(lease) = self.local.leases.shard(&key).get_mut(&key) {
+                lease.refilling = false;
+                if lease.generation == generation && now < lease.until {
+                    lease.take_back(held);
                 }
             }
         }
+    }
+
+    /// The answer of a check whose call failed: a request paid here stands (its refills ahead
+    /// of need end without units); any other gives back what it took here, and fails.
+    fn failed(mut self, error: StoreError) -> Result<Decision, StoreError> {
+        self.settled = true;
+        if !self.paid_here() {
+            self.undo();
+            return Err(error);
+        }
+        for planned in &self.charges {
+            if let How::Ahead { .. } = planned.how {
+                let key = (planned.lease_key, planned.key.clone());
+                if let Some(lease) = self.local.leases.shard(&key).get_mut(&key) {
+                    lease.refilling = false;
+                }
+            }
+        }
+        Ok(self.paid_decision())
     }
 }
 
@@ -815,7 +1074,7 @@ mod tests {
         };
         assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
         clock.advance(std::time::Duration::from_secs(2));
-        let cached = local.answer(&charges).expect("answered here");
+        let cached = local.answer(&charges, true).expect("answered here");
         assert_eq!(cached.source(), DecisionSource::DenyCache);
         assert_eq!(cached.outcomes()[0].retry_after, 4_000_000);
         assert_eq!(cached.outcomes()[0].reset, 48_000_000);
@@ -825,10 +1084,10 @@ mod tests {
             key: &key,
             cost: 2,
         }];
-        assert!(local.answer(&other).is_none());
+        assert!(local.answer(&other, true).is_none());
         // At the retry-after, Redis decides again.
         clock.advance(std::time::Duration::from_secs(4));
-        assert!(local.answer(&charges).is_none());
+        assert!(local.answer(&charges, true).is_none());
     }
 
     #[test]
@@ -876,9 +1135,311 @@ mod tests {
             times: None,
         };
         assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
-        assert!(local.answer(&charges).is_some(), "answered here at once");
+        assert!(
+            local.answer(&charges, true).is_some(),
+            "answered here at once"
+        );
         // Once the log's entry has left, its numbers are not known here: Redis answers.
         clock.advance(std::time::Duration::from_millis(2));
-        assert!(local.answer(&charges).is_none());
+        assert!(local.answer(&charges, true).is_none());
+    }
+
+    fn admitted(remaining: u64, taken: u64) -> Reply {
+        Reply {
+            now: 1_000_000,
+            outcomes: smallvec::smallvec![Outcome {
+                allowed: true,
+                limit: 100,
+                remaining,
+                reset: 1_000_000,
+                retry_after: 0,
+                window: 36_000_000,
+            }],
+            taken: smallvec::smallvec![taken],
+            times: None,
+        }
+    }
+
+    fn leased_rule() -> RuleSpec {
+        RuleSpec::new(
+            "hot",
+            Algorithm::TokenBucket,
+            Limits::new(100, 3_600_000_000, 100).unwrap(),
+        )
+        .unwrap()
+        .with_lease(10, std::time::Duration::from_secs(60))
+        .unwrap()
+    }
+
+    /// The units asked for while a refill was out set the low-water mark (half as much again);
+    /// below it, a request paid here also asks Redis, at cost 0, for what the lease lacks, and
+    /// those units wait until the ones left are spent. A replica never holds more than `n - 1`.
+    #[test]
+    fn a_key_spent_at_once_refills_ahead_of_need() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        // One refill out, three more requests at once: each goes to Redis alone.
+        let refill = local.plan(&charges);
+        let alone: Vec<Plan> = (0..3).map(|_| local.plan(&charges)).collect();
+        for plan in &alone {
+            assert!(matches!(plan.charges[0].how, How::Sent));
+        }
+        for (i, plan) in alone.into_iter().enumerate() {
+            let decision = plan.settle(Some(Ok(admitted(97 - i as u64, 1)))).unwrap();
+            assert_eq!(decision.source(), DecisionSource::Store);
+        }
+        let first = refill.settle(Some(Ok(admitted(86, 10)))).unwrap();
+        assert!(first.allowed());
+        // 9 held, low water 3 + 1: five requests are paid here without a call.
+        for held in (4..9).rev() {
+            let decision = local.answer(&charges, true).expect("paid here");
+            assert_eq!(decision.outcomes()[0].remaining, 86 + held);
+        }
+        assert!(
+            local.answer(&charges, true).is_none(),
+            "a refill ahead is due"
+        );
+        let ahead = local.plan(&charges);
+        let How::Ahead { ask, .. } = ahead.charges[0].how else {
+            panic!("{:?}", ahead.charges[0].how);
+        };
+        assert_eq!(ask, 6, "3 left: the lease lacks 6 of 9");
+        let prepared = ahead.prepared("p", &charges);
+        assert_eq!((prepared[0].cost, prepared[0].lease), (0, 6));
+        // Meanwhile the units left are spent here, and no second refill goes out.
+        assert!(local.answer(&charges, true).is_some());
+        // Redis had 6: they wait behind the 2 left.
+        let decision = ahead.settle(Some(Ok(admitted(80, 6)))).unwrap();
+        assert!(decision.allowed());
+        assert_eq!(decision.source(), DecisionSource::Lease);
+        assert_eq!(decision.outcomes()[0].remaining, 80 + 2 + 6);
+        // One unit was asked for while it was out: low water 1. The 2 left, then the refill's
+        // units, are spent here until the request that would leave none.
+        for _ in 0..7 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        assert!(local.answer(&charges, true).is_none());
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Ahead { ask: 9, .. }
+        ));
+    }
+
+    /// A refill ahead of need whose call fails, or that Redis cannot fill, leaves the request
+    /// paid here admitted.
+    #[test]
+    fn a_request_paid_here_stands_when_its_refill_ahead_fails() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let refill = local.plan(&charges);
+        let alone = local.plan(&charges);
+        alone.settle(Some(Ok(admitted(99, 1)))).unwrap();
+        refill.settle(Some(Ok(admitted(89, 10)))).unwrap();
+        // Low water 1: the request that takes the last unit asks for 9.
+        for _ in 0..8 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        let ahead = local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 9, .. }));
+        let decision = ahead.settle(Some(Err(StoreError::Timeout))).unwrap();
+        assert!(decision.allowed());
+        assert_eq!(decision.source(), DecisionSource::Lease);
+        // Nothing held, no refill out: the next request refills as usual.
+        assert!(local.answer(&charges, true).is_none());
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Refill { held: 0, .. }
+        ));
+    }
+
+    /// Units held and waiting, of the only key of `local`.
+    fn held(local: &Local) -> (u64, u64) {
+        let shard = local
+            .leases
+            .shards
+            .iter()
+            .find(|shard| !shard.lock().unwrap().is_empty())
+            .expect("a lease");
+        let shard = shard.lock().unwrap();
+        let held = shard.values().next().unwrap();
+        (held.units, held.next)
+    }
+
+    /// A refill ahead of need also goes out while units of the last one still wait, when the
+    /// key's requests would leave fewer than the mark in all; a replica then holds `n - 1`.
+    #[test]
+    fn a_refill_ahead_goes_out_while_units_wait_and_holds_at_most_n_minus_1() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        // Six requests find no unit while the first refill is out: the mark is 9.
+        let refill = local.plan(&charges);
+        for _ in 0..6 {
+            local
+                .plan(&charges)
+                .settle(Some(Ok(admitted(90, 1))))
+                .unwrap();
+        }
+        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
+        assert_eq!(held(&local), (9, 0));
+        // The next request leaves 8 < 9: it asks for 1, and five more are paid meanwhile.
+        let ahead = local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 1, .. }));
+        for _ in 0..5 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        ahead.settle(Some(Ok(admitted(79, 1)))).unwrap();
+        assert_eq!(held(&local), (3, 1), "the unit waits behind the 3 left");
+        // Mark 7 (5 asked for, and half as much again): with 1 waiting, the next request leaves
+        // 3 in all, and asks for what the lease lacks.
+        let ahead = local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 6, .. }));
+        ahead.settle(Some(Ok(admitted(73, 6)))).unwrap();
+        assert_eq!(held(&local), (2, 7), "9 held in all: n - 1");
+    }
+
+    /// A request paid here whose check only refills ahead of need is answered at once; what it
+    /// spent never goes back, whatever becomes of the refill's call.
+    #[test]
+    fn a_detached_request_keeps_what_it_spent() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let refill = local.plan(&charges);
+        local
+            .plan(&charges)
+            .settle(Some(Ok(admitted(98, 1))))
+            .unwrap();
+        refill.settle(Some(Ok(admitted(88, 10)))).unwrap();
+        for _ in 0..8 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        assert_eq!(held(&local), (1, 0));
+        let mut ahead = local.plan(&charges);
+        let decision = ahead.detach().expect("paid here");
+        assert!(decision.allowed());
+        assert_eq!(decision.source(), DecisionSource::Lease);
+        // The call goes away unanswered: nothing comes back, and refills go out again.
+        drop(ahead);
+        assert_eq!(held(&local), (0, 0));
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Refill { held: 0, .. }
+        ));
+        // A plan that must hear from Redis is not answered here.
+        let other = [Charge {
+            rule: &rule,
+            key: &Key::text("other"),
+            cost: 1,
+        }];
+        assert!(local.plan(&other).detach().is_none());
+    }
+
+    /// A cached denial of a key does not hide the units its lease holds, those that a refill
+    /// ahead of need would follow included: they were charged before Redis denied.
+    #[test]
+    fn units_held_are_spent_before_a_cached_denial() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let refill = local.plan(&charges);
+        let alone = local.plan(&charges);
+        refill.settle(Some(Ok(admitted(0, 10)))).unwrap();
+        // Redis had nothing left for the request sent meanwhile: a denial, cached.
+        let denial = Reply {
+            now: 1_000_000,
+            outcomes: smallvec::smallvec![denied(36_000_000, 36_000_000)],
+            taken: smallvec::smallvec![0],
+            times: None,
+        };
+        assert!(!alone.settle(Some(Ok(denial))).unwrap().allowed());
+        for _ in 0..8 {
+            let decision = local.answer(&charges, true).expect("paid here");
+            assert_eq!(decision.source(), DecisionSource::Lease);
+        }
+        // The last unit would send a refill ahead of need: planned, not denied here.
+        assert!(local.answer(&charges, true).is_none());
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Ahead { .. }
+        ));
+    }
+
+    /// Units that wait behind those held live until their own time; a batch that joins them
+    /// lives no longer, though its own time would run later.
+    #[test]
+    fn waiting_units_live_no_longer_than_their_time() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        // A mark of 9: six requests asked for units while the first refill was out.
+        let refill = local.plan(&charges);
+        for _ in 0..6 {
+            local
+                .plan(&charges)
+                .settle(Some(Ok(admitted(90, 1))))
+                .unwrap();
+        }
+        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
+        // A refill ahead asks for 1; six more are paid while it is out (the mark stays 9).
+        let first = local.plan(&charges);
+        for _ in 0..6 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        first.settle(Some(Ok(admitted(79, 1)))).unwrap();
+        assert_eq!(held(&local), (2, 1));
+        // 30 s later, another asks for 7, joining the unit that waits (its time: 60 s after
+        // the first refill ahead was sent).
+        clock.advance(std::time::Duration::from_secs(30));
+        let second = local.plan(&charges);
+        assert!(matches!(second.charges[0].how, How::Ahead { ask: 7, .. }));
+        assert!(local.answer(&charges, true).is_some());
+        second.settle(Some(Ok(admitted(72, 7)))).unwrap();
+        assert_eq!(held(&local), (0, 8));
+        // Past the first refill ahead's time, though within the second's: nothing is left.
+        clock.advance(std::time::Duration::from_secs(31));
+        assert!(local.answer(&charges, true).is_none());
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Refill { held: 0, .. }
+        ));
     }
 }

@@ -642,17 +642,22 @@ impl Store for RedisStore {
         if let Some(error) = super::repeated(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
-        let plan = inner.local.plan(charges);
+        let mut plan = inner.local.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
         inner.start();
         if let Some(error) = inner.refusal() {
-            return Box::pin(async move { Err(error) });
+            // Units held here are spent all the same.
+            return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
         }
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
-        Box::pin(async move {
+        // A request paid here is answered now; its refill ahead of need goes on by itself.
+        let detached = tokio::runtime::Handle::try_current()
+            .ok()
+            .and_then(|runtime| Some((plan.detach()?, runtime)));
+        let call = async move {
             let reply = async {
                 // Polled where no runtime runs, refused before it takes the breaker's probe.
                 super::runtime()?;
@@ -660,7 +665,12 @@ impl Store for RedisStore {
                 inner.decide(prepared, now, permit).await
             };
             plan.settle(Some(reply.await))
-        })
+        };
+        if let Some((decision, runtime)) = detached {
+            drop(runtime.spawn(call));
+            return Box::pin(std::future::ready(Ok(decision)));
+        }
+        Box::pin(call)
     }
 
     /// Answers at once a check decided here (a denial Redis made moments ago, units leased to
@@ -670,11 +680,13 @@ impl Store for RedisStore {
         if charges.is_empty() {
             return None;
         }
-        if let Some(decision) = self.inner.local.answer(charges) {
+        if let Some(decision) = self.inner.local.answer(charges, true) {
             return Some(Ok(decision));
         }
         self.inner.start();
-        self.inner.refusal().map(Err)
+        let error = self.inner.refusal()?;
+        // Redis cannot be asked: units held here are spent all the same.
+        Some(self.inner.local.answer(charges, false).ok_or(error))
     }
 
     fn registry(&self) -> Option<&RuleRegistry> {

@@ -852,14 +852,15 @@ impl Store for RedisClusterStore {
         if let Some(error) = super::repeated(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
-        let plan = inner.local.plan(charges);
+        let mut plan = inner.local.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
         inner.start();
         if !inner.startup.is_connected() {
+            // Units held here are spent all the same.
             let error = inner.startup.not_connected(&inner.servers);
-            return Box::pin(async move { Err(error) });
+            return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
         }
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
@@ -908,7 +909,11 @@ impl Store for RedisClusterStore {
                 plan.settle(Some(reply))
             });
         }
-        Box::pin(async move {
+        // A request paid here is answered now; its refill ahead of need goes on by itself.
+        let detached = tokio::runtime::Handle::try_current()
+            .ok()
+            .and_then(|runtime| Some((plan.detach()?, runtime)));
+        let call = async move {
             // Its calls are waited for with the runtime's timers.
             if let Err(error) = super::runtime() {
                 return plan.settle(Some(Err(error)));
@@ -916,46 +921,24 @@ impl Store for RedisClusterStore {
             let deadline = Instant::now() + inner.settings.response_timeout;
             let reply = inner.check(&prepared, now, deadline.into()).await;
             plan.settle(Some(reply))
-        })
+        };
+        if let Some((decision, runtime)) = detached {
+            drop(runtime.spawn(call));
+            return Box::pin(std::future::ready(Ok(decision)));
+        }
+        Box::pin(call)
     }
 
     /// Answers at once a check decided here (a denial the cluster made moments ago, units
     /// leased to this replica), or one that cannot be sent: the store has not read the slot
     /// map yet, or the breaker of the node that holds every key of the check is open.
     fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
-        let inner = &self.inner;
-        if let Some(decision) = inner.local.answer(charges) {
+        if let Some(decision) = self.inner.local.answer(charges, true) {
             return Some(Ok(decision));
         }
-        let first = charges.first()?;
-        inner.start();
-        if !inner.startup.is_connected() {
-            return Some(Err(inner.startup.not_connected(&inner.servers)));
-        }
-        // A split key's sub-key (and so its node) is chosen when the check is planned.
-        if charges.iter().any(|c| c.rule.parts() > 1) {
-            return None;
-        }
-        let topology = inner.topology()?;
-        // The common case, every breaker closed, costs a load per primary.
-        if !topology.primaries().iter().any(|n| n.breaker().is_open()) {
-            return None;
-        }
-        let slot_of = |c: &Charge<'_>| {
-            let mut key = String::with_capacity(64);
-            keys::write_key(&mut key, &inner.settings.prefix, c.key, c.rule.name());
-            keys::slot(key.as_bytes())
-        };
-        let node = topology.primary(slot_of(first))?;
-        let one_node = charges[1..].iter().all(|c| {
-            topology
-                .primary(slot_of(c))
-                .is_some_and(|n| Arc::ptr_eq(n, node))
-        });
-        (one_node && node.breaker().is_open()).then(|| {
-            inner.refresh_soon();
-            Err(StoreError::CircuitOpen)
-        })
+        let error = self.refusal(charges)?;
+        // The cluster cannot be asked: units held here are spent all the same.
+        Some(self.inner.local.answer(charges, false).ok_or(error))
     }
 
     fn registry(&self) -> Option<&RuleRegistry> {
@@ -997,6 +980,43 @@ impl Store for RedisClusterStore {
 
     fn reset(&self, charges: &[Charge<'_>]) -> CheckFuture<()> {
         outside::reset(&self.inner, charges)
+    }
+}
+
+impl RedisClusterStore {
+    /// Why a check cannot be sent now, if it cannot: the store has not read the slot map yet,
+    /// or the breaker of the node that holds every key of the check is open.
+    fn refusal(&self, charges: &[Charge<'_>]) -> Option<StoreError> {
+        let inner = &self.inner;
+        let first = charges.first()?;
+        inner.start();
+        if !inner.startup.is_connected() {
+            return Some(inner.startup.not_connected(&inner.servers));
+        }
+        // A split key's sub-key (and so its node) is chosen when the check is planned.
+        if charges.iter().any(|c| c.rule.parts() > 1) {
+            return None;
+        }
+        let topology = inner.topology()?;
+        // The common case, every breaker closed, costs a load per primary.
+        if !topology.primaries().iter().any(|n| n.breaker().is_open()) {
+            return None;
+        }
+        let slot_of = |c: &Charge<'_>| {
+            let mut key = String::with_capacity(64);
+            keys::write_key(&mut key, &inner.settings.prefix, c.key, c.rule.name());
+            keys::slot(key.as_bytes())
+        };
+        let node = topology.primary(slot_of(first))?;
+        let one_node = charges[1..].iter().all(|c| {
+            topology
+                .primary(slot_of(c))
+                .is_some_and(|n| Arc::ptr_eq(n, node))
+        });
+        (one_node && node.breaker().is_open()).then(|| {
+            inner.refresh_soon();
+            StoreError::CircuitOpen
+        })
     }
 }
 
