@@ -180,8 +180,9 @@ impl Rule {
     /// `units` requests of the key instead of once per request. A key spent by many requests
     /// at once is refilled ahead of need (on a Tokio runtime, in a task of its own) before its
     /// units run out; size `units` to more than twice what one replica spends of the key during
-    /// a round trip to Redis (its request rate times the round trip), or requests that find no
-    /// unit while a refill is out go to Redis one by one.
+    /// a round trip to Redis (its request rate times the round trip): a smaller lease is
+    /// refilled when it runs out, and requests that find no unit while its refill is out go to
+    /// Redis one by one.
     ///
     /// The fleet never admits more than the shared budget as counted when units are charged:
     /// every unit is charged to Redis before it is spent, at most a time to live earlier (so

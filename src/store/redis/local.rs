@@ -19,22 +19,23 @@
 //! one by one.
 //!
 //! **Refills ahead of need.** A refill counts the units the key's requests ask for while it is
-//! out (paid here or not); with half as much again, that is the key's low-water mark, at most
-//! `n − 1`. Once fewer units than the mark would be left (those waiting included), the request
-//! paid here also sends a refill ahead of need: Redis is asked, at cost 0, for every unit there
-//! is up to what the lease lacks (`n − 1 −` those left; possibly none, so it never denies). The
-//! request is answered at once (on a Tokio runtime: the call goes on in a task of its own, and
-//! what the request spent never goes back), and the units the call brings wait until those left
-//! are spent; a batch that joins units already waiting lives no longer than they do. A key
-//! spent one request at a time has a mark of 0 and asks Redis once per lease; a key spent by
-//! many requests at once, `d` units per round trip, keeps units while its refills are out as
-//! long as `n` is more than `2 d + 1`, with one call per round trip at most, and about one per
-//! `n − 1.5 d` requests when that is more (with less, requests still find no unit now and then,
-//! and go to Redis one by one). When Redis
-//! cannot be asked (its breaker open, not connected), units held here are spent all the same.
-//! Units left unspent when a lease expires are dropped, not given back, and the key's mark
-//! goes back to 0; a request that costs more than the units left of a lease while later units
-//! wait drops those (fewer than its cost).
+//! out (paid here or not), `d`; with half as much again, that is the key's low-water mark. Once
+//! fewer units than the mark would be left (those waiting included), the request paid here also
+//! sends a refill ahead of need: Redis is asked, at cost 0, for every unit there is up to what
+//! the lease lacks (`n − 1 −` those left; possibly none, so it never denies). The request is
+//! answered at once (on a Tokio runtime: the call goes on in a task of its own, and what the
+//! request spent never goes back), and the units the call brings wait until those left are
+//! spent; a batch that joins units already waiting lives no longer than they do. So a key with
+//! `n ≥ 2 d + 1` keeps units while its refills are out, with one call per round trip at most,
+//! and about one per `n − 1.5 d` requests when that is more. A key spent one request at a time
+//! (`d = 0`) has no mark and asks Redis once per lease; so has a key whose lease cannot hold
+//! twice what is spent in a round trip (`2 d > n − 1`): refilled when it runs out, a whole lease
+//! per call, with the requests that find no unit meanwhile sent to Redis one by one, it makes
+//! fewer calls than refills ahead that would each bring less than was spent. When Redis cannot
+//! be asked (its breaker open, not connected), units held here are spent all the same. Units
+//! left unspent when a lease expires are dropped, not given back, and the key's mark goes back
+//! to 0; a request that costs more than the units left of a lease while later units wait drops
+//! those (fewer than its cost).
 //!
 //! The bound: every unit spent here was charged to Redis first and is spent once, so the fleet
 //! never admits more than the shared budget as counted when the units were charged; a unit is
@@ -121,8 +122,8 @@ struct Held {
     refilling: bool,
     /// Fewer units left than this, the next request paid here sends a refill ahead of need:
     /// half as much again as the units the key's requests asked for while its last refill was
-    /// out (paid here or not), at most `n - 1`; 0 (no refill ahead) for a key spent one request
-    /// at a time, and after a lease's units expired unspent.
+    /// out (paid here or not); 0 (no refill ahead) for a key spent one request at a time, for
+    /// one that asked for more than `(n − 1) / 2` meanwhile, and after units expired unspent.
     low_water: u64,
     /// The units asked of this lease since its refill went out.
     demand: u64,
@@ -836,15 +837,19 @@ impl Plan {
             };
             let until = self.at.saturating_add(ttl.min(horizon));
             // What the key's requests asked for while this refill was out, and a half more: a
-            // refill ahead of need goes out with that many units left.
+            // refill ahead of need goes out with that many units left. A lease that cannot
+            // hold twice that (more than half of it spent in a round trip) is refilled when it
+            // runs out, a whole lease at a time: fewer calls than refills ahead that would each
+            // bring less than was spent meanwhile.
             let size = match planned.how {
                 How::Refill { lease, .. } | How::Ahead { lease, .. } => lease,
                 _ => 0,
             };
-            lease.low_water = lease
-                .demand
-                .saturating_add(lease.demand / 2)
-                .min(size.saturating_sub(1));
+            lease.low_water = if lease.demand.saturating_mul(2) > size.saturating_sub(1) {
+                0
+            } else {
+                lease.demand + lease.demand / 2
+            };
             match planned.how {
                 How::Refill { held, .. } => {
                     // A new lease: units given back meanwhile to the old one are dropped with it.
@@ -1292,9 +1297,9 @@ mod tests {
             key: &key,
             cost: 1,
         }];
-        // Six requests find no unit while the first refill is out: the mark is 9.
+        // Four requests find no unit while the first refill is out: the mark is 6.
         let refill = local.plan(&charges);
-        for _ in 0..6 {
+        for _ in 0..4 {
             local
                 .plan(&charges)
                 .settle(Some(Ok(admitted(90, 1))))
@@ -1302,20 +1307,54 @@ mod tests {
         }
         refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
         assert_eq!(held(&local), (9, 0));
-        // The next request leaves 8 < 9: it asks for 1, and five more are paid meanwhile.
-        let ahead = local.plan(&charges);
-        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 1, .. }));
-        for _ in 0..5 {
+        for _ in 0..3 {
             assert!(local.answer(&charges, true).is_some());
         }
-        ahead.settle(Some(Ok(admitted(79, 1)))).unwrap();
-        assert_eq!(held(&local), (3, 1), "the unit waits behind the 3 left");
-        // Mark 7 (5 asked for, and half as much again): with 1 waiting, the next request leaves
-        // 3 in all, and asks for what the lease lacks.
+        // The next request leaves 5 < 6: it asks for 4, and four more are paid meanwhile.
         let ahead = local.plan(&charges);
-        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 6, .. }));
-        ahead.settle(Some(Ok(admitted(73, 6)))).unwrap();
-        assert_eq!(held(&local), (2, 7), "9 held in all: n - 1");
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 4, .. }));
+        for _ in 0..4 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
+        assert_eq!(held(&local), (1, 4), "the units wait behind the one left");
+        // The mark is 6 again: the next request leaves 4 in all, and asks for what the lease
+        // lacks while those wait.
+        let ahead = local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 5, .. }));
+        ahead.settle(Some(Ok(admitted(71, 5)))).unwrap();
+        assert_eq!(held(&local), (0, 9), "9 held in all: n - 1");
+    }
+
+    /// A lease that cannot hold twice what its key spends in a round trip gets no mark: it is
+    /// refilled when it runs out, a whole lease per call.
+    #[test]
+    fn a_lease_spent_faster_than_it_can_hold_is_refilled_when_it_runs_out() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = leased_rule();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        // Five units asked for while the refill was out: more than (10 - 1) / 2.
+        let refill = local.plan(&charges);
+        for _ in 0..5 {
+            local
+                .plan(&charges)
+                .settle(Some(Ok(admitted(90, 1))))
+                .unwrap();
+        }
+        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
+        for _ in 0..9 {
+            assert!(local.answer(&charges, true).is_some(), "no refill ahead");
+        }
+        assert!(matches!(
+            local.plan(&charges).charges[0].how,
+            How::Refill { held: 0, .. }
+        ));
     }
 
     /// A request paid here whose check only refills ahead of need is answered at once; what it
@@ -1410,30 +1449,32 @@ mod tests {
             key: &key,
             cost: 1,
         }];
-        // A mark of 9: six requests asked for units while the first refill was out.
+        // A mark of 6: four requests asked for units while the first refill was out.
         let refill = local.plan(&charges);
-        for _ in 0..6 {
+        for _ in 0..4 {
             local
                 .plan(&charges)
                 .settle(Some(Ok(admitted(90, 1))))
                 .unwrap();
         }
         refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
-        // A refill ahead asks for 1; six more are paid while it is out (the mark stays 9).
-        let first = local.plan(&charges);
-        for _ in 0..6 {
+        for _ in 0..3 {
             assert!(local.answer(&charges, true).is_some());
         }
-        first.settle(Some(Ok(admitted(79, 1)))).unwrap();
-        assert_eq!(held(&local), (2, 1));
-        // 30 s later, another asks for 7, joining the unit that waits (its time: 60 s after
+        // A refill ahead asks for 4; four more are paid while it is out (the mark stays 6).
+        let first = local.plan(&charges);
+        for _ in 0..4 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        first.settle(Some(Ok(admitted(76, 4)))).unwrap();
+        assert_eq!(held(&local), (1, 4));
+        // 30 s later, another asks for 5, joining the units that wait (their time: 60 s after
         // the first refill ahead was sent).
         clock.advance(std::time::Duration::from_secs(30));
         let second = local.plan(&charges);
-        assert!(matches!(second.charges[0].how, How::Ahead { ask: 7, .. }));
-        assert!(local.answer(&charges, true).is_some());
-        second.settle(Some(Ok(admitted(72, 7)))).unwrap();
-        assert_eq!(held(&local), (0, 8));
+        assert!(matches!(second.charges[0].how, How::Ahead { ask: 5, .. }));
+        second.settle(Some(Ok(admitted(71, 5)))).unwrap();
+        assert_eq!(held(&local), (0, 9));
         // Past the first refill ahead's time, though within the second's: nothing is left.
         clock.advance(std::time::Duration::from_secs(31));
         assert!(local.answer(&charges, true).is_none());
