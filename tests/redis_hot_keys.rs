@@ -397,6 +397,21 @@ fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
     assert!(partial > 0, "no refill ahead of need was partly filled");
 }
 
+/// Three requests of `key` planned at once, then waited for (3, the admitted): on a leased rule
+/// the first refills and the other two, finding no unit while it is out, go to Redis alone.
+async fn three_at_once<S: Store>(store: &S, rule: &RuleSpec, key: &Key) -> u64 {
+    let charge = [Charge { rule, key, cost: 1 }];
+    let (a, b, c) = tokio::join!(
+        store.check(&charge),
+        store.check(&charge),
+        store.check(&charge)
+    );
+    for decision in [a, b, c] {
+        assert!(decision.expect("check").allowed(), "{}", rule.name());
+    }
+    3
+}
+
 /// A key spent by many requests at once refills its lease ahead of need, and one replica still
 /// spends exactly the budget, every algorithm: time stopped, requests one at a time after a
 /// first burst (each one's refill ahead of need settled before the next), until Redis has
@@ -423,21 +438,7 @@ async fn a_refill_ahead_of_need_loses_nothing() {
             // Three requests at once: the first refills (10 taken, 9 held), the other two find
             // no unit while it is out and go to Redis: 2 units asked for, a mark of 3, so that
             // the request that leaves 2 units asks for 7 more.
-            let charge = [Charge {
-                rule: &rule,
-                key: &key,
-                cost: 1,
-            }];
-            let (a, b, c) = tokio::join!(
-                store.check(&charge),
-                store.check(&charge),
-                store.check(&charge)
-            );
-            let mut admitted = 0;
-            for decision in [a, b, c] {
-                assert!(decision.unwrap().allowed(), "{algorithm}");
-                admitted += 1;
-            }
+            let mut admitted = three_at_once(&store, &rule, &key).await;
             // A refill ahead of need settles in a task of its own: a denial is final once
             // requests have been denied for a second.
             let mut denied_since = None;
@@ -479,18 +480,13 @@ async fn leased_units_are_spent_while_redis_is_away() {
         .unwrap();
     let rule = leased(Algorithm::TokenBucket);
     let key = Key::text("hot");
+    // A refill and two requests at once: 9 held, a mark of 3.
+    three_at_once(&store, &rule, &key).await;
     let charge = [Charge {
         rule: &rule,
         key: &key,
         cost: 1,
     }];
-    // A refill and two requests at once: 9 held, a mark of 3.
-    let (a, b, c) = tokio::join!(
-        store.check(&charge),
-        store.check(&charge),
-        store.check(&charge)
-    );
-    assert!(a.unwrap().allowed() && b.unwrap().allowed() && c.unwrap().allowed());
     server.stop();
     let other = Key::text("other");
     let error = store

@@ -1165,15 +1165,53 @@ mod tests {
         }
     }
 
-    fn leased_rule() -> RuleSpec {
-        RuleSpec::new(
-            "hot",
-            Algorithm::TokenBucket,
-            Limits::new(100, 3_600_000_000, 100).unwrap(),
-        )
-        .unwrap()
-        .with_lease(10, std::time::Duration::from_secs(60))
-        .unwrap()
+    /// A rule of 100 leased 10 at a time, on a replica of its own, and its one key.
+    struct Hot {
+        clock: ManualClock,
+        local: Arc<Local>,
+        rule: RuleSpec,
+        key: Key,
+    }
+
+    impl Hot {
+        fn new() -> Hot {
+            let clock = ManualClock::new(1_000_000);
+            Hot {
+                local: local(&clock),
+                clock,
+                rule: RuleSpec::new(
+                    "hot",
+                    Algorithm::TokenBucket,
+                    Limits::new(100, 3_600_000_000, 100).unwrap(),
+                )
+                .unwrap()
+                .with_lease(10, std::time::Duration::from_secs(60))
+                .unwrap(),
+                key: Key::text("k"),
+            }
+        }
+
+        fn charges(&self) -> [Charge<'_>; 1] {
+            [Charge {
+                rule: &self.rule,
+                key: &self.key,
+                cost: 1,
+            }]
+        }
+
+        /// A first refill of 10 (9 held), `dry` requests sent to Redis while it was out: a
+        /// mark of `1.5 × dry` (none above 4).
+        fn fill(&self, dry: u64) {
+            let charges = self.charges();
+            let refill = self.local.plan(&charges);
+            for i in 0..dry {
+                let alone = self.local.plan(&charges);
+                assert!(matches!(alone.charges[0].how, How::Sent));
+                alone.settle(Some(Ok(admitted(99 - i, 1)))).unwrap();
+            }
+            let first = refill.settle(Some(Ok(admitted(89 - dry, 10)))).unwrap();
+            assert!(first.allowed());
+        }
     }
 
     /// The units asked for while a refill was out set the low-water mark (half as much again);
@@ -1181,27 +1219,10 @@ mod tests {
     /// those units wait until the ones left are spent. A replica never holds more than `n - 1`.
     #[test]
     fn a_key_spent_at_once_refills_ahead_of_need() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
         // One refill out, three more requests at once: each goes to Redis alone.
-        let refill = local.plan(&charges);
-        let alone: Vec<Plan> = (0..3).map(|_| local.plan(&charges)).collect();
-        for plan in &alone {
-            assert!(matches!(plan.charges[0].how, How::Sent));
-        }
-        for (i, plan) in alone.into_iter().enumerate() {
-            let decision = plan.settle(Some(Ok(admitted(97 - i as u64, 1)))).unwrap();
-            assert_eq!(decision.source(), DecisionSource::Store);
-        }
-        let first = refill.settle(Some(Ok(admitted(86, 10)))).unwrap();
-        assert!(first.allowed());
+        hot.fill(3);
         // 9 held, low water 3 + 1: five requests are paid here without a call.
         for held in (4..9).rev() {
             let decision = local.answer(&charges, true).expect("paid here");
@@ -1241,19 +1262,9 @@ mod tests {
     /// paid here admitted.
     #[test]
     fn a_request_paid_here_stands_when_its_refill_ahead_fails() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
-        let refill = local.plan(&charges);
-        let alone = local.plan(&charges);
-        alone.settle(Some(Ok(admitted(99, 1)))).unwrap();
-        refill.settle(Some(Ok(admitted(89, 10)))).unwrap();
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
+        hot.fill(1);
         // Low water 1: the request that takes the last unit asks for 9.
         for _ in 0..8 {
             assert!(local.answer(&charges, true).is_some());
@@ -1288,25 +1299,11 @@ mod tests {
     /// key's requests would leave fewer than the mark in all; a replica then holds `n - 1`.
     #[test]
     fn a_refill_ahead_goes_out_while_units_wait_and_holds_at_most_n_minus_1() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
         // Four requests find no unit while the first refill is out: the mark is 6.
-        let refill = local.plan(&charges);
-        for _ in 0..4 {
-            local
-                .plan(&charges)
-                .settle(Some(Ok(admitted(90, 1))))
-                .unwrap();
-        }
-        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
-        assert_eq!(held(&local), (9, 0));
+        hot.fill(4);
+        assert_eq!(held(local), (9, 0));
         for _ in 0..3 {
             assert!(local.answer(&charges, true).is_some());
         }
@@ -1317,37 +1314,23 @@ mod tests {
             assert!(local.answer(&charges, true).is_some());
         }
         ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
-        assert_eq!(held(&local), (1, 4), "the units wait behind the one left");
+        assert_eq!(held(local), (1, 4), "the units wait behind the one left");
         // The mark is 6 again: the next request leaves 4 in all, and asks for what the lease
         // lacks while those wait.
         let ahead = local.plan(&charges);
         assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 5, .. }));
         ahead.settle(Some(Ok(admitted(71, 5)))).unwrap();
-        assert_eq!(held(&local), (0, 9), "9 held in all: n - 1");
+        assert_eq!(held(local), (0, 9), "9 held in all: n - 1");
     }
 
     /// A lease that cannot hold twice what its key spends in a round trip gets no mark: it is
     /// refilled when it runs out, a whole lease per call.
     #[test]
     fn a_lease_spent_faster_than_it_can_hold_is_refilled_when_it_runs_out() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
         // Five units asked for while the refill was out: more than (10 - 1) / 2.
-        let refill = local.plan(&charges);
-        for _ in 0..5 {
-            local
-                .plan(&charges)
-                .settle(Some(Ok(admitted(90, 1))))
-                .unwrap();
-        }
-        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
+        hot.fill(5);
         for _ in 0..9 {
             assert!(local.answer(&charges, true).is_some(), "no refill ahead");
         }
@@ -1361,39 +1344,27 @@ mod tests {
     /// spent never goes back, whatever becomes of the refill's call.
     #[test]
     fn a_detached_request_keeps_what_it_spent() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
-        let refill = local.plan(&charges);
-        local
-            .plan(&charges)
-            .settle(Some(Ok(admitted(98, 1))))
-            .unwrap();
-        refill.settle(Some(Ok(admitted(88, 10)))).unwrap();
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
+        hot.fill(1);
         for _ in 0..8 {
             assert!(local.answer(&charges, true).is_some());
         }
-        assert_eq!(held(&local), (1, 0));
+        assert_eq!(held(local), (1, 0));
         let mut ahead = local.plan(&charges);
         let decision = ahead.detach().expect("paid here");
         assert!(decision.allowed());
         assert_eq!(decision.source(), DecisionSource::Lease);
         // The call goes away unanswered: nothing comes back, and refills go out again.
         drop(ahead);
-        assert_eq!(held(&local), (0, 0));
+        assert_eq!(held(local), (0, 0));
         assert!(matches!(
             local.plan(&charges).charges[0].how,
             How::Refill { held: 0, .. }
         ));
         // A plan that must hear from Redis is not answered here.
         let other = [Charge {
-            rule: &rule,
+            rule: &hot.rule,
             key: &Key::text("other"),
             cost: 1,
         }];
@@ -1404,15 +1375,8 @@ mod tests {
     /// ahead of need would follow included: they were charged before Redis denied.
     #[test]
     fn units_held_are_spent_before_a_cached_denial() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
         let refill = local.plan(&charges);
         let alone = local.plan(&charges);
         refill.settle(Some(Ok(admitted(0, 10)))).unwrap();
@@ -1440,24 +1404,10 @@ mod tests {
     /// lives no longer, though its own time would run later.
     #[test]
     fn waiting_units_live_no_longer_than_their_time() {
-        let clock = ManualClock::new(1_000_000);
-        let local = local(&clock);
-        let rule = leased_rule();
-        let key = Key::text("k");
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
         // A mark of 6: four requests asked for units while the first refill was out.
-        let refill = local.plan(&charges);
-        for _ in 0..4 {
-            local
-                .plan(&charges)
-                .settle(Some(Ok(admitted(90, 1))))
-                .unwrap();
-        }
-        refill.settle(Some(Ok(admitted(80, 10)))).unwrap();
+        hot.fill(4);
         for _ in 0..3 {
             assert!(local.answer(&charges, true).is_some());
         }
@@ -1467,16 +1417,16 @@ mod tests {
             assert!(local.answer(&charges, true).is_some());
         }
         first.settle(Some(Ok(admitted(76, 4)))).unwrap();
-        assert_eq!(held(&local), (1, 4));
+        assert_eq!(held(local), (1, 4));
         // 30 s later, another asks for 5, joining the units that wait (their time: 60 s after
         // the first refill ahead was sent).
-        clock.advance(std::time::Duration::from_secs(30));
+        hot.clock.advance(std::time::Duration::from_secs(30));
         let second = local.plan(&charges);
         assert!(matches!(second.charges[0].how, How::Ahead { ask: 5, .. }));
         second.settle(Some(Ok(admitted(71, 5)))).unwrap();
-        assert_eq!(held(&local), (0, 9));
+        assert_eq!(held(local), (0, 9));
         // Past the first refill ahead's time, though within the second's: nothing is left.
-        clock.advance(std::time::Duration::from_secs(31));
+        hot.clock.advance(std::time::Duration::from_secs(31));
         assert!(local.answer(&charges, true).is_none());
         assert!(matches!(
             local.plan(&charges).charges[0].how,
