@@ -34,8 +34,9 @@
 //! fewer calls than refills ahead that would each bring less than was spent. When Redis cannot
 //! be asked (its breaker open, not connected), units held here are spent all the same. Units
 //! left unspent when a lease expires are dropped, not given back, and the key's mark goes back
-//! to 0; a request that costs more than the units left of a lease while later units wait drops
-//! those (fewer than its cost).
+//! to 0. A request that costs more than the units left takes them with those that wait (until
+//! the sooner of both times); one that costs a whole lease or more goes to Redis alone. A reset
+//! of the key drops its units, and those of a refill sent before it.
 //!
 //! The bound: every unit spent here was charged to Redis first and is spent once, so the fleet
 //! never admits more than the shared budget as counted when the units were charged; a unit is
@@ -129,6 +130,8 @@ struct Held {
     demand: u64,
     /// The rule's lease: `n`, the most units taken at once (a replica holds at most `n − 1`).
     size: u64,
+    /// Counts the resets of the key: a refill sent before one brings no units after it.
+    resets: u64,
     /// Counts the leases of this key: units taken from one go back only to it, while it lives.
     generation: u64,
 }
@@ -196,6 +199,15 @@ impl<V> Table<V> {
     }
 }
 
+/// Whether a request is paid from this replica's leases alone.
+enum Paid {
+    Yes(Decision),
+    /// The leases hold enough, and paying would send a refill ahead of need.
+    AheadDue,
+    /// A lease holds too little (or none is here).
+    Short,
+}
+
 /// What one check of a remote store does with each charge.
 pub(crate) struct Plan {
     local: Arc<Local>,
@@ -241,6 +253,7 @@ enum How {
         lease: u64,
         ttl: u64,
         generation: u64,
+        resets: u64,
     },
     /// Paid from this replica's lease (of that generation), as [`Leased`](How::Leased), and
     /// sent as a refill ahead of need: Redis is asked for every unit there is up to `ask`
@@ -251,6 +264,7 @@ enum How {
         lease: u64,
         ttl: u64,
         generation: u64,
+        resets: u64,
     },
 }
 
@@ -283,6 +297,7 @@ impl Local {
                 held.units = 0;
                 held.next = 0;
                 held.generation += 1;
+                held.resets += 1;
             }
         }
     }
@@ -298,12 +313,11 @@ impl Local {
         }
         // Units held here were charged before Redis denied anything since: spent first.
         if !self.leases.is_empty() && charges.iter().all(|c| c.rule.lease().is_some()) {
-            if let Some(decision) = self.paid_by_leases(charges, ahead) {
-                return Some(decision);
-            }
-            if ahead && self.leases_pay(charges, self.now()) {
+            match self.paid_by_leases(charges, ahead) {
+                Paid::Yes(decision) => return Some(decision),
                 // Paid with a refill ahead of need: planned.
-                return None;
+                Paid::AheadDue => return None,
+                Paid::Short => {}
             }
         }
         if !self.denials.is_empty() {
@@ -323,6 +337,7 @@ impl Local {
                         .shard(&key)
                         .get(&key)
                         .is_some_and(|held| held.can_pay(now, charge.cost))
+                    && charge.cost < lease_units(charge.rule)
             })
     }
 
@@ -346,43 +361,54 @@ impl Local {
         denied.then(|| Decision::from_outcomes(outcomes).made_by(DecisionSource::DenyCache))
     }
 
-    fn paid_by_leases(&self, charges: &[Charge<'_>], ahead: bool) -> Option<Decision> {
+    /// Pays every charge from this replica's leases, all or nothing, in one pass; with `ahead`,
+    /// a request whose payment would send a refill ahead of need is left to be planned.
+    fn paid_by_leases(&self, charges: &[Charge<'_>], ahead: bool) -> Paid {
         let now = self.now();
         let mut outcomes = SmallVec::<[Outcome; 2]>::new();
-        let mut taken = SmallVec::<[u64; 2]>::new();
+        // The charges paid, and from which lease.
+        let mut taken = SmallVec::<[(&Charge<'_>, u64); 2]>::new();
+        let mut due = false;
         for charge in charges {
             let key = (lease_key(charge.rule), charge.key.clone());
             let paid = {
                 let mut shard = self.leases.shard(&key);
-                match shard.get_mut(&key) {
-                    Some(held) => {
-                        held.roll(now, charge.cost);
-                        // A request that would send a refill ahead of need is planned.
-                        (held.units >= charge.cost && (!ahead || held.ahead(charge.cost) == 0))
-                            .then(|| {
-                                held.pay(charge.cost);
-                                (held.spent(now), held.generation)
-                            })
+                let mut held = shard.get_mut(&key);
+                if !held
+                    .as_mut()
+                    .is_some_and(|held| held.pays(now, charge.cost))
+                {
+                    held = None;
+                }
+                match held {
+                    Some(held) if ahead && held.ahead(charge.cost) > 0 => {
+                        due = true;
+                        None
                     }
-                    None => None,
+                    Some(held) => {
+                        held.pay(charge.cost);
+                        Some((held.spent(now), held.generation))
+                    }
+                    None => {
+                        due = false;
+                        break;
+                    }
                 }
             };
-            match paid {
-                Some((outcome, generation)) => {
-                    outcomes.push(outcome);
-                    taken.push(generation);
-                }
-                None => {
-                    // All or nothing: what the earlier charges took goes back.
-                    for (earlier, generation) in charges.iter().zip(taken) {
-                        let key = (lease_key(earlier.rule), earlier.key.clone());
-                        self.give_back(&key, earlier.cost, generation, now);
-                    }
-                    return None;
-                }
+            if let Some((outcome, generation)) = paid {
+                outcomes.push(outcome);
+                taken.push((charge, generation));
             }
         }
-        Some(Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease))
+        if outcomes.len() == charges.len() {
+            return Paid::Yes(Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease));
+        }
+        // All or nothing: what the charges paid took goes back.
+        for (paid, generation) in taken {
+            let key = (lease_key(paid.rule), paid.key.clone());
+            self.give_back(&key, paid.cost, generation, now);
+        }
+        if due { Paid::AheadDue } else { Paid::Short }
     }
 
     /// Gives back units taken from a lease of generation `generation`, if it still lives: units
@@ -491,6 +517,10 @@ impl Local {
     }
 
     fn lease_for(&self, charge: &Charge<'_>, lease: crate::store::Lease, now: u64) -> How {
+        if charge.cost >= lease.units {
+            // More than a replica ever holds: Redis alone decides it.
+            return How::Sent;
+        }
         let ttl = u64::try_from(lease.ttl.as_micros()).unwrap_or(u64::MAX);
         let key = (lease_key(charge.rule), charge.key.clone());
         let mut shard = self.leases.shard(&key);
@@ -522,6 +552,7 @@ impl Local {
                     lease: lease.units,
                     ttl,
                     generation: held.generation,
+                    resets: held.resets,
                 };
             }
             return How::Leased(held.spent(now), held.generation);
@@ -539,37 +570,60 @@ impl Local {
             lease: lease.units,
             ttl,
             generation: held.generation,
+            resets: held.resets,
         }
     }
 }
 
 impl Held {
-    /// Makes current the units that may pay `cost` at `now`: an expired lease, or one left
-    /// with less than `cost` while a refill's units wait, gives way to those (what it held is
-    /// dropped: at most `cost − 1` units, none for requests of 1).
+    /// Makes current the units that may pay `cost` at `now`: those of an expired lease are
+    /// dropped, and a refill's units that wait take over, or join the units left when those
+    /// are fewer than `cost` (until the sooner of both times).
     fn roll(&mut self, now: u64, cost: u64) {
         if now < self.until && (self.units >= cost || self.next == 0) {
             return;
         }
-        if self.units > 0 || self.next > 0 {
-            self.generation += 1;
-        }
-        if (now >= self.until && self.units > 0) || (now >= self.next_until && self.next > 0) {
-            // Units left unspent for a whole time to live: the key is no longer hot.
-            self.low_water = 0;
-        }
-        if self.next > 0 && now < self.next_until {
-            self.units = self.next;
-            self.until = self.next_until;
-        } else {
+        if now >= self.until {
+            if self.units > 0 {
+                // Units left unspent for a whole time to live: the key is no longer hot.
+                self.low_water = 0;
+            }
             self.units = 0;
         }
+        if self.next > 0 && now >= self.next_until {
+            self.low_water = 0;
+            self.next = 0;
+        }
+        if self.next == 0 {
+            if self.units == 0 {
+                // What was taken from the lease that ended never comes back.
+                self.generation += 1;
+            }
+            return;
+        }
+        if self.units > 0 {
+            self.until = self.until.min(self.next_until);
+        } else {
+            // Units taken from the lease that ended never come back to these.
+            self.generation += 1;
+            self.until = self.next_until;
+        }
+        self.units += self.next;
         self.next = 0;
     }
 
     /// Whether [`roll`](Held::roll) would leave `cost` units to spend at `now`.
     fn can_pay(&self, now: u64, cost: u64) -> bool {
-        (now < self.until && self.units >= cost) || (now < self.next_until && self.next >= cost)
+        let units = if now < self.until { self.units } else { 0 };
+        let next = if now < self.next_until { self.next } else { 0 };
+        units + next >= cost
+    }
+
+    /// Whether a charge of `cost` is paid from these units at `now` (made current): a lease
+    /// pays costs below its size, and a charge of 0 only while it lives.
+    fn pays(&mut self, now: u64, cost: u64) -> bool {
+        self.roll(now, cost);
+        cost < self.size && self.units >= cost && now < self.until
     }
 
     /// Spends `cost` units of [`units`](Held::units), counted in the demand on a refill out.
@@ -583,6 +637,10 @@ impl Held {
     /// Units given back to [`units`](Held::units), never past `n − 1` held in all (what would
     /// go beyond is dropped).
     fn take_back(&mut self, units: u64) {
+        if self.refilling {
+            // Not spent after all: not asked for.
+            self.demand = self.demand.saturating_sub(units);
+        }
         let room = self
             .size
             .saturating_sub(1)
@@ -596,7 +654,7 @@ impl Held {
     /// `n − 1`.
     fn ahead(&self, cost: u64) -> u64 {
         let left = self.units.saturating_sub(cost).saturating_add(self.next);
-        if self.refilling || left >= self.low_water {
+        if cost == 0 || self.refilling || left >= self.low_water {
             return 0;
         }
         self.size.saturating_sub(1).saturating_sub(left)
@@ -801,13 +859,19 @@ impl Plan {
         // A request paid here stands whatever Redis says of its refills (at cost 0, it admits).
         let admitted = self.paid_here() || outcomes.iter().all(|o| o.allowed);
         for ((planned, outcome), units) in self.charges.iter().zip(outcomes.iter_mut()).zip(taken) {
-            let (ttl, generation) = match planned.how {
+            let (ttl, generation, resets) = match planned.how {
                 How::Refill {
-                    ttl, generation, ..
+                    ttl,
+                    generation,
+                    resets,
+                    ..
                 }
                 | How::Ahead {
-                    ttl, generation, ..
-                } => (ttl, generation),
+                    ttl,
+                    generation,
+                    resets,
+                    ..
+                } => (ttl, generation, resets),
                 _ => continue,
             };
             let key = (planned.lease_key, planned.key.clone());
@@ -836,6 +900,8 @@ impl Plan {
                 _ => u64::MAX,
             };
             let until = self.at.saturating_add(ttl.min(horizon));
+            // Units taken before a reset of the key are not kept after it.
+            let units = if lease.resets == resets { units } else { 0 };
             // What the key's requests asked for while this refill was out, and a half more: a
             // refill ahead of need goes out with that many units left. A lease that cannot
             // hold twice that (more than half of it spent in a round trip) is refilled when it
@@ -889,11 +955,15 @@ impl Plan {
             *outcome = lease.spent(self.at);
         }
         if admitted {
-            if !local.denials.is_empty() {
+            // Redis admitted what it was asked to charge: those denials are over (a request
+            // paid here, or a refill ahead of need, says nothing of Redis's budget).
+            if !local.denials.is_empty() && !self.paid_here() {
                 for planned in &self.charges {
-                    local
-                        .denials
-                        .remove(&(planned.fingerprint, planned.key.clone()));
+                    if matches!(planned.how, How::Sent | How::Refill { .. }) {
+                        local
+                            .denials
+                            .remove(&(planned.fingerprint, planned.key.clone()));
+                    }
                 }
             }
         } else {
@@ -1394,10 +1464,59 @@ mod tests {
         }
         // The last unit would send a refill ahead of need: planned, not denied here.
         assert!(local.answer(&charges, true).is_none());
-        assert!(matches!(
-            local.plan(&charges).charges[0].how,
-            How::Ahead { .. }
-        ));
+        let ahead = local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { .. }));
+        // Redis had nothing for it: the denial stands, and answers the next request.
+        assert!(ahead.settle(Some(Ok(admitted(0, 0)))).unwrap().allowed());
+        let decision = local.answer(&charges, true).expect("denied here");
+        assert!(!decision.allowed());
+        assert_eq!(decision.source(), DecisionSource::DenyCache);
+    }
+
+    /// A request that costs more than the units left takes the refill's units that wait too
+    /// (nothing is dropped); one that costs a whole lease or more goes to Redis alone; one of
+    /// cost 0 is answered here only while the lease lives; a reset while a refill is out keeps
+    /// none of its units.
+    #[test]
+    fn costs_a_lease_cannot_pay_and_resets_lose_nothing_and_keep_nothing() {
+        let hot = Hot::new();
+        let (local, charges) = (&hot.local, hot.charges());
+        hot.fill(4);
+        for _ in 0..3 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        let ahead = local.plan(&charges);
+        for _ in 0..4 {
+            assert!(local.answer(&charges, true).is_some());
+        }
+        ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
+        assert_eq!(held(local), (1, 4));
+        let costly = |cost| {
+            [Charge {
+                rule: &hot.rule,
+                key: &hot.key,
+                cost,
+            }]
+        };
+        let decision = local
+            .answer(&costly(3), false)
+            .expect("1 left and 4 waiting");
+        assert!(decision.allowed());
+        assert_eq!(held(local), (2, 0));
+        // A whole lease: Redis decides, and nothing here moves.
+        assert!(local.answer(&costly(10), true).is_none());
+        assert!(matches!(local.plan(&costly(10)).charges[0].how, How::Sent));
+        assert_eq!(held(local), (2, 0));
+        // Past the lease's time, a request of cost 0 is not answered from it.
+        assert!(local.answer(&costly(0), true).is_some());
+        hot.clock.advance(std::time::Duration::from_secs(61));
+        assert!(local.answer(&costly(0), true).is_none());
+        // A refill out when the key is reset brings no unit.
+        let refill = local.plan(&charges);
+        assert!(matches!(refill.charges[0].how, How::Refill { .. }));
+        local.forget(&hot.rule, &hot.key, true);
+        assert!(refill.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
+        assert_eq!(held(local), (0, 0));
     }
 
     /// Units that wait behind those held live until their own time; a batch that joins them
