@@ -317,6 +317,16 @@ async fn a_lease_asks_redis_once_per_lease() {
     assert!(!check(&store, &rule, &key, 1).await.allowed());
 }
 
+/// A small deterministic generator (xorshift), so that a failure is repeated by its seed.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 /// The code takes a lease as the reference model's `lease_take` does, at every cost: at least
 /// the cost, and at cost 0 (a refill ahead of need) every unit there is up to the lease,
 /// possibly none, always admitted. The library is called as `RedisStore::script_source`
@@ -332,13 +342,7 @@ fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
         .arg(library)
         .query(&mut conn)
         .unwrap();
-    let mut seed = 0x00a4_ead5_u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x00a4_ead5);
     let mut partial = 0;
     for algorithm in Algorithm::ALL {
         let code = match algorithm {
@@ -354,7 +358,7 @@ fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
         let mut state: Option<State> = None;
         let mut ahead_takes = 0;
         for step in 0..200 {
-            if next() % 4 == 0 {
+            if next().is_multiple_of(4) {
                 std::thread::sleep(Duration::from_micros(next() % 20_000));
             }
             let cost = [0, 0, 1, 1, 2, 3][(next() % 6) as usize];
@@ -522,13 +526,7 @@ async fn leased_units_are_spent_while_redis_is_away() {
 #[tokio::test]
 async fn a_leased_replica_decides_as_the_model_of_leases() {
     let server = support::RedisServer::start();
-    let mut seed = 0x001e_a5e5_u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x001e_a5e5);
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let store = store_on(&server, Some(&clock)).await;

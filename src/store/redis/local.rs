@@ -256,12 +256,11 @@ enum How {
         resets: u64,
     },
     /// Paid from this replica's lease (of that generation), as [`Leased`](How::Leased), and
-    /// sent as a refill ahead of need: Redis is asked for every unit there is up to `ask`
-    /// (a lease of `lease` units), at cost 0.
+    /// sent as a refill ahead of need: Redis is asked for every unit there is up to `ask`, at
+    /// cost 0.
     Ahead {
         outcome: Outcome,
         ask: u64,
-        lease: u64,
         ttl: u64,
         generation: u64,
         resets: u64,
@@ -335,9 +334,8 @@ impl Local {
                     && self
                         .leases
                         .shard(&key)
-                        .get(&key)
-                        .is_some_and(|held| held.can_pay(now, charge.cost))
-                    && charge.cost < lease_units(charge.rule)
+                        .get_mut(&key)
+                        .is_some_and(|held| held.pays(now, charge.cost))
             })
     }
 
@@ -371,34 +369,22 @@ impl Local {
         let mut due = false;
         for charge in charges {
             let key = (lease_key(charge.rule), charge.key.clone());
-            let paid = {
-                let mut shard = self.leases.shard(&key);
-                let mut held = shard.get_mut(&key);
-                if !held
-                    .as_mut()
-                    .is_some_and(|held| held.pays(now, charge.cost))
-                {
-                    held = None;
-                }
-                match held {
-                    Some(held) if ahead && held.ahead(charge.cost) > 0 => {
-                        due = true;
-                        None
-                    }
-                    Some(held) => {
-                        held.pay(charge.cost);
-                        Some((held.spent(now), held.generation))
-                    }
-                    None => {
-                        due = false;
-                        break;
-                    }
-                }
+            let mut shard = self.leases.shard(&key);
+            let Some(held) = shard.get_mut(&key) else {
+                due = false;
+                break;
             };
-            if let Some((outcome, generation)) = paid {
-                outcomes.push(outcome);
-                taken.push((charge, generation));
+            if !held.pays(now, charge.cost) {
+                due = false;
+                break;
             }
+            if ahead && held.ahead(charge.cost) > 0 {
+                due = true;
+                continue;
+            }
+            held.pay(charge.cost);
+            outcomes.push(held.spent(now));
+            taken.push((charge, held.generation));
         }
         if outcomes.len() == charges.len() {
             return Paid::Yes(Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease));
@@ -549,7 +535,6 @@ impl Local {
                 return How::Ahead {
                     outcome: held.spent(now),
                     ask,
-                    lease: lease.units,
                     ttl,
                     generation: held.generation,
                     resets: held.resets,
@@ -612,18 +597,44 @@ impl Held {
         self.next = 0;
     }
 
-    /// Whether [`roll`](Held::roll) would leave `cost` units to spend at `now`.
-    fn can_pay(&self, now: u64, cost: u64) -> bool {
-        let units = if now < self.until { self.units } else { 0 };
-        let next = if now < self.next_until { self.next } else { 0 };
-        units + next >= cost
-    }
-
     /// Whether a charge of `cost` is paid from these units at `now` (made current): a lease
     /// pays costs below its size, and a charge of 0 only while it lives.
     fn pays(&mut self, now: u64, cost: u64) -> bool {
         self.roll(now, cost);
         cost < self.size && self.units >= cost && now < self.until
+    }
+
+    /// The low-water mark after a refill: what the key's requests asked for while it was out,
+    /// and a half more. A lease that cannot hold twice that (more than half of it spent in a
+    /// round trip) gets none: refilled when it runs out, a whole lease at a time, it makes
+    /// fewer calls than refills ahead that would each bring less than was spent meanwhile.
+    fn settle_demand(&mut self) {
+        self.low_water = if self.demand.saturating_mul(2) > self.size.saturating_sub(1) {
+            0
+        } else {
+            self.demand + self.demand / 2
+        };
+    }
+
+    /// Units of a refill ahead of need, spendable until `until`: they wait behind the units
+    /// held (joining those already waiting, until the sooner of both times), and take over a
+    /// lease that ended; never more than `n − 1` held in all (the rest is dropped).
+    fn wait(&mut self, units: u64, until: u64, now: u64) {
+        if now >= self.next_until {
+            self.next = 0;
+        }
+        let live = if now < self.until { self.units } else { 0 };
+        let room = self
+            .size
+            .saturating_sub(1)
+            .saturating_sub(live.saturating_add(self.next));
+        self.next_until = if self.next > 0 {
+            self.next_until.min(until)
+        } else {
+            until
+        };
+        self.next += units.min(room);
+        self.roll(now, 0);
     }
 
     /// Spends `cost` units of [`units`](Held::units), counted in the demand on a refill out.
@@ -671,14 +682,9 @@ impl Held {
     }
 }
 
-/// The units of a rule's lease (0: not leased).
-fn lease_units(rule: &crate::store::RuleSpec) -> u64 {
-    rule.lease().map_or(0, |lease| lease.units)
-}
-
 /// The key of a rule's leases: its fingerprint and its lease's size (a new size is a new lease).
 fn lease_key(rule: &crate::store::RuleSpec) -> u64 {
-    let units = lease_units(rule);
+    let units = rule.lease().map_or(0, |lease| lease.units);
     (rule.fingerprint() ^ units.rotate_left(32)).wrapping_mul(0xff51_afd7_ed55_8ccd)
 }
 
@@ -902,53 +908,14 @@ impl Plan {
             let until = self.at.saturating_add(ttl.min(horizon));
             // Units taken before a reset of the key are not kept after it.
             let units = if lease.resets == resets { units } else { 0 };
-            // What the key's requests asked for while this refill was out, and a half more: a
-            // refill ahead of need goes out with that many units left. A lease that cannot
-            // hold twice that (more than half of it spent in a round trip) is refilled when it
-            // runs out, a whole lease at a time: fewer calls than refills ahead that would each
-            // bring less than was spent meanwhile.
-            let size = match planned.how {
-                How::Refill { lease, .. } | How::Ahead { lease, .. } => lease,
-                _ => 0,
-            };
-            lease.low_water = if lease.demand.saturating_mul(2) > size.saturating_sub(1) {
-                0
+            lease.settle_demand();
+            if let How::Refill { held, .. } = planned.how {
+                // A new lease: units given back meanwhile to the old one are dropped with it.
+                lease.generation += 1;
+                lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
+                lease.until = until;
             } else {
-                lease.demand + lease.demand / 2
-            };
-            match planned.how {
-                How::Refill { held, .. } => {
-                    // A new lease: units given back meanwhile to the old one are dropped with it.
-                    lease.generation += 1;
-                    lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
-                    lease.until = until;
-                }
-                How::Ahead { lease: size, .. } => {
-                    // Ahead of need: spent once the units held are gone, never more than
-                    // `size - 1` held in all.
-                    let now = local.now();
-                    if now >= lease.next_until {
-                        lease.next = 0;
-                    }
-                    let live = if now < lease.until { lease.units } else { 0 };
-                    let units = units.min(
-                        size.saturating_sub(1)
-                            .saturating_sub(live.saturating_add(lease.next)),
-                    );
-                    if lease.next > 0 {
-                        // With the units already waiting, until the sooner of both times.
-                        lease.next += units;
-                        lease.next_until = lease.next_until.min(until);
-                    } else if live > 0 {
-                        lease.next = units;
-                        lease.next_until = until;
-                    } else {
-                        lease.generation += 1;
-                        lease.units = units;
-                        lease.until = until;
-                    }
-                }
-                _ => {}
+                lease.wait(units, until, local.now());
             }
             lease.outcome = *outcome;
             lease.at = self.at;
@@ -957,7 +924,7 @@ impl Plan {
         if admitted {
             // Redis admitted what it was asked to charge: those denials are over (a request
             // paid here, or a refill ahead of need, says nothing of Redis's budget).
-            if !local.denials.is_empty() && !self.paid_here() {
+            if !local.denials.is_empty() {
                 for planned in &self.charges {
                     if matches!(planned.how, How::Sent | How::Refill { .. }) {
                         local
@@ -1053,6 +1020,12 @@ impl Plan {
     /// back and refills end.
     fn undo(&self) {
         self.undo_leased();
+        self.end_refills();
+    }
+
+    /// Ends this check's refills: a plain refill's units taken here go back to their lease,
+    /// while it lives.
+    fn end_refills(&self) {
         let now = self.local.now();
         for planned in &self.charges {
             let (held, generation) = match planned.how {
@@ -1080,14 +1053,7 @@ impl Plan {
             self.undo();
             return Err(error);
         }
-        for planned in &self.charges {
-            if let How::Ahead { .. } = planned.how {
-                let key = (planned.lease_key, planned.key.clone());
-                if let Some(lease) = self.local.leases.shard(&key).get_mut(&key) {
-                    lease.refilling = false;
-                }
-            }
-        }
+        self.end_refills();
         Ok(self.paid_decision())
     }
 }
@@ -1269,6 +1235,14 @@ mod tests {
             }]
         }
 
+        /// `requests` requests of cost 1, each paid from the lease without a call.
+        fn pay(&self, requests: usize) {
+            let charges = self.charges();
+            for _ in 0..requests {
+                assert!(self.local.answer(&charges, true).is_some());
+            }
+        }
+
         /// A first refill of 10 (9 held), `dry` requests sent to Redis while it was out: a
         /// mark of `1.5 × dry` (none above 4).
         fn fill(&self, dry: u64) {
@@ -1318,9 +1292,7 @@ mod tests {
         assert_eq!(decision.outcomes()[0].remaining, 80 + 2 + 6);
         // One unit was asked for while it was out: low water 1. The 2 left, then the refill's
         // units, are spent here until the request that would leave none.
-        for _ in 0..7 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(7);
         assert!(local.answer(&charges, true).is_none());
         assert!(matches!(
             local.plan(&charges).charges[0].how,
@@ -1336,9 +1308,7 @@ mod tests {
         let (local, charges) = (&hot.local, hot.charges());
         hot.fill(1);
         // Low water 1: the request that takes the last unit asks for 9.
-        for _ in 0..8 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(8);
         let ahead = local.plan(&charges);
         assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 9, .. }));
         let decision = ahead.settle(Some(Err(StoreError::Timeout))).unwrap();
@@ -1374,15 +1344,11 @@ mod tests {
         // Four requests find no unit while the first refill is out: the mark is 6.
         hot.fill(4);
         assert_eq!(held(local), (9, 0));
-        for _ in 0..3 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(3);
         // The next request leaves 5 < 6: it asks for 4, and four more are paid meanwhile.
         let ahead = local.plan(&charges);
         assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 4, .. }));
-        for _ in 0..4 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(4);
         ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
         assert_eq!(held(local), (1, 4), "the units wait behind the one left");
         // The mark is 6 again: the next request leaves 4 in all, and asks for what the lease
@@ -1417,9 +1383,7 @@ mod tests {
         let hot = Hot::new();
         let (local, charges) = (&hot.local, hot.charges());
         hot.fill(1);
-        for _ in 0..8 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(8);
         assert_eq!(held(local), (1, 0));
         let mut ahead = local.plan(&charges);
         let decision = ahead.detach().expect("paid here");
@@ -1482,13 +1446,9 @@ mod tests {
         let hot = Hot::new();
         let (local, charges) = (&hot.local, hot.charges());
         hot.fill(4);
-        for _ in 0..3 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(3);
         let ahead = local.plan(&charges);
-        for _ in 0..4 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(4);
         ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
         assert_eq!(held(local), (1, 4));
         let costly = |cost| {
@@ -1527,14 +1487,10 @@ mod tests {
         let (local, charges) = (&hot.local, hot.charges());
         // A mark of 6: four requests asked for units while the first refill was out.
         hot.fill(4);
-        for _ in 0..3 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(3);
         // A refill ahead asks for 4; four more are paid while it is out (the mark stays 6).
         let first = local.plan(&charges);
-        for _ in 0..4 {
-            assert!(local.answer(&charges, true).is_some());
-        }
+        hot.pay(4);
         first.settle(Some(Ok(admitted(76, 4)))).unwrap();
         assert_eq!(held(local), (1, 4));
         // 30 s later, another asks for 5, joining the units that wait (their time: 60 s after

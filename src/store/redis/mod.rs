@@ -203,6 +203,26 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
         .map_err(|_| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
 }
 
+/// The future of a check whose plan sends a call (`call` makes it): the call itself, or, for a
+/// request paid from this replica's leases that only refills them ahead of need, on a Tokio
+/// runtime, its decision at once, with the call going on in a task of its own.
+pub(crate) fn sent<F>(mut plan: local::Plan, call: impl FnOnce(local::Plan) -> F) -> CheckFuture
+where
+    F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
+{
+    let detached = tokio::runtime::Handle::try_current()
+        .ok()
+        .and_then(|runtime| Some((plan.detach()?, runtime)));
+    let call = call(plan);
+    match detached {
+        Some((decision, runtime)) => {
+            drop(runtime.spawn(call));
+            Box::pin(std::future::ready(Ok(decision)))
+        }
+        None => Box::pin(call),
+    }
+}
+
 /// A Redis URL as it may be shown: without its password.
 ///
 /// ```text

@@ -642,7 +642,7 @@ impl Store for RedisStore {
         if let Some(error) = super::repeated(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
-        let mut plan = inner.local.plan(charges);
+        let plan = inner.local.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
@@ -653,11 +653,7 @@ impl Store for RedisStore {
         }
         let prepared = plan.prepared(&inner.settings.prefix, charges);
         let now = inner.settings.now();
-        // A request paid here is answered now; its refill ahead of need goes on by itself.
-        let detached = tokio::runtime::Handle::try_current()
-            .ok()
-            .and_then(|runtime| Some((plan.detach()?, runtime)));
-        let call = async move {
+        super::sent(plan, |plan| async move {
             let reply = async {
                 // Polled where no runtime runs, refused before it takes the breaker's probe.
                 super::runtime()?;
@@ -665,12 +661,7 @@ impl Store for RedisStore {
                 inner.decide(prepared, now, permit).await
             };
             plan.settle(Some(reply.await))
-        };
-        if let Some((decision, runtime)) = detached {
-            drop(runtime.spawn(call));
-            return Box::pin(std::future::ready(Ok(decision)));
-        }
-        Box::pin(call)
+        })
     }
 
     /// Answers at once a check decided here (a denial Redis made moments ago, units leased to

@@ -852,7 +852,7 @@ impl Store for RedisClusterStore {
         if let Some(error) = super::repeated(charges) {
             return Box::pin(std::future::ready(Err(error)));
         }
-        let mut plan = inner.local.plan(charges);
+        let plan = inner.local.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
@@ -909,11 +909,7 @@ impl Store for RedisClusterStore {
                 plan.settle(Some(reply))
             });
         }
-        // A request paid here is answered now; its refill ahead of need goes on by itself.
-        let detached = tokio::runtime::Handle::try_current()
-            .ok()
-            .and_then(|runtime| Some((plan.detach()?, runtime)));
-        let call = async move {
+        super::sent(plan, |plan| async move {
             // Its calls are waited for with the runtime's timers.
             if let Err(error) = super::runtime() {
                 return plan.settle(Some(Err(error)));
@@ -921,12 +917,7 @@ impl Store for RedisClusterStore {
             let deadline = Instant::now() + inner.settings.response_timeout;
             let reply = inner.check(&prepared, now, deadline.into()).await;
             plan.settle(Some(reply))
-        };
-        if let Some((decision, runtime)) = detached {
-            drop(runtime.spawn(call));
-            return Box::pin(std::future::ready(Ok(decision)));
-        }
-        Box::pin(call)
+        })
     }
 
     /// Answers at once a check decided here (a denial the cluster made moments ago, units
