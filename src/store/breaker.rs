@@ -1,7 +1,7 @@
 //! The circuit breaker of a remote store: stop paying the time budget on every request while a
 //! server is down.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -91,6 +91,8 @@ pub(crate) struct Breaker {
     config: CircuitBreaker,
     origin: Instant,
     consecutive_failures: AtomicU32,
+    /// Whether the last call reported failed (to tell a health check).
+    failing: AtomicBool,
     /// Microseconds since `origin` until which the breaker is open; 0 when closed.
     open_until: AtomicU64,
     /// When the current probe started (microseconds since `origin`); 0 when none.
@@ -100,8 +102,8 @@ pub(crate) struct Breaker {
     /// Serialises the changes of state (opening, closing), so that a success checked against
     /// an epoch cannot undo an opening that happened after the check.
     changing: Mutex<()>,
-    /// The store's kind and the server, for the `tollgate_circuit_breaker_open` gauge.
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    /// The store's kind and the server, for the `tollgate_circuit_breaker_open` gauge and the
+    /// log of a recovery.
     label: (&'static str, Arc<str>),
 }
 
@@ -123,6 +125,7 @@ impl Breaker {
             config,
             origin: Instant::now(),
             consecutive_failures: AtomicU32::new(0),
+            failing: AtomicBool::new(false),
             open_until: AtomicU64::new(0),
             probe_started: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -182,15 +185,22 @@ impl Breaker {
         turn.then_some(Permit { epoch })
     }
 
+    /// Whether the last call to the server failed (it did not answer): for a health check.
+    pub(crate) fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed) || self.is_open()
+    }
+
     /// The server answered the check of `permit`. Closes the breaker, unless the check started
-    /// before it last opened.
+    /// before it last opened; the closing is logged once.
     pub(crate) fn success(&self, permit: Permit) {
         // Closed with no failure counted: the common case, without a lock.
         if self.consecutive_failures.load(Ordering::Relaxed) == 0
             && self.open_until.load(Ordering::Relaxed) == 0
+            && !self.failing.load(Ordering::Relaxed)
         {
             return;
         }
+        self.failing.store(false, Ordering::Relaxed);
         let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         if permit.epoch != self.epoch.load(Ordering::Acquire) {
             return;
@@ -198,11 +208,14 @@ impl Breaker {
         self.consecutive_failures.store(0, Ordering::Relaxed);
         let was_open = self.open_until.swap(0, Ordering::Relaxed) != 0;
         self.probe_started.store(0, Ordering::Relaxed);
-        #[cfg(feature = "metrics")]
         if was_open {
+            #[cfg(feature = "metrics")]
             crate::observe::metrics::breaker(self.label.0, &self.label.1, false);
+            tracing::info!(
+                server = &*self.label.1,
+                "tollgate: the store answers again; its circuit breaker closed"
+            );
         }
-        let _ = was_open;
     }
 
     /// The check of `permit` failed; true when this failure opened the breaker. A check that
@@ -212,6 +225,7 @@ impl Breaker {
     }
 
     fn failure_at(&self, permit: Permit, now: u64) -> bool {
+        self.failing.store(true, Ordering::Relaxed);
         if self.config.failures == 0 || permit.epoch != self.epoch.load(Ordering::Acquire) {
             return false;
         }

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 pub struct FaultProxy {
     pub port: u16,
     delay_micros: Arc<AtomicU64>,
+    connect_delay_micros: Arc<AtomicU64>,
     cut: watch::Sender<bool>,
     forwarded: Arc<AtomicU64>,
     accepted: Arc<AtomicU64>,
@@ -35,6 +36,8 @@ impl FaultProxy {
             .expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
         let delay_micros = Arc::new(AtomicU64::new(0));
+        let connect_delay_micros = Arc::new(AtomicU64::new(0));
+        let connect_delay = connect_delay_micros.clone();
         let forwarded = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicU64::new(0));
         let faults = Arc::new(Faults::default());
@@ -48,8 +51,21 @@ impl FaultProxy {
                     continue; // dropped: refused as soon as it was accepted
                 }
                 connections.fetch_add(1, Ordering::SeqCst);
+                let (delay, count, cut_rx, cutter, fault) = (
+                    delay.clone(),
+                    count.clone(),
+                    cut_rx.clone(),
+                    cutter.clone(),
+                    fault.clone(),
+                );
+                let connect_delay = connect_delay.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                // A TCP handshake's round trip, where the network is slow.
+                if connect_delay > 0 {
+                    tokio::time::sleep(Duration::from_micros(connect_delay)).await;
+                }
                 let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
-                    continue;
+                    return;
                 };
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
@@ -77,11 +93,13 @@ impl FaultProxy {
                         faults: fault.clone(),
                     },
                 ));
+                });
             }
         });
         FaultProxy {
             port,
             delay_micros,
+            connect_delay_micros,
             cut,
             forwarded,
             accepted,
@@ -96,6 +114,13 @@ impl FaultProxy {
     /// Delays every chunk of bytes, in both directions.
     pub fn set_delay(&self, delay: Duration) {
         self.delay_micros
+            .store(delay.as_micros() as u64, Ordering::SeqCst);
+    }
+
+    /// Delays each new connection before it reaches Redis, as a slow network's TCP handshake
+    /// does (the client's connect completes, its first bytes wait).
+    pub fn set_connect_delay(&self, delay: Duration) {
+        self.connect_delay_micros
             .store(delay.as_micros() as u64, Ordering::SeqCst);
     }
 

@@ -3,10 +3,41 @@
 //! that many checks share: a server that stalls for a moment (a fork, an fsync) times out every
 //! check in flight, and replacing the connection then would only add reconnects to the stall. A
 //! link that vanished without a reset (a cut cable, a dead proxy) answers nothing at all, so a
-//! time-out after a long silence retires it.
+//! time-out after a long silence retires it. A connection the server closed (a restart, an idle
+//! time-out, a failover) is retired the moment its stream ends, before a check is sent on it.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use redis::{AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
+
+/// The connection settings the stores use: RESP3, whose push channel is how redis-rs tells that
+/// a connection's stream ended (RESP3 servers: Redis 6 and later, Valkey).
+pub(crate) fn resp3(info: ConnectionInfo) -> ConnectionInfo {
+    let redis = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    info.set_redis_settings(redis)
+}
+
+/// `config` with a push channel that marks `health` broken as soon as the connection's stream
+/// ends: the server closed it or reset it, with no check in flight to find out. Without it, the
+/// next check sent on the connection would fail with a broken pipe.
+pub(crate) fn watched(config: &AsyncConnectionConfig, health: &Arc<Health>) -> AsyncConnectionConfig {
+    let health = Arc::downgrade(health);
+    config
+        .clone()
+        .set_push_sender(move |info: PushInfo| -> Result<(), std::convert::Infallible> {
+            if info.kind == PushKind::Disconnection
+                && let Some(health) = health.upgrade()
+            {
+                health.broke();
+            }
+            Ok(())
+        })
+}
 
 /// The shortest silence after which a time-out replaces a connection.
 pub(crate) const MIN_SILENCE: Duration = Duration::from_secs(1);

@@ -5,13 +5,14 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{RedisError, Value};
-use bb8_redis::RedisConnectionManager;
+use ::redis::{
+    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, Value,
+};
 use tokio::sync::oneshot;
 
 use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
-use super::health::Health;
+use super::health::{self, Health};
 use super::local::Local;
 use super::outside::{self, Calls};
 use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
@@ -74,6 +75,8 @@ struct Inner {
     batcher: Arc<Batcher<Job>>,
     /// Made by the background task (bb8 needs a runtime).
     pool: OnceLock<bb8::Pool<Manager>>,
+    /// One connection opened by a check at a time (when the pool has none).
+    opening: tokio::sync::Mutex<()>,
     startup: Startup,
     breaker: Breaker,
     registry: RuleRegistry,
@@ -138,9 +141,34 @@ impl RedisStore {
         keys::key_name(&self.inner.settings.prefix, identity, rule)
     }
 
-    /// Whether the store has reached Redis (and loaded its script) since it was built.
+    /// Whether the store has reached Redis (and loaded its script) since it was built. It stays
+    /// true during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
         self.inner.startup.is_connected()
+    }
+
+    /// Whether the store can decide with Redis now: it has connected, and its last call reached
+    /// the server (its circuit breaker is closed). For a readiness check (`/healthz`); while it
+    /// is false, requests are decided by each rule's [`FailureMode`](crate::FailureMode).
+    ///
+    /// ```no_run
+    /// # fn run() -> Result<(), tollgate::ConfigError> {
+    /// use axum::{Router, http::StatusCode, routing::get};
+    /// use tollgate::store::RedisStore;
+    ///
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379").build()?;
+    /// let health = store.clone();
+    /// let app: Router = Router::new().route(
+    ///     "/healthz",
+    ///     get(move || async move {
+    ///         if health.is_reachable() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+    ///     }),
+    /// );
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn is_reachable(&self) -> bool {
+        self.inner.startup.is_connected() && !self.inner.breaker.is_failing()
     }
 
     /// The Lua source of the script form of the code (with the server's `TIME` as its clock),
@@ -195,7 +223,7 @@ impl RedisStoreBuilder {
             )));
         }
         let server: Arc<str> = redact(&self.url).into();
-        RedisConnectionManager::new(self.url.as_str()).map_err(|e| {
+        self.url.as_str().into_connection_info().map_err(|e| {
             ConfigError::new(format!(
                 "the Redis URL {server} is not valid ({e}); use redis://host:port or redis://host:port/db"
             ))
@@ -222,6 +250,7 @@ impl RedisStoreBuilder {
                 breaker,
                 settings: self.settings,
                 pool: OnceLock::new(),
+                opening: tokio::sync::Mutex::new(()),
                 startup: Startup::default(),
                 registry: RuleRegistry::new(),
                 warned: Every::default(),
@@ -256,13 +285,12 @@ impl Inner {
     }
 
     fn manager(&self) -> Result<Manager, StoreError> {
-        let manager = RedisConnectionManager::new(self.url.as_str())
-            .map_err(|e| store_error(&self.server, e))?;
-        Ok(Manager {
-            inner: manager,
-            connect_timeout: self.settings.connect_timeout,
-            response_timeout: self.settings.response_timeout,
-        })
+        Manager::new(
+            &self.url,
+            self.settings.connect_timeout,
+            self.settings.response_timeout,
+        )
+        .map_err(|e| store_error(&self.server, e))
     }
 
     /// The pool, made once the store has connected (bb8 needs a runtime).
@@ -307,10 +335,14 @@ impl Inner {
 
     /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
     /// that each connection pipelines every check that picks it. Broken connections are dropped
-    /// (the pool opens new ones).
+    /// (the pool opens new ones). When none is open, the check opens one itself: a server that
+    /// refuses it is an answer at once, where waiting for the pool would cost the whole budget.
     async fn connection(&self) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
         let pool = self.pool()?;
         for _ in 0..=self.pool_size {
+            if pool.state().connections == 0 {
+                break;
+            }
             let pooled = pool.get().await.map_err(|e| match e {
                 bb8::RunError::User(e) => store_error(&self.server, e),
                 bb8::RunError::TimedOut => StoreError::Timeout,
@@ -319,9 +351,30 @@ impl Inner {
                 return Ok((pooled.conn.clone(), pooled.health.clone()));
             }
         }
-        Err(StoreError::Unavailable(
-            format!("{}: every connection of the pool is broken", self.server).into(),
-        ))
+        self.open(pool).await
+    }
+
+    /// Opens a connection for a check when the pool has none, one check at a time (the others
+    /// wait for it, within their budgets), and gives it to the pool.
+    async fn open(
+        &self,
+        pool: &bb8::Pool<Manager>,
+    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+        let _one_at_a_time = self.opening.lock().await;
+        if pool.state().idle_connections > 0
+            && let Ok(pooled) = pool.get().await
+            && !pooled.health.is_broken()
+        {
+            return Ok((pooled.conn.clone(), pooled.health.clone()));
+        }
+        let manager = self.manager()?;
+        let opened = bb8::ManageConnection::connect(&manager)
+            .await
+            .map_err(|e| store_error(&self.server, e))?;
+        let handle = (opened.conn.clone(), opened.health.clone());
+        // A full pool (it opened its own meanwhile) lets this one go with its last check.
+        let _ = pool.add(opened);
+        Ok(handle)
     }
 
     /// Sends `requests` in one call within the time budget of a check, and tells the
@@ -759,12 +812,29 @@ impl fmt::Debug for RedisStoreBuilder {
     }
 }
 
-/// bb8-redis' manager, with a connect timeout, a response timeout, and connections that the
-/// store marks broken when they fail (instead of a `PING` on every check-out).
+/// The pool's connections: multiplexed, RESP3, each with the health the store reads, marked
+/// broken when the connection fails or the server closes it (instead of a `PING` on every
+/// check-out).
 struct Manager {
-    inner: RedisConnectionManager,
-    connect_timeout: Duration,
+    client: Client,
+    config: AsyncConnectionConfig,
     response_timeout: Duration,
+}
+
+impl Manager {
+    fn new(url: &str, connect_timeout: Duration, response_timeout: Duration) -> RedisResult<Self> {
+        let info = health::resp3(url.into_connection_info()?);
+        Ok(Manager {
+            client: Client::open(info)?,
+            config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(connect_timeout))
+                // Each call has its own deadline (`run`); this one only bounds a reply the
+                // connection still waits for, as long as a call that takes concurrency slots
+                // waits for its own.
+                .set_response_timeout(Some(super::late_reply_wait(response_timeout))),
+            response_timeout,
+        })
+    }
 }
 
 struct Pooled {
@@ -777,24 +847,16 @@ impl bb8::ManageConnection for Manager {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Pooled, RedisError> {
-        let connect = tokio::time::timeout(self.connect_timeout, self.inner.connect());
-        let mut conn = connect.await.map_err(|_| {
-            RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "connecting to Redis timed out",
-            ))
-        })??;
-        // Each call has its own deadline (`run`); this one only bounds a reply the connection
-        // still waits for, as long as a call that takes concurrency slots waits for its own.
-        conn.set_response_timeout(super::late_reply_wait(self.response_timeout));
-        Ok(Pooled {
-            conn,
-            health: Arc::new(Health::new(self.response_timeout)),
-        })
+        let health = Arc::new(Health::new(self.response_timeout));
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&health::watched(&self.config, &health))
+            .await?;
+        Ok(Pooled { conn, health })
     }
 
     async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
-        self.inner.is_valid(&mut conn.conn).await
+        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {

@@ -139,9 +139,24 @@ impl RedisClusterStore {
         keys::key_name(&self.inner.settings.prefix, identity, rule)
     }
 
-    /// Whether the store has read the cluster's slot map since it was built.
+    /// Whether the store has read the cluster's slot map since it was built. It stays true
+    /// during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
         self.inner.startup.is_connected()
+    }
+
+    /// Whether the store can decide with the cluster now: it has read the slot map, and the
+    /// last call to every primary reached it (no primary's circuit breaker is open). For a
+    /// readiness check (`/healthz`); while it is false, the rules whose primary is away are
+    /// decided by their [`FailureMode`](crate::FailureMode).
+    pub fn is_reachable(&self) -> bool {
+        self.inner.startup.is_connected()
+            && self.inner.topology().is_some_and(|topology| {
+                topology
+                    .primaries()
+                    .iter()
+                    .all(|node| !node.breaker().is_failing())
+            })
     }
 }
 

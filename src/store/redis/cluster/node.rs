@@ -11,7 +11,7 @@ use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::error::{AtServer, store_error};
-use crate::store::redis::health::Health;
+use crate::store::redis::health::{self, Health};
 use crate::store::redis::script::ServerForm;
 
 /// A node of the cluster, by address.
@@ -24,8 +24,8 @@ pub(crate) struct Node {
     connect_timeout: Duration,
     response_timeout: Duration,
     conn: Mutex<Option<(MultiplexedConnection, Arc<Health>)>>,
-    /// One connection attempt at a time.
-    connecting: tokio::sync::Mutex<()>,
+    /// The connection attempt under way, if any: one at a time, shared by the checks waiting.
+    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Result<(), String>>>>>,
     breaker: Breaker,
     /// Whether the node runs functions or scripts.
     form: ServerForm,
@@ -46,9 +46,11 @@ impl Node {
             .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
             .ok_or_else(|| StoreError::Protocol(format!("the node address {addr} has no port")))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let info = template
-            .clone()
-            .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
+        let info = health::resp3(
+            template
+                .clone()
+                .set_addr(ConnectionAddr::Tcp(host.to_owned(), port)),
+        );
         let client = Client::open(info).map_err(|e| store_error(&server, e))?;
         let breaker = Breaker::new(breaker, "redis_cluster", server.clone());
         Ok(Node {
@@ -64,7 +66,7 @@ impl Node {
             connect_timeout,
             response_timeout,
             conn: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            opening: Mutex::new(None),
             breaker,
             form: ServerForm::default(),
         })
@@ -87,33 +89,65 @@ impl Node {
         &self.breaker
     }
 
-    /// The node's connection, opened when there is none (or it broke).
+    /// The node's connection, opened when there is none (or it broke). The opening runs in a
+    /// task of its own, bounded by the connect timeout and not by the check's budget: on a slow
+    /// network, opening a connection and sending a check can take longer than a check may wait,
+    /// and an opening cut short by every check in turn would never end.
     pub(super) async fn connection(
-        &self,
+        self: &Arc<Self>,
     ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
-        let _one_at_a_time = self.connecting.lock().await;
-        if let Some(conn) = self.current() {
-            return Ok(conn);
-        }
-        let connect = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config);
-        let conn = match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(store_error(&self.server, e)),
-            Err(_) => {
-                return Err(StoreError::Unavailable(Box::new(AtServer::new(
-                    &self.server,
-                    "connecting timed out",
-                ))));
+        let mut attempt = {
+            let mut opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+            match &*opening {
+                Some(attempt) => attempt.clone(),
+                None => {
+                    let (done, attempt) = tokio::sync::watch::channel(None);
+                    *opening = Some(attempt.clone());
+                    drop(tokio::spawn(self.clone().open(done)));
+                    attempt
+                }
             }
         };
-        let conn = (conn, Arc::new(Health::new(self.response_timeout)));
-        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
-        Ok(conn)
+        let outcome = attempt
+            .wait_for(Option::is_some)
+            .await
+            .map(|outcome| outcome.clone())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Err("the connection attempt was dropped".to_owned()));
+        match outcome {
+            Ok(()) => self.current().ok_or_else(|| {
+                StoreError::Unavailable(Box::new(AtServer::new(
+                    &self.server,
+                    "the connection broke as soon as it opened",
+                )))
+            }),
+            Err(error) => Err(StoreError::Unavailable(Box::new(AtServer::new(
+                &self.server,
+                error,
+            )))),
+        }
+    }
+
+    /// One attempt to open the node's connection, within the connect timeout; its outcome goes
+    /// to every check waiting for it.
+    async fn open(self: Arc<Self>, done: tokio::sync::watch::Sender<Option<Result<(), String>>>) {
+        let health = Arc::new(Health::new(self.response_timeout));
+        let config = health::watched(&self.config, &health);
+        let connect = self.client.get_multiplexed_async_connection_with_config(&config);
+        let outcome = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(conn)) => {
+                *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn, health));
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("connecting timed out".to_owned()),
+        };
+        *self.opening.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        done.send_replace(Some(outcome));
     }
 
     /// The current connection, unless it broke (then it is dropped).

@@ -1,0 +1,207 @@
+//! How the Redis stores come back: a server restarted while no request ran, a server that
+//! refuses connections, a cluster node reached through a slow network after a blip, and
+//! denials forgotten on every replica when one of them resets or refunds a key.
+
+mod support;
+
+use std::time::Duration;
+
+use support::fault_proxy::FaultProxy;
+use support::{RedisCluster, RedisServer, unique_prefix};
+use tollgate::Algorithm;
+use tollgate::CircuitBreaker;
+use tollgate::algorithm::Limits;
+use tollgate::key::Key;
+use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store, StoreError};
+
+fn hourly(name: &str, limit: u64) -> RuleSpec {
+    let hour = Limits::new(limit, 3_600_000_000, limit).unwrap();
+    RuleSpec::new(name, Algorithm::FixedWindow, hour).unwrap()
+}
+
+/// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
+/// port, so that clients (and their redirections) never bypass it.
+async fn cluster_behind_proxies() -> (RedisCluster, Vec<FaultProxy>) {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .unwrap();
+    let mut proxies = Vec::new();
+    for node in &cluster.nodes {
+        proxies.push(FaultProxy::start(node.port).await);
+    }
+    let ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.announce_ports(&ports);
+        cluster
+    })
+    .await
+    .unwrap();
+    (cluster, proxies)
+}
+
+/// The index of the node (and of its proxy) that owns the slot of the Redis key `name`.
+fn owner_of(cluster: &RedisCluster, name: &str, proxies: &[FaultProxy]) -> usize {
+    let mut conn = cluster.nodes[0].conn();
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(name)
+        .query(&mut conn)
+        .unwrap();
+    let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut conn).unwrap();
+    (0..proxies.len())
+        .find(|&i| support::owns(&slots, slot, proxies[i].port))
+        .expect("a node owns the slot")
+}
+
+/// Waits until `server`'s port answers `PING` again (a restart under way).
+async fn until_answers(port: u16) {
+    for _ in 0..500 {
+        if let Ok(mut conn) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|c| c.get_connection())
+            && redis::cmd("PING").query::<String>(&mut conn).is_ok()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server on port {port} did not come back");
+}
+
+/// Redis shut down and started again with no request in between: every connection of the pool
+/// was closed by the server, and the store must notice before it sends a check on one (a check
+/// sent on a closed connection fails with a broken pipe, and a fail-closed rule answers 503).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_restart_fails_no_check() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("restart"))
+        .pool_size(2)
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let rule = hourly("restart", 1_000);
+    let key = Key::text("quiet");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    // Both pooled connections carry checks.
+    let (a, b) = tokio::join!(store.check(&charge), store.check(&charge));
+    assert!(a.unwrap().allowed() && b.unwrap().allowed());
+
+    server.stop();
+    let _again = tokio::task::spawn_blocking(move || RedisServer::start_on(port, &[]))
+        .await
+        .unwrap()
+        .expect("redis-server restarted on the same port");
+    until_answers(port).await;
+    // The server closed the pool's connections; give the store a moment to see the close (it
+    // sees it the moment the connection's stream ends, before anything is sent on it).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    for i in 0..10 {
+        let decision = store.check(&charge).await;
+        assert!(
+            decision.as_ref().is_ok_and(|d| d.allowed()),
+            "check {i} after a quiet restart: {decision:?}"
+        );
+    }
+}
+
+/// With Redis stopped, a refused connection is an answer: the check fails at once with the
+/// refusal, rather than waiting for the pool until its time budget runs out (two stacked layers
+/// paid two budgets per request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_fails_the_check_at_once() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("refused"))
+        .connect_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(5))
+        .circuit_breaker(CircuitBreaker::disabled())
+        .connect()
+        .await
+        .unwrap();
+    let rule = hourly("refused", 1_000);
+    let key = Key::text("refused");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    assert!(store.check(&charge).await.unwrap().allowed());
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..5 {
+        match store.check(&charge).await {
+            Err(StoreError::Unavailable(error)) => {
+                let text = error.to_string();
+                assert!(
+                    text.contains("refused") || text.contains("closed") || text.contains("broken"),
+                    "check {i}: the error says why: {text}"
+                );
+            }
+            other => panic!(
+                "check {i} with Redis stopped: expected the refusal at once, got {other:?}"
+            ),
+        }
+    }
+    assert!(!store.is_reachable(), "a store whose server is down says so");
+}
+
+/// A cluster node reached through a slow network (each new connection waits one round trip
+/// before its first bytes, as a TCP handshake does): after a blip cuts its connection, opening
+/// a new one and sending a check takes longer than one check's budget. The connection is opened
+/// off the check's budget, so the node's slots answer again soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_node_recovers_after_a_blip() {
+    let (cluster, proxies) = cluster_behind_proxies().await;
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let store = RedisClusterStore::builder(urls)
+        .prefix(unique_prefix("slow-node"))
+        .response_timeout(Duration::from_millis(150))
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let rule = hourly("slow", 1_000_000);
+    let key = Key::text("slow-node");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    assert!(store.check(&charge).await.unwrap().allowed());
+    let name = store.key_name("slow", &key);
+    let owner = owner_of(&cluster, &name, &proxies);
+
+    // One round trip: 2 × 40 ms. A check on an open connection (one round trip) fits the 150 ms
+    // budget; a new connection (the handshake's round trip, then HELLO's, then the check's)
+    // does not.
+    proxies[owner].set_delay(Duration::from_millis(40));
+    proxies[owner].set_connect_delay(Duration::from_millis(80));
+    assert!(store.check(&charge).await.unwrap().allowed());
+    // The blip: every connection to the node is cut, and new ones refused for a moment.
+    proxies[owner].set_cut(true);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxies[owner].set_cut(false);
+
+    let mut answered = 0;
+    for _ in 0..40 {
+        if store.check(&charge).await.is_ok() {
+            answered += 1;
+        }
+        if answered >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        answered >= 3,
+        "the node's slots answer again within 40 checks after the blip (answered {answered})"
+    );
+    drop(cluster);
+}
