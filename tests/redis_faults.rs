@@ -406,10 +406,11 @@ async fn a_short_stall_replaces_no_connection() {
     for _ in 0..10 {
         assert!(store.check(&charge).await.unwrap().allowed());
     }
-    // The pool's 2, and the first connection, which loaded the script.
+    // The pool's 2, the first connection, which loaded the script, and the one that listens
+    // for the keys other replicas forget.
     let connections = proxy.connections_accepted();
     assert!(
-        connections <= 3,
+        connections <= 4,
         "{connections} connections for a pool of 2"
     );
 

@@ -12,7 +12,10 @@ use tollgate::Algorithm;
 use tollgate::CircuitBreaker;
 use tollgate::algorithm::Limits;
 use tollgate::key::Key;
-use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store, StoreError};
+use tollgate::DecisionSource;
+use tollgate::store::{
+    Adjustment, Change, Charge, RedisClusterStore, RedisStore, RuleSpec, Store, StoreError,
+};
 
 fn hourly(name: &str, limit: u64) -> RuleSpec {
     let hour = Limits::new(limit, 3_600_000_000, limit).unwrap();
@@ -204,4 +207,133 @@ async fn a_slow_node_recovers_after_a_blip() {
         "the node's slots answer again within 40 checks after the blip (answered {answered})"
     );
     drop(cluster);
+}
+
+/// Two replicas (two stores of one prefix): B denies `key` from its deny cache; A resets it.
+/// Returns how B answered each of its next checks until it admitted (at most `tries`, 10 ms
+/// apart), and whether it did.
+async fn b_after_a_forgets<S: Store>(a: &S, b: &S, forget: Forget, tries: usize) -> bool {
+    let rule = hourly("login", 5);
+    let key = Key::text(format!("user-{forget:?}"));
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    for _ in 0..5 {
+        assert!(a.check(&charge).await.unwrap().allowed());
+    }
+    // B asks Redis once, then answers the denial itself.
+    assert!(!b.check(&charge).await.unwrap().allowed());
+    let cached = b.check(&charge).await.unwrap();
+    assert!(!cached.allowed());
+    assert_eq!(cached.source(), DecisionSource::DenyCache, "B caches the denial");
+    match forget {
+        Forget::Reset => a.reset(&charge).await.unwrap(),
+        Forget::Refund => {
+            let refund = [Adjustment {
+                rule: &rule,
+                key: &key,
+                change: Change::Refund(1),
+                charged_at: 0,
+            }];
+            a.adjust(&refund).await.unwrap();
+        }
+    }
+    for _ in 0..tries {
+        if b.check(&charge).await.unwrap().allowed() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Forget {
+    Reset,
+    Refund,
+}
+
+/// A reset or a refund on replica A reaches replica B's deny cache: B admits within 10 checks
+/// 10 ms apart (the message takes one hop through Redis; B's cached denial would otherwise be
+/// answered for the rest of the hour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_or_refund_on_one_replica_reaches_the_deny_cache_of_the_others() {
+    let server = support::standalone();
+    let prefix = unique_prefix("forget");
+    let a = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let b = RedisStore::builder(server.url())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    // The listening connections subscribe in the background, once connected.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for forget in [Forget::Reset, Forget::Refund] {
+        assert!(
+            b_after_a_forgets(&a, &b, forget, 10).await,
+            "B admits soon after A's {forget:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_or_refund_on_one_cluster_replica_reaches_the_deny_cache_of_the_others() {
+    let cluster = support::cluster();
+    let prefix = unique_prefix("forget-cluster");
+    let a = RedisClusterStore::builder(cluster.urls())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let b = RedisClusterStore::builder(cluster.urls())
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for forget in [Forget::Reset, Forget::Refund] {
+        assert!(
+            b_after_a_forgets(&a, &b, forget, 10).await,
+            "B admits soon after A's {forget:?}"
+        );
+    }
+}
+
+/// A key reset behind the stores' backs (no message: a `DEL` by hand, or a message lost) is
+/// admitted once the cached denial's cap has passed, not after the hour Redis computed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_denial_lives_no_longer_than_its_cap() {
+    let server = support::standalone();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("cap"))
+        .deny_cache_max_age(Duration::from_millis(300))
+        .connect()
+        .await
+        .unwrap();
+    let rule = hourly("capped", 1);
+    let key = Key::text("capped");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    assert!(store.check(&charge).await.unwrap().allowed());
+    assert!(!store.check(&charge).await.unwrap().allowed());
+    let cached = store.check(&charge).await.unwrap();
+    assert_eq!(cached.source(), DecisionSource::DenyCache);
+    let _: () = redis::cmd("DEL")
+        .arg(store.key_name("capped", &key))
+        .query(&mut server.conn())
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(
+        store.check(&charge).await.unwrap().allowed(),
+        "the denial was answered past its cap"
+    );
 }

@@ -68,10 +68,24 @@ use crate::{Algorithm, Decision, DecisionSource};
 /// Shards of each table.
 const SHARDS: usize = 16;
 
+/// The most keys heard forgotten (by another replica's reset or refund) that are remembered
+/// at once, for the cap of a cached denial's life; past it, every cached denial is dropped.
+const MAX_TOMBSTONES: usize = 65_536;
+
 /// The local decisions of one store.
 pub(crate) struct Local {
     clock: Arc<dyn Clock>,
+    /// The store's key prefix, to name the keys that other replicas forget.
+    prefix: Arc<str>,
+    /// The longest a denial is answered here (local microseconds), whatever Redis computed.
+    max_age: u64,
     denials: Table<Denial>,
+    /// Keys forgotten by a replica (heard over pub/sub), by a hash of their Redis name: when
+    /// it was heard (local microseconds). Kept for `max_age`, the life of any denial cached
+    /// before.
+    tombstones: Mutex<HashMap<u64, u64, foldhash::fast::RandomState>>,
+    /// How many tombstones there are: none, the common case, is read without a lock.
+    tombstone_count: AtomicUsize,
     leases: Table<Held>,
     /// The next sub-key of each split key.
     parts: Table<u16>,
@@ -197,6 +211,14 @@ impl<V> Table<V> {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
+
+    fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+    }
 }
 
 /// Whether a request is paid from this replica's leases alone.
@@ -268,12 +290,23 @@ enum How {
 }
 
 impl Local {
-    /// The local decisions of a store, on `clock`, with at most `denials` cached denials (0:
-    /// none) and `leases` leased keys.
-    pub(crate) fn new(clock: Arc<dyn Clock>, denials: usize, leases: usize) -> Self {
+    /// The local decisions of a store of keys named with `prefix`, on `clock`, with at most
+    /// `denials` cached denials (0: none), each answered for at most `max_age`, and `leases`
+    /// leased keys.
+    pub(crate) fn new(
+        clock: Arc<dyn Clock>,
+        prefix: Arc<str>,
+        denials: usize,
+        max_age: std::time::Duration,
+        leases: usize,
+    ) -> Self {
         Local {
             clock,
+            prefix,
+            max_age: u64::try_from(max_age.as_micros()).unwrap_or(u64::MAX),
             denials: Table::new(denials),
+            tombstones: Mutex::default(),
+            tombstone_count: AtomicUsize::new(0),
             parts: Table::new(leases),
             leases: Table::new(leases),
         }
@@ -299,6 +332,52 @@ impl Local {
                 held.resets += 1;
             }
         }
+    }
+
+    /// A replica forgot the key of Redis name `name` (a reset or an adjustment): a denial
+    /// cached here before now is not answered again.
+    pub(crate) fn forgotten(&self, name: &[u8]) {
+        // Kept even while no denial is cached: one may be on its way, from a check sent before.
+        if self.denials.max_per_shard == 0 {
+            return;
+        }
+        let now = self.now();
+        let mut tombstones = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
+        if tombstones.len() >= MAX_TOMBSTONES {
+            let max_age = self.max_age;
+            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
+            if tombstones.len() >= MAX_TOMBSTONES {
+                // More keys forgotten at once than can be told apart: forget every denial.
+                tombstones.clear();
+                self.tombstone_count.store(0, Ordering::Relaxed);
+                drop(tombstones);
+                self.denials.clear();
+                return;
+            }
+        }
+        tombstones.insert(name_hash(name), now);
+        self.tombstone_count
+            .store(tombstones.len(), Ordering::Relaxed);
+    }
+
+    /// Drops every cached denial: the replica may have missed what others forgot.
+    pub(crate) fn forget_every_denial(&self) {
+        self.denials.clear();
+    }
+
+    /// Whether another replica forgot `charge`'s key after `at` (local microseconds).
+    fn forgotten_since(&self, charge: &Charge<'_>, at: u64) -> bool {
+        let name = super::keys::key_name(&self.prefix, charge.key, charge.rule.name());
+        let hash = name_hash(name.as_bytes());
+        let mut tombstones = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.now();
+        let max_age = self.max_age;
+        if tombstones.len() > MAX_TOMBSTONES / 2 {
+            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
+            self.tombstone_count
+                .store(tombstones.len(), Ordering::Relaxed);
+        }
+        tombstones.get(&hash).is_some_and(|heard| *heard >= at)
     }
 
     /// The decision of a request that needs no call to Redis: a denial Redis made moments ago,
@@ -345,10 +424,7 @@ impl Local {
         let mut denied = false;
         for charge in charges {
             let key = (charge.rule.fingerprint(), charge.key.clone());
-            let entry = *self.denials.shard(&key).get(&key)?;
-            if entry.cost != charge.cost || now >= entry.until {
-                return None;
-            }
+            let entry = self.live_denial(&key, charge, now)?;
             denied |= entry.denies;
             outcomes.push(aged(
                 entry.outcome,
@@ -357,6 +433,23 @@ impl Local {
             ));
         }
         denied.then(|| Decision::from_outcomes(outcomes).made_by(DecisionSource::DenyCache))
+    }
+
+    /// The denial cached for `charge` (under `key`: its sub-key's, for a split key), if it
+    /// still stands at `now`: same cost, not past its time, and its key not forgotten since by
+    /// another replica (then it goes).
+    fn live_denial(&self, key: &(u64, Key), charge: &Charge<'_>, now: u64) -> Option<Denial> {
+        let entry = *self.denials.shard(key).get(key)?;
+        if entry.cost != charge.cost || now >= entry.until {
+            return None;
+        }
+        if self.tombstone_count.load(Ordering::Relaxed) > 0
+            && self.forgotten_since(charge, entry.at)
+        {
+            self.denials.remove(key);
+            return None;
+        }
+        Some(entry)
     }
 
     /// Pays every charge from this replica's leases, all or nothing, in one pass; with `ahead`,
@@ -437,14 +530,8 @@ impl Local {
         if !self.denials.is_empty() {
             let entries: Option<SmallVec<[Denial; 2]>> = planned
                 .iter()
-                .map(|p| {
-                    let key = (p.fingerprint, p.key.clone());
-                    self.denials
-                        .shard(&key)
-                        .get(&key)
-                        .copied()
-                        .filter(|d| d.cost == p.cost && at < d.until)
-                })
+                .zip(charges)
+                .map(|(p, charge)| self.live_denial(&(p.fingerprint, p.key.clone()), charge, at))
                 .collect();
             if let Some(entries) = entries
                 && entries.iter().any(|d| d.denies)
@@ -683,6 +770,14 @@ impl Held {
 }
 
 /// The key of a rule's leases: its fingerprint and its lease's size (a new size is a new lease).
+/// The hash of a Redis key name, the same on every replica.
+fn name_hash(name: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = foldhash::fast::FixedState::with_seed(0x666f_7267_6f74).build_hasher();
+    hasher.write(name);
+    hasher.finish()
+}
+
 fn lease_key(rule: &crate::store::RuleSpec) -> u64 {
     let units = rule.lease().map_or(0, |lease| lease.units);
     (rule.fingerprint() ^ units.rotate_left(32)).wrapping_mul(0xff51_afd7_ed55_8ccd)
@@ -976,7 +1071,8 @@ impl Plan {
             // Only costs above a rule's capacity: never admitted, nothing to wait for.
             return;
         };
-        let until = self.at.saturating_add(wait);
+        // Capped: a reset or refund made elsewhere whose message was lost is seen by then.
+        let until = self.at.saturating_add(wait.min(local.max_age));
         for (planned, outcome) in self.charges.iter().zip(outcomes) {
             let denial = Denial {
                 outcome: *outcome,
@@ -1076,7 +1172,13 @@ mod tests {
     use crate::store::RuleSpec;
 
     fn local(clock: &ManualClock) -> Arc<Local> {
-        Arc::new(Local::new(Arc::new(clock.clone()), 1000, 1000))
+        Arc::new(Local::new(
+            Arc::new(clock.clone()),
+            "t".into(),
+            1000,
+            std::time::Duration::from_secs(3600),
+            1000,
+        ))
     }
 
     fn denied(retry: u64, window: u64) -> Outcome {

@@ -41,6 +41,16 @@ macro_rules! settings_setters {
             self
         }
 
+        /// The longest this replica answers a denial itself (default 5 s), whatever the
+        /// retry-after Redis computed: the backstop for a reset or refund made on another
+        /// replica whose message this one missed (it hears them over pub/sub; see
+        /// [`store`](crate::store#the-deny-cache)). Zero is refused: turn the cache off with
+        /// `deny_cache(0)`.
+        pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
+            self.settings.deny_cache_max_age = max_age;
+            self
+        }
+
         /// Takes the time from `clock` instead of the server's `TIME` (feature `testing`):
         /// **for tests and simulations only**. Replicas with different clocks disagree, and keys
         /// still expire on the server's clock (with an hour of slack, so that they outlive
@@ -56,6 +66,7 @@ macro_rules! settings_setters {
 mod batch;
 mod cluster;
 mod error;
+mod forget;
 mod health;
 mod keys;
 mod local;
@@ -97,6 +108,9 @@ const MAX_BATCH: usize = 1024;
 /// The most keys whose denials a store keeps, by default.
 pub const DEFAULT_DENY_CACHE: usize = 100_000;
 
+/// The longest a replica answers a denial itself, by default.
+const DEFAULT_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(5);
+
 /// The most keys a store holds leased units for.
 const MAX_LEASED_KEYS: usize = 100_000;
 
@@ -114,6 +128,8 @@ struct Settings {
     clock: Option<Arc<dyn Clock>>,
     /// The most cached denials (0: none).
     deny_cache: usize,
+    /// The longest a cached denial is answered.
+    deny_cache_max_age: Duration,
 }
 
 impl Default for Settings {
@@ -125,6 +141,7 @@ impl Default for Settings {
             breaker: CircuitBreaker::default(),
             clock: None,
             deny_cache: DEFAULT_DENY_CACHE,
+            deny_cache_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
         }
     }
 }
@@ -135,6 +152,7 @@ impl Settings {
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
             ("response_timeout", self.response_timeout),
+            ("deny_cache_max_age", self.deny_cache_max_age),
         ] {
             if value.is_zero() {
                 return Err(ConfigError::new(format!(
@@ -167,7 +185,13 @@ impl Settings {
             Some(clock) => clock.clone(),
             None => Arc::new(crate::clock::SystemClock::new()),
         };
-        Arc::new(local::Local::new(clock, self.deny_cache, MAX_LEASED_KEYS))
+        Arc::new(local::Local::new(
+            clock,
+            self.prefix.clone(),
+            self.deny_cache,
+            self.deny_cache_max_age,
+            MAX_LEASED_KEYS,
+        ))
     }
 
     /// The time to pass to the script: only with an injected clock.

@@ -10,7 +10,7 @@ use super::Settings;
 use super::local::Local;
 use super::script::{self, Mode, Prepared};
 use crate::key::Key;
-use crate::store::{Adjustment, Charge, RuleSpec, StoreError, StoreFuture};
+use crate::store::{Adjustment, Change, Charge, RuleSpec, StoreError, StoreFuture};
 
 /// A Redis store's calls outside the batches.
 pub(crate) trait Calls: Send + Sync + 'static {
@@ -26,6 +26,34 @@ pub(crate) trait Calls: Send + Sync + 'static {
         now: Option<u64>,
         charges: Vec<Prepared>,
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+
+    /// Tells every replica that the keys of Redis names `names` were forgotten (a `PUBLISH` on
+    /// the prefix's channel: [`forget`](super::forget)), within a check's time budget.
+    fn publish(
+        self: Arc<Self>,
+        names: Vec<String>,
+    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+}
+
+/// Tells the other replicas what `inner` forgot; a failure is logged (each replica's cap on a
+/// cached denial's life still holds), never the operation's error.
+async fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
+    let prefix = &inner.settings().prefix;
+    let names: Vec<String> = forgotten
+        .iter()
+        .map(|(rule, key)| super::keys::key_name(prefix, key, rule.name()))
+        .collect();
+    if let Err(error) = inner.clone().publish(names).await {
+        static WARNED: crate::warn::Every = crate::warn::Every::new();
+        if WARNED.due(crate::warn::unix_micros(), 60_000_000) {
+            tracing::warn!(
+                %error,
+                "tollgate: could not tell the other replicas of a reset or an adjustment; their \
+                 cached denials of those keys end by their cap (deny_cache_max_age) (reported at \
+                 most once a minute)"
+            );
+        }
+    }
 }
 
 /// The refusal of an operation that cannot be made: on one key of a rule split into sub-keys
@@ -50,6 +78,12 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
         .iter()
         .map(|a| (a.rule.clone(), a.key.clone()))
         .collect();
+    // Refunds give units back: the other replicas' denials of those keys may be out of date.
+    let refunded: Vec<(RuleSpec, Key)> = adjustments
+        .iter()
+        .filter(|a| matches!(a.change, Change::Refund(units) if units > 0))
+        .map(|a| (a.rule.clone(), a.key.clone()))
+        .collect();
     let calls = script::adjustments(&inner.settings().prefix, adjustments);
     let now = inner.settings().now();
     Box::pin(async move {
@@ -63,6 +97,9 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
         // Forgotten once the store changed: a denial cached meanwhile goes too.
         for (rule, key) in &forget {
             inner.local().forget(rule, key, false);
+        }
+        if !refunded.is_empty() {
+            tell_forgotten(&inner, &refunded).await;
         }
         result
     })
@@ -86,6 +123,7 @@ pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFu
         for (rule, key) in &forget {
             inner.local().forget(rule, key, result.is_ok());
         }
+        tell_forgotten(&inner, &forget).await;
         result
     })
 }

@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 
 use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
+use super::forget;
 use super::health::{self, Health};
 use super::local::Local;
 use super::outside::{self, Calls};
@@ -69,6 +70,8 @@ struct Inner {
     program: &'static Program,
     /// Denials and leases decided on this replica.
     local: Arc<Local>,
+    /// The channel of keys forgotten by any replica.
+    channel: String,
     /// Whether the server runs functions or scripts.
     form: ServerForm,
     /// Checks waiting to go out together.
@@ -236,6 +239,7 @@ impl RedisStoreBuilder {
                 pool_size: self.pool_size,
                 program: self.settings.program(),
                 local: self.settings.local(),
+                channel: forget::channel(&self.settings.prefix),
                 form: ServerForm::default(),
                 batcher: Arc::new(Batcher::new(
                     // A few batches out per connection; without batching, every check is its
@@ -495,6 +499,14 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
             Ok(()) => {
                 inner.startup.connected();
                 tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
+                if let Ok(manager) = inner.manager() {
+                    forget::listen(
+                        Arc::downgrade(&inner.local),
+                        vec![manager.client],
+                        inner.channel.clone(),
+                        inner.settings.connect_timeout,
+                    );
+                }
                 return;
             }
             Err(error) => {
@@ -787,6 +799,23 @@ impl Calls for Inner {
         charges: Vec<Prepared>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
         Box::pin(async move { self.direct(mode, now, &charges).await.map(drop) })
+    }
+
+    fn publish(
+        self: Arc<Self>,
+        names: Vec<String>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
+        Box::pin(async move {
+            let publish = async {
+                let (mut conn, _) = self.connection().await?;
+                forget::publish(&mut conn, &self.channel, &names)
+                    .await
+                    .map_err(|e| store_error(&self.server, e))
+            };
+            tokio::time::timeout(self.settings.response_timeout, publish)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
     }
 }
 

@@ -20,6 +20,7 @@ use tokio::sync::Notify;
 use self::node::Node;
 use self::topology::Topology;
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use super::forget;
 use super::local::Local;
 use super::outside::{self, Calls};
 use super::script::{self, Mode, Prepared, Program, Reply, Request};
@@ -90,6 +91,8 @@ struct Inner {
     program: &'static Program,
     /// Denials and leases decided on this replica.
     local: Arc<Local>,
+    /// The channel of keys forgotten by any replica.
+    channel: String,
     topology: RwLock<Option<Arc<Topology>>>,
     /// Every node seen, by address: connections and breakers outlive a new slot map.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
@@ -205,6 +208,7 @@ impl RedisClusterStoreBuilder {
                 template: template.unwrap_or_else(|| unreachable!("at least one node")),
                 program: self.settings.program(),
                 local: self.settings.local(),
+                channel: forget::channel(&self.settings.prefix),
                 settings: self.settings,
                 topology: RwLock::new(None),
                 nodes: Mutex::new(HashMap::new()),
@@ -750,6 +754,18 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
                         servers = &*inner.servers,
                         "tollgate: read the Redis Cluster slot map"
                     );
+                    let clients = inner
+                        .seeds
+                        .iter()
+                        .filter_map(|seed| inner.node(seed).ok())
+                        .map(|node| node.client().clone())
+                        .collect();
+                    forget::listen(
+                        Arc::downgrade(&inner.local),
+                        clients,
+                        inner.channel.clone(),
+                        inner.settings.connect_timeout,
+                    );
                 }
                 delay = FIRST_RETRY_DELAY;
                 pace = if changed {
@@ -799,6 +815,31 @@ impl Calls for Inner {
         charges: Vec<Prepared>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
         Box::pin(async move { self.each_slot(mode, now, &charges).await })
+    }
+
+    fn publish(
+        self: Arc<Self>,
+        names: Vec<String>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
+        Box::pin(async move {
+            // Any node: classic pub/sub reaches every node of the cluster.
+            let Some(first) = names.first() else {
+                return Ok(());
+            };
+            let node = self
+                .topology()
+                .and_then(|topology| topology.primary(keys::slot(first.as_bytes())).cloned())
+                .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+            let publish = async {
+                let (mut conn, _) = node.connection().await?;
+                forget::publish(&mut conn, &self.channel, &names)
+                    .await
+                    .map_err(|e| store_error(node.server(), e))
+            };
+            tokio::time::timeout(self.settings.response_timeout, publish)
+                .await
+                .unwrap_or(Err(StoreError::Timeout))
+        })
     }
 }
 

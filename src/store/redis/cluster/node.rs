@@ -76,6 +76,11 @@ impl Node {
         &self.addr
     }
 
+    /// The node's client (RESP3), for a connection of another use (pub/sub).
+    pub(super) fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub(super) fn server(&self) -> &Arc<str> {
         &self.server
     }
