@@ -975,7 +975,9 @@ impl<St: Store> Shared<St> {
                 StoreError::Unsupported(_) => "unsupported",
             },
         );
+        // An open breaker, and a store not connected yet, are logged by the store itself.
         if !matches!(error, StoreError::CircuitOpen)
+            && !error.is_reported()
             && self.warned_store_error.due(unix_micros(), 60_000_000)
         {
             tracing::error!(%error, "tollgate: the rate-limit store failed; each rule's FailureMode decides (reported at most once a minute)");

@@ -93,6 +93,26 @@ impl StoreError {
     }
 }
 
+/// A store error that its store has logged itself (a Redis store that has not connected yet
+/// says so when it starts and while it retries), so the layer does not log it again.
+#[derive(Debug)]
+pub(crate) struct Reported(pub(crate) String);
+
+impl fmt::Display for Reported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Reported {}
+
+impl StoreError {
+    /// Whether the store has logged this error itself.
+    pub(crate) fn is_reported(&self) -> bool {
+        matches!(self, StoreError::Unavailable(e) if e.is::<Reported>())
+    }
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -357,3 +357,37 @@ async fn the_rejection_log_names_the_raw_key_only_when_asked() {
         "{logged:#?}"
     );
 }
+
+/// A Redis that cannot be reached when the service starts is said once, by the store (which
+/// retries in the background), not again by the layer for each request it decides without it.
+#[tokio::test]
+async fn a_redis_unreachable_at_start_is_said_once() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = tollgate::store::RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(100)).on_store_error(tollgate::FailureMode::Open))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..3 {
+        assert_eq!(send(&mut app, from([9, 9, 9, 9])).await, StatusCode::OK);
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    let said: Vec<String> = [Level::ERROR, Level::WARN]
+        .into_iter()
+        .flat_map(|level| events.at(level))
+        .collect();
+    assert_eq!(said.len(), 1, "one line says Redis cannot be reached: {said:#?}");
+    assert!(said[0].contains("cannot reach Redis"), "{said:#?}");
+}

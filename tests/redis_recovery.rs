@@ -337,3 +337,138 @@ async fn a_cached_denial_lives_no_longer_than_its_cap() {
         "the denial was answered past its cap"
     );
 }
+
+/// A request whose rules count different callers in different slots is checked in two phases
+/// (peek every slot, then charge each). When a slot denies in the second phase (another request
+/// took its last unit meanwhile), the slots already charged are refunded, even if the request
+/// went away in between: the check runs to its end on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
+    let (cluster, proxies) = cluster_behind_proxies().await;
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let prefix = unique_prefix("across");
+    let store = RedisClusterStore::builder(urls)
+        .prefix(&prefix)
+        .response_timeout(Duration::from_secs(3))
+        .deny_cache(0)
+        .connect()
+        .await
+        .unwrap();
+    // Another replica, straight to the nodes.
+    let direct = RedisClusterStore::builder(cluster.urls())
+        .prefix(&prefix)
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
+    let wide = hourly("wide", 100);
+    let narrow = hourly("narrow", 1);
+    let wide_key = Key::text("caller");
+    // A key of the narrow rule on another node than the wide rule's.
+    let wide_owner = owner_of(&cluster, &store.key_name("wide", &wide_key), &proxies);
+    let narrow_key = (0..100)
+        .map(|i| Key::text(format!("route-{i}")))
+        .find(|key| owner_of(&cluster, &store.key_name("narrow", key), &proxies) != wide_owner)
+        .expect("a key on another node");
+    let narrow_owner = owner_of(&cluster, &store.key_name("narrow", &narrow_key), &proxies);
+    let both = [
+        Charge {
+            rule: &wide,
+            key: &wide_key,
+            cost: 1,
+        },
+        Charge {
+            rule: &narrow,
+            key: &narrow_key,
+            cost: 1,
+        },
+    ];
+    let narrow_only = [Charge {
+        rule: &narrow,
+        key: &narrow_key,
+        cost: 1,
+    }];
+    let wide_only = [Charge {
+        rule: &wide,
+        key: &wide_key,
+        cost: 1,
+    }];
+
+    // 200 ms each way to the narrow rule's node: its peek answers at about 400 ms, its charge
+    // at about 800 ms.
+    proxies[narrow_owner].set_delay(Duration::from_millis(200));
+    let check = tokio::time::timeout(Duration::from_millis(700), store.check(&both));
+    let race = async {
+        // After the narrow peek was read (about 200 ms), before its charge arrives (600 ms).
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert!(direct.check(&narrow_only).await.unwrap().allowed());
+    };
+    let (gone, ()) = tokio::join!(check, race);
+    assert!(gone.is_err(), "the request went away during the charge phase");
+    proxies[narrow_owner].set_delay(Duration::ZERO);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let wide_now = direct.peek(&wide_only).await.unwrap();
+    assert_eq!(
+        wide_now.outcomes()[0].remaining,
+        100,
+        "the wide rule's unit, charged in the second phase, was refunded"
+    );
+}
+
+/// A split key's denials are cached per sub-key; while Redis cannot be asked (its breaker open)
+/// they still answer, as a whole key's do, instead of leaving the request to its failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_keys_cached_denial_answers_while_the_breaker_is_open() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("split-open"))
+        .response_timeout(Duration::from_millis(200))
+        .circuit_breaker(CircuitBreaker::after_failures(1).cooldown(Duration::from_secs(60)))
+        .connect()
+        .await
+        .unwrap();
+    let rule = RuleSpec::new(
+        "split-open",
+        Algorithm::FixedWindow,
+        Limits::new(8, 3_600_000_000, 8).unwrap(),
+    )
+    .unwrap()
+    .with_parts(4)
+    .unwrap();
+    let key = Key::text("spent");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    let mut admitted = 0;
+    for _ in 0..12 {
+        if store.check(&charge).await.unwrap().allowed() {
+            admitted += 1;
+        }
+    }
+    assert_eq!(admitted, 8);
+    // Another key fails once with Redis gone: the breaker opens.
+    server.stop();
+    let other = Key::text("opens-the-breaker");
+    let fresh = [Charge {
+        rule: &rule,
+        key: &other,
+        cost: 1,
+    }];
+    assert!(store.check(&fresh).await.is_err());
+    assert!(!store.is_reachable());
+    for i in 0..8 {
+        match store.check_now(&charge) {
+            Some(Ok(decision)) => assert!(!decision.allowed(), "request {i}"),
+            None => {
+                let decision = store.check(&charge).await;
+                assert!(
+                    decision.as_ref().is_ok_and(|d| !d.allowed()),
+                    "request {i}: the cached denial answers, got {decision:?}"
+                );
+            }
+            other => panic!("request {i}: the cached denial answers, got {other:?}"),
+        }
+    }
+}

@@ -739,6 +739,11 @@ impl Store for RedisStore {
         if let Some(decision) = self.inner.local.answer(charges, true) {
             return Some(Ok(decision));
         }
+        // A split key's sub-key is chosen when the check is planned: its cached denial answers
+        // there, Redis asked or not.
+        if charges.iter().any(|c| c.rule.parts() > 1) {
+            return None;
+        }
         self.inner.start();
         let error = self.inner.refusal()?;
         // Redis cannot be asked: units held here are spent all the same.

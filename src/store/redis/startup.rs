@@ -83,7 +83,7 @@ impl Startup {
             Some(error) => format!("not connected yet (last attempt: {error})"),
             None => "not connected yet".to_owned(),
         };
-        StoreError::Unavailable(format!("{server}: {why}").into())
+        StoreError::Unavailable(Box::new(crate::error::Reported(format!("{server}: {why}"))))
     }
 
     /// Waits until the store is connected, at most `timeout`; false when it is not.

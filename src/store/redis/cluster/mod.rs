@@ -922,14 +922,25 @@ impl Store for RedisClusterStore {
         let now = inner.settings.now();
         // A check that takes concurrency slots runs to its end on its own: one whose request
         // goes away meanwhile gives them back, instead of holding them for the longest hold.
-        if prepared.iter().any(|p| p.algorithm.is_concurrency())
+        // So does one across slots: a request that goes away after some slots were charged
+        // still gives them back when another slot denied.
+        let concurrency = prepared.iter().any(|p| p.algorithm.is_concurrency());
+        let across_slots = prepared
+            .first()
+            .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()));
+        if (concurrency || across_slots)
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let (answer, answered) = tokio::sync::oneshot::channel();
             let checking = inner.clone();
             let deadline = Instant::now() + inner.settings.response_timeout;
-            // The request waits until its deadline; the call, a while longer for its reply.
-            let late = Instant::now() + super::late_reply_wait(inner.settings.response_timeout);
+            // The request waits until its deadline; a call that takes slots, a while longer
+            // for its reply.
+            let late = if concurrency {
+                Instant::now() + super::late_reply_wait(inner.settings.response_timeout)
+            } else {
+                deadline
+            };
             runtime.spawn(async move {
                 let reply = checking
                     .check(
