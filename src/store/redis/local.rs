@@ -959,7 +959,13 @@ impl Plan {
         }
         // A request paid here stands whatever Redis says of its refills (at cost 0, it admits).
         let admitted = self.paid_here() || outcomes.iter().all(|o| o.allowed);
-        for ((planned, outcome), units) in self.charges.iter().zip(outcomes.iter_mut()).zip(taken) {
+        for (i, ((planned, outcome), units)) in self
+            .charges
+            .iter()
+            .zip(outcomes.iter_mut())
+            .zip(taken)
+            .enumerate()
+        {
             let (ttl, generation, resets) = match planned.how {
                 How::Refill {
                     ttl,
@@ -994,9 +1000,14 @@ impl Plan {
             }
             // What this request did not spend of what it took stays here until it expires,
             // never past the end of a counted window.
+            // On the clock of the node that charged it (a cluster's slots each have their own).
+            let charged_at = times
+                .as_ref()
+                .and_then(|times| times.get(i).copied())
+                .unwrap_or(reply.now);
             let horizon = match planned.algorithm {
                 Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
-                    planned.period - reply.now % planned.period
+                    planned.period - charged_at % planned.period
                 }
                 _ => u64::MAX,
             };
@@ -1579,6 +1590,44 @@ mod tests {
         local.forget(&hot.rule, &hot.key, true);
         assert!(refill.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
         assert_eq!(held(local), (0, 0));
+    }
+
+    /// A lease of a window's rule lives no longer than the window, on the clock of the node
+    /// that charged it: a cluster's charges across slots each have their node's time, and the
+    /// first node's time is no one else's.
+    #[test]
+    fn a_window_lease_ends_with_its_own_nodes_window() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let rule = RuleSpec::new(
+            "windowed",
+            Algorithm::FixedWindow,
+            Limits::new(100, 60_000_000, 100).unwrap(),
+        )
+        .unwrap()
+        .with_lease(10, std::time::Duration::from_secs(60))
+        .unwrap();
+        let key = Key::text("k");
+        let charges = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let refill = local.plan(&charges);
+        assert!(matches!(refill.charges[0].how, How::Refill { .. }));
+        // The call's first node says 59 s into the window; the node that charged this key,
+        // 1 s into it: the lease lives 59 s, not 1 s.
+        let reply = Reply {
+            now: 59_000_000,
+            times: Some(vec![61_000_000].into()),
+            ..admitted(90, 10)
+        };
+        assert!(refill.settle(Some(Ok(reply))).unwrap().allowed());
+        clock.advance(std::time::Duration::from_secs(2));
+        assert!(
+            local.answer(&charges, true).is_some(),
+            "the lease lives on its own node's window"
+        );
     }
 
     /// Units that wait behind those held live until their own time; a batch that joins them

@@ -256,13 +256,20 @@ pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
+    // The user information ends at the last `@` of the authority; a password may hold `/`, `?`,
+    // `#` or `@` itself (unencoded), so the last `@` whose left side has a `:` ends it too.
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
+    let at = match rest[..authority_end].rfind('@') {
+        Some(at) => Some(at),
+        None => rest
+            .rfind('@')
+            .filter(|&at| rest[..at].contains(':') && !rest[..at].contains("://")),
+    };
+    match at {
+        Some(at) => {
+            let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
             let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let user = if user.is_empty() { "" } else { user };
-            format!("{scheme}://{user}:***@{host}{path}")
+            format!("{scheme}://{user}:***@{host}")
         }
         None => url.to_owned(),
     }
@@ -285,5 +292,15 @@ mod tests {
         );
         assert_eq!(redact("rediss://a:b:c@h"), "rediss://a:***@h");
         assert_eq!(redact("not a url"), "not a url");
+        // Passwords with the characters that end an authority, unencoded.
+        for password in ["pa/ss", "pa?ss", "pa#ss", "p@ss", "a/b?c#d@e"] {
+            let shown = redact(&format!("redis://user:{password}@10.0.0.5:6379/1"));
+            assert_eq!(shown, "redis://user:***@10.0.0.5:6379/1", "{password}");
+        }
+        assert_eq!(
+            redact("redis://:pa/ss@host:1"),
+            "redis://:***@host:1",
+            "a password alone"
+        );
     }
 }
