@@ -641,3 +641,58 @@ fn denials_from_a_deny_cache_and_admissions_from_leases_are_counted_as_such() {
         );
     }
 }
+
+/// `tollgate_memory_store_keys` follows the keys as they come and go, from the first request
+/// (a dashboard's panel is not empty until the first sweep).
+#[test]
+fn the_memory_store_counts_its_keys_as_they_come_and_go() {
+    use tollgate::Algorithm;
+    use tollgate::algorithm::Limits;
+    use tollgate::key::Key;
+    use tollgate::store::{MemoryStore, RuleSpec};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let keys = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(key, _, _, value)| match value {
+                DebugValue::Gauge(v) if key.key().name() == "tollgate_memory_store_keys" => {
+                    Some(v.into_inner())
+                }
+                _ => None,
+            })
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let store = MemoryStore::new();
+        let rule = RuleSpec::new(
+            "keys",
+            Algorithm::FixedWindow,
+            Limits::new(10, 60_000_000, 10).unwrap(),
+        )
+        .unwrap();
+        let clients: Vec<Key> = (0..3).map(|i| Key::text(format!("client-{i}"))).collect();
+        for key in &clients {
+            let charge = [Charge {
+                rule: &rule,
+                key,
+                cost: 1,
+            }];
+            runtime.block_on(store.check(&charge)).unwrap();
+        }
+        let charge = [Charge {
+            rule: &rule,
+            key: &clients[0],
+            cost: 1,
+        }];
+        runtime.block_on(store.reset(&charge)).unwrap();
+        // (A snapshot drains what it reads: one, at the end.)
+        assert_eq!(keys(), Some(2.0), "three keys counted as they came, one reset");
+    });
+}

@@ -258,6 +258,8 @@ impl MemoryStore {
                 }
             }
         }
+        #[cfg(feature = "metrics")]
+        shard.count_keys();
     }
 
     /// [`Store::adjust`], at once.
@@ -305,13 +307,18 @@ impl MemoryStore {
             {
                 occupied.remove();
             }
+            #[cfg(feature = "metrics")]
+            shard.count_keys();
         }
     }
 
     /// Forgets every key of every rule: as new (for tests, between cases).
     pub fn clear(&self) {
         for shard in self.inner.shards.iter() {
-            lock(shard).table.clear();
+            let mut shard = lock(shard);
+            shard.table.clear();
+            #[cfg(feature = "metrics")]
+            shard.count_keys();
         }
     }
 
@@ -324,6 +331,8 @@ impl MemoryStore {
             self.make_room(&mut shard, now, 1);
         }
         let outcome = self.charge::<false>(&mut shard, hash, charge, now, &mut None);
+        #[cfg(feature = "metrics")]
+        shard.count_keys();
         Decision::single(outcome)
     }
 
@@ -406,6 +415,11 @@ impl MemoryStore {
             if !outcome.allowed {
                 return self.deny(charges, located, &mut guards, undo, now);
             }
+        }
+        // Keys as they come: the gauge follows each request, not only the sweeps.
+        #[cfg(feature = "metrics")]
+        for guard in &mut guards {
+            guard.count_keys();
         }
         decision
     }
