@@ -33,7 +33,9 @@ impl Algorithm {
     /// they had not been charged, as far as the algorithm can tell. Token bucket and GCRA move
     /// the time their bucket is full again back by the units' refill time; the window
     /// algorithms take them off the count of the window they were charged in (nothing when that
-    /// window is gone); the sliding log drops its newest `cost` entries; a concurrency limit
+    /// window is gone); the sliding log drops its newest `cost` entries charged at or before
+    /// `at` (never a later request's; an entry that left the window gives nothing back); a
+    /// concurrency limit
     /// frees up to `cost` of the units taken at `at` still held. Leaves `None` when the state is
     /// the same as no state.
     pub fn refund(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64, at: u64) {
@@ -71,8 +73,10 @@ impl Algorithm {
                 (s.current > 0 || s.previous > 0).then_some(State::SlidingWindowCounter(s))
             }
             (Algorithm::SlidingWindowLog, Some(State::SlidingWindowLog(mut log))) => {
-                let keep = log.entries.len().saturating_sub(cost as usize);
-                log.entries.truncate(keep);
+                // The newest `cost` entries charged at or before `at`: an entry after it is
+                // another request's, which would then leave the window later than it should.
+                let last = log.entries.partition_point(|&t| t <= at);
+                log.entries.drain(last.saturating_sub(cost as usize)..last);
                 (!log.entries.is_empty()).then_some(State::SlidingWindowLog(log))
             }
             (Algorithm::Concurrency, Some(State::Concurrency(held))) => {

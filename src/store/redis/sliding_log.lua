@@ -102,13 +102,42 @@ end
 
 function SlidingLog.refund(key, l, now, cost, at)
   local len = pcall_redis('LLEN', key)
-  if type(len) ~= 'number' or len == 0 then
+  if type(len) ~= 'number' or len == 0 or cost <= 0 then
     return
   end
-  if cost >= len then
+  -- Algorithm::refund: the newest `cost` entries charged at or before `at` (oldest first in
+  -- the list); the entries after `at` are another request's, and stay.
+  local entries = call('LRANGE', key, 0, -1)
+  local last = #entries
+  while last > 0 and tonumber(entries[last]) > at do
+    last = last - 1
+  end
+  local first = max(last - cost + 1, 1)
+  if last < first then
+    return
+  end
+  if first == 1 and last == #entries then
     call('DEL', key)
-  elseif cost > 0 then
-    call('LTRIM', key, 0, -(cost + 1))
+    return
+  end
+  local ttl = call('PTTL', key)
+  -- Keep entries[1 .. first - 1], then put entries[last + 1 ..] back after them.
+  if first > 1 then
+    call('LTRIM', key, 0, first - 2)
+  else
+    call('DEL', key)
+  end
+  local i = last + 1
+  while i <= #entries do
+    local batch = {}
+    for j = i, min(i + 999, #entries) do
+      batch[#batch + 1] = entries[j]
+    end
+    call('RPUSH', key, unpack(batch))
+    i = i + #batch
+  end
+  if first == 1 and ttl > 0 then
+    call('PEXPIRE', key, ttl)
   end
 end
 
