@@ -394,19 +394,23 @@ async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
         cost: 1,
     }];
 
-    // 200 ms each way to the narrow rule's node: its peek answers at about 400 ms, its charge
-    // at about 800 ms.
-    proxies[narrow_owner].set_delay(Duration::from_millis(200));
-    let check = tokio::time::timeout(Duration::from_millis(700), store.check(&both));
+    // Both stores know every node already (their connections are open).
+    assert!(direct.peek(&narrow_only).await.unwrap().allowed());
+    assert!(store.peek(&narrow_only).await.unwrap().allowed());
+    assert!(store.peek(&wide_only).await.unwrap().allowed());
+    // 400 ms each way to the narrow rule's node: its peek is read there at about 400 ms and
+    // answers at 800 ms; its charge arrives at 1,200 ms and answers at 1,600 ms.
+    proxies[narrow_owner].set_delay(Duration::from_millis(400));
+    let check = tokio::time::timeout(Duration::from_millis(1_400), store.check(&both));
     let race = async {
-        // After the narrow peek was read (about 200 ms), before its charge arrives (600 ms).
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        // After the narrow peek was read, before its charge arrives.
+        tokio::time::sleep(Duration::from_millis(800)).await;
         assert!(direct.check(&narrow_only).await.unwrap().allowed());
     };
     let (gone, ()) = tokio::join!(check, race);
     assert!(gone.is_err(), "the request went away during the charge phase");
     proxies[narrow_owner].set_delay(Duration::ZERO);
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     let wide_now = direct.peek(&wide_only).await.unwrap();
     assert_eq!(
         wide_now.outcomes()[0].remaining,
@@ -471,4 +475,54 @@ async fn a_split_keys_cached_denial_answers_while_the_breaker_is_open() {
             other => panic!("request {i}: the cached denial answers, got {other:?}"),
         }
     }
+}
+
+/// A server that stops answering (its link stalls) opens the breaker; the probes that follow
+/// go from the store itself, once per cooldown: no request waits for one (each is refused at
+/// once, `CircuitOpen`), and once the server answers again a probe closes the breaker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_do_not_ride_on_requests() {
+    let server = support::standalone();
+    let proxy = FaultProxy::start(server.port).await;
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("probe"))
+        .response_timeout(Duration::from_millis(150))
+        .circuit_breaker(CircuitBreaker::after_failures(1).cooldown(Duration::from_millis(200)))
+        .deny_cache(0)
+        .connect()
+        .await
+        .unwrap();
+    let rule = hourly("probe", 1_000_000);
+    let key = Key::text("probe");
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    assert!(store.check(&charge).await.unwrap().allowed());
+    proxy.set_delay(Duration::from_secs(5));
+    assert!(matches!(
+        store.check(&charge).await,
+        Err(StoreError::Timeout)
+    ));
+    // (The call that timed out reports to the breaker from its own task.)
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Five cooldowns of requests, 20 ms apart: each refused at once.
+    for i in 0..50 {
+        match store.check(&charge).await {
+            Err(StoreError::CircuitOpen) => {}
+            other => panic!("request {i} while the server stalls: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    proxy.set_delay(Duration::ZERO);
+    let mut answered = false;
+    for _ in 0..100 {
+        if store.check(&charge).await.is_ok() {
+            answered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(answered, "a probe closed the breaker once the server answered");
 }

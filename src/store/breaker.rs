@@ -24,8 +24,11 @@ use crate::ConfigError;
 ///
 /// The default opens after 5 consecutive failures (errors or time-outs) for 1 second. While it is
 /// open, requests are decided at once by each rule's [`FailureMode`](crate::FailureMode), as if
-/// the store had failed, without waiting for it. After the cooldown one request (the probe) asks
-/// the server again: a success closes the breaker, a failure opens it for another cooldown.
+/// the store had failed, without waiting for it. After the cooldown the store asks the server
+/// itself (a `PING`, in a task of its own, within one check's time budget): no request waits
+/// for the probe. A success closes the breaker (and is logged once), a failure opens it for
+/// another cooldown. Only if no probe came for a whole cooldown more (the runtime that ran it
+/// went away) does a request probe instead.
 ///
 /// The standalone store has one breaker; the cluster store has one per node, so that a primary
 /// that is down (or failing over) is not waited for while the other primaries answer as usual.
@@ -146,32 +149,46 @@ impl Breaker {
             .max(1)
     }
 
-    /// Whether a check would be refused now, without taking the probe's turn.
+    /// Whether a request's check would be refused now, without taking the probe's turn.
     pub(crate) fn is_open(&self) -> bool {
         let open_until = self.open_until.load(Ordering::Relaxed);
         open_until != 0 && {
             let now = self.now();
-            now < open_until || {
+            now < open_until.saturating_add(self.cooldown_micros()) || {
                 let started = self.probe_started.load(Ordering::Relaxed);
                 started != 0 && now.saturating_sub(started) < self.cooldown_micros()
             }
         }
     }
 
-    /// A permit to ask the server, or `None` while the breaker is open. Closed: always, without
-    /// reading a clock.
+    /// A permit for a request's check to ask the server, or `None` while the breaker is open.
+    /// Closed: always, without reading a clock. Requests do not probe: the store's background
+    /// probe does ([`admit_probe`](Self::admit_probe)), once per cooldown; only when it is a
+    /// cooldown late (its runtime went away) does a request take its turn.
     pub(crate) fn admit(&self) -> Option<Permit> {
-        self.admit_at(|| self.now())
+        self.admit_at(|| self.now(), self.cooldown_micros())
     }
 
-    fn admit_at(&self, now: impl FnOnce() -> u64) -> Option<Permit> {
+    /// The background probe's permit, once the cooldown is over (one probe at a time).
+    pub(crate) fn admit_probe(&self) -> Option<Permit> {
+        self.admit_at(|| self.now(), 0)
+    }
+
+    /// How long until the background probe may go; `None` when the breaker is closed.
+    pub(crate) fn until_probe(&self) -> Option<Duration> {
+        let open_until = self.open_until.load(Ordering::Relaxed);
+        (open_until != 0)
+            .then(|| Duration::from_micros(open_until.saturating_sub(self.now())))
+    }
+
+    fn admit_at(&self, now: impl FnOnce() -> u64, slack: u64) -> Option<Permit> {
         let epoch = self.epoch.load(Ordering::Acquire);
         let open_until = self.open_until.load(Ordering::Relaxed);
         if open_until == 0 {
             return Some(Permit { epoch });
         }
         let now = now();
-        if now < open_until {
+        if now < open_until.saturating_add(slack) {
             return None;
         }
         // Half open: one probe at a time; a probe that never reported (its request was dropped)
@@ -271,6 +288,28 @@ impl Drop for Breaker {
 mod tests {
     use super::*;
 
+    impl Breaker {
+        fn admit_at_probe(&self, now: impl FnOnce() -> u64) -> Option<Permit> {
+            self.admit_at(now, 0)
+        }
+    }
+
+    #[test]
+    fn requests_leave_the_probe_to_the_background_unless_it_is_late() {
+        let breaker = Breaker::new(
+            CircuitBreaker::after_failures(1).cooldown(Duration::from_micros(1000)),
+            "test",
+            Arc::from("server"),
+        );
+        let p = breaker.admit_at(|| 10, 1000).unwrap();
+        assert!(breaker.failure_at(p, 10));
+        // Cooldown over: the probe's turn, not a request's.
+        assert!(breaker.admit_at(|| 1010, 1000).is_none());
+        assert!(breaker.admit_at(|| 2009, 1000).is_none());
+        // A cooldown later, no probe came: a request probes.
+        assert!(breaker.admit_at(|| 2010, 1000).is_some());
+    }
+
     #[test]
     fn opens_after_consecutive_failures_probes_after_the_cooldown_and_closes_on_success() {
         let breaker = Breaker::new(
@@ -278,7 +317,7 @@ mod tests {
             "test",
             Arc::from("server"),
         );
-        let p = breaker.admit_at(|| 10).unwrap();
+        let p = breaker.admit_at_probe(|| 10).unwrap();
         assert!(!breaker.failure_at(p, 10));
         assert!(!breaker.failure_at(p, 11));
         breaker.success(p); // a success in between starts the count again
@@ -288,22 +327,22 @@ mod tests {
             breaker.failure_at(p, 14),
             "the third failure in a row opens it"
         );
-        assert!(breaker.admit_at(|| 500).is_none());
-        assert!(breaker.admit_at(|| 1013).is_none());
+        assert!(breaker.admit_at_probe(|| 500).is_none());
+        assert!(breaker.admit_at_probe(|| 1013).is_none());
         // Cooldown over: exactly one probe.
-        let probe = breaker.admit_at(|| 1014).unwrap();
-        assert!(breaker.admit_at(|| 1015).is_none());
+        let probe = breaker.admit_at_probe(|| 1014).unwrap();
+        assert!(breaker.admit_at_probe(|| 1015).is_none());
         // The probe fails: open again for a cooldown.
         assert!(!breaker.failure_at(probe, 1020));
-        assert!(breaker.admit_at(|| 2019).is_none());
-        let probe = breaker.admit_at(|| 2020).unwrap();
+        assert!(breaker.admit_at_probe(|| 2019).is_none());
+        let probe = breaker.admit_at_probe(|| 2020).unwrap();
         // This probe never reports (its request was dropped): another may go after a cooldown.
-        assert!(breaker.admit_at(|| 2500).is_none());
-        let probe_again = breaker.admit_at(|| 3020).unwrap();
+        assert!(breaker.admit_at_probe(|| 2500).is_none());
+        let probe_again = breaker.admit_at_probe(|| 3020).unwrap();
         let _ = probe;
         breaker.success(probe_again);
-        assert!(breaker.admit_at(|| 3021).is_some());
-        assert!(breaker.admit_at(|| 3022).is_some());
+        assert!(breaker.admit_at_probe(|| 3021).is_some());
+        assert!(breaker.admit_at_probe(|| 3022).is_some());
     }
 
     #[test]
@@ -313,22 +352,22 @@ mod tests {
             "test",
             Arc::from("server"),
         );
-        let early = breaker.admit_at(|| 10).unwrap();
-        let failing = breaker.admit_at(|| 10).unwrap();
+        let early = breaker.admit_at_probe(|| 10).unwrap();
+        let failing = breaker.admit_at_probe(|| 10).unwrap();
         assert!(!breaker.failure_at(failing, 11));
         assert!(breaker.failure_at(failing, 12));
         // The early check (say, on a healthy shard of the same server) answers late.
         breaker.success(early);
-        assert!(breaker.admit_at(|| 13).is_none(), "still open");
+        assert!(breaker.admit_at_probe(|| 13).is_none(), "still open");
         assert!(!breaker.failure_at(early, 14), "nor do its failures count");
-        assert!(breaker.admit_at(|| 500).is_none());
+        assert!(breaker.admit_at_probe(|| 500).is_none());
     }
 
     #[test]
     fn a_disabled_breaker_never_opens() {
         let breaker = Breaker::new(CircuitBreaker::disabled(), "test", Arc::from("server"));
         for t in 1..100 {
-            let p = breaker.admit_at(|| t).unwrap();
+            let p = breaker.admit_at_probe(|| t).unwrap();
             assert!(!breaker.failure_at(p, t));
         }
     }
@@ -341,9 +380,9 @@ mod tests {
             CircuitBreaker::after_failures(1).cooldown(CircuitBreaker::MAX_COOLDOWN)
         );
         let breaker = Breaker::new(config, "test", Arc::from("server"));
-        let p = breaker.admit_at(|| u64::MAX - 5).unwrap();
+        let p = breaker.admit_at_probe(|| u64::MAX - 5).unwrap();
         assert!(breaker.failure_at(p, u64::MAX - 5));
-        assert!(breaker.admit_at(|| u64::MAX - 1).is_none());
+        assert!(breaker.admit_at_probe(|| u64::MAX - 1).is_none());
         assert!(breaker.is_open());
     }
 }

@@ -12,6 +12,16 @@ use std::time::{Duration, Instant};
 
 use redis::{AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 
+/// Tells `health` how a command on its connection went: an answer, or a broken stream.
+pub(crate) fn tell<T>(health: &Health, result: &redis::RedisResult<T>) {
+    match result {
+        Ok(_) => health.answered(),
+        Err(e) if e.is_timeout() => health.timed_out(),
+        Err(e) if super::error::breaks_connection(e) => health.broke(),
+        Err(_) => health.answered(),
+    }
+}
+
 /// The connection settings the stores use: RESP3, whose push channel is how redis-rs tells that
 /// a connection's stream ended (RESP3 servers: Redis 6 and later, Valkey).
 pub(crate) fn resp3(info: ConnectionInfo) -> ConnectionInfo {

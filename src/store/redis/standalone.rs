@@ -61,6 +61,8 @@ pub struct RedisStore {
 }
 
 struct Inner {
+    /// The store itself, for the tasks it starts.
+    me: Weak<Inner>,
     /// The URL, to connect.
     url: String,
     /// The URL without its password, to show.
@@ -233,7 +235,8 @@ impl RedisStoreBuilder {
         })?;
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let store = RedisStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me| Inner {
+                me: me.clone(),
                 url: self.url,
                 server,
                 pool_size: self.pool_size,
@@ -475,7 +478,54 @@ impl Inner {
                 "tollgate: Redis keeps failing; its circuit breaker opened: requests are \
                  decided by each rule's FailureMode until a probe succeeds"
             );
+            self.probe_in_background();
         }
+    }
+
+    /// Probes the server once per cooldown while the breaker is open, off the request path,
+    /// until a probe succeeds (or the store is dropped).
+    fn probe_in_background(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.me.clone();
+        runtime.spawn(async move {
+            loop {
+                let Some(wait) = me.upgrade().and_then(|inner| inner.breaker.until_probe())
+                else {
+                    return;
+                };
+                tokio::time::sleep(wait).await;
+                let Some(inner) = me.upgrade() else {
+                    return;
+                };
+                let Some(permit) = inner.breaker.admit_probe() else {
+                    continue;
+                };
+                let mut in_use = None;
+                let ping = async {
+                    let (mut conn, health) = inner.connection().await?;
+                    in_use = Some(health.clone());
+                    let pong = ::redis::cmd("PING").query_async::<()>(&mut conn).await;
+                    super::health::tell(&health, &pong);
+                    pong.map_err(|e| store_error(&inner.server, e))
+                };
+                let pong = tokio::time::timeout(inner.settings.response_timeout, ping).await;
+                match pong {
+                    Ok(Ok(())) => inner.breaker.success(permit),
+                    Ok(Err(_)) => {
+                        inner.breaker.failure(permit);
+                    }
+                    Err(_) => {
+                        // A connection that stays silent is retired, as a check's would be.
+                        if let Some(health) = in_use {
+                            health.timed_out();
+                        }
+                        inner.breaker.failure(permit);
+                    }
+                }
+            }
+        });
     }
 
     /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.

@@ -484,7 +484,7 @@ impl Inner {
 
     /// A call to `node` failed: its breaker learns of it, and the slot map is read again (the
     /// node may have failed over).
-    fn failed(&self, node: &Node, permit: crate::store::breaker::Permit, error: &StoreError) {
+    fn failed(&self, node: &Arc<Node>, permit: crate::store::breaker::Permit, error: &StoreError) {
         if node.breaker().failure(permit) {
             tracing::error!(
                 server = &**node.server(),
@@ -493,6 +493,7 @@ impl Inner {
                  checks of its slots are decided by each rule's FailureMode until a probe \
                  succeeds, the other slots as usual"
             );
+            node.probe_in_background();
         }
         self.refresh_soon();
     }

@@ -155,6 +155,50 @@ impl Node {
         done.send_replace(Some(outcome));
     }
 
+    /// Probes the node once per cooldown while its breaker is open, off the request path,
+    /// until a probe succeeds (or the node is dropped with the store).
+    pub(super) fn probe_in_background(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let node = Arc::downgrade(self);
+        runtime.spawn(async move {
+            loop {
+                let Some(wait) = node.upgrade().and_then(|node| node.breaker.until_probe()) else {
+                    return;
+                };
+                tokio::time::sleep(wait).await;
+                let Some(node) = node.upgrade() else {
+                    return;
+                };
+                let Some(permit) = node.breaker.admit_probe() else {
+                    continue;
+                };
+                let mut in_use = None;
+                let ping = async {
+                    let (mut conn, health) = node.connection().await?;
+                    in_use = Some(health.clone());
+                    let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
+                    health::tell(&health, &pong);
+                    pong.map_err(|e| store_error(&node.server, e))
+                };
+                match tokio::time::timeout(node.response_timeout, ping).await {
+                    Ok(Ok(())) => node.breaker.success(permit),
+                    Ok(Err(_)) => {
+                        node.breaker.failure(permit);
+                    }
+                    Err(_) => {
+                        // A connection that stays silent is retired, as a check's would be.
+                        if let Some(health) = in_use {
+                            health.timed_out();
+                        }
+                        node.breaker.failure(permit);
+                    }
+                }
+            }
+        });
+    }
+
     /// The current connection, unless it broke (then it is dropped).
     fn current(&self) -> Option<(MultiplexedConnection, Arc<Health>)> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
