@@ -42,7 +42,8 @@
 //! never admits more than the shared budget as counted when the units were charged; a unit is
 //! spent up to a lease's time to live after its charge, so over a period the fleet may spend,
 //! on top of that period's budget, the units replicas held at its start. Units given back (a
-//! request denied by another rule) return only to the lease they came from, while it lives.
+//! request denied by another rule) return only to the lease they came from, while it lives (a
+//! key's entry evicted and made again counts its leases apart from the old one's).
 //! A replica holds at most `n − cost ≤ n − 1` units of a key after a refill (it asks for
 //! `n − held` at most, and spends `cost − held` at once), and at most `n − 1` after a refill
 //! ahead of need (it asks for `n − 1 − left` at most; what a reply or a give-back would bring
@@ -73,6 +74,10 @@ pub(crate) struct Local {
     clock: Arc<dyn Clock>,
     denials: Table<Denial>,
     leases: Table<Held>,
+    /// Numbers the lease entries made: an entry's generations start at its number times
+    /// 2³², so that one made again after its key's was evicted never counts a generation of
+    /// the old one (whose give-backs may still come).
+    entries: AtomicU64,
     /// The next sub-key of each split key.
     parts: Table<u16>,
 }
@@ -276,6 +281,7 @@ impl Local {
             denials: Table::new(denials),
             parts: Table::new(leases),
             leases: Table::new(leases),
+            entries: AtomicU64::new(0),
         }
     }
 
@@ -295,7 +301,7 @@ impl Local {
             if let Some(held) = self.leases.shard(&key).get_mut(&key) {
                 held.units = 0;
                 held.next = 0;
-                held.generation += 1;
+                held.generation = held.generation.wrapping_add(1);
                 held.resets += 1;
             }
         }
@@ -522,6 +528,7 @@ impl Local {
             Held {
                 algorithm: charge.rule.algorithm(),
                 size: lease.units,
+                generation: self.entries.fetch_add(1, Ordering::Relaxed) << 32,
                 ..Held::default()
             }
         });
@@ -582,7 +589,7 @@ impl Held {
         if self.next == 0 {
             if self.units == 0 {
                 // What was taken from the lease that ended never comes back.
-                self.generation += 1;
+                self.generation = self.generation.wrapping_add(1);
             }
             return;
         }
@@ -590,7 +597,7 @@ impl Held {
             self.until = self.until.min(self.next_until);
         } else {
             // Units taken from the lease that ended never come back to these.
-            self.generation += 1;
+            self.generation = self.generation.wrapping_add(1);
             self.until = self.next_until;
         }
         self.units += self.next;
@@ -911,7 +918,7 @@ impl Plan {
             lease.settle_demand();
             if let How::Refill { held, .. } = planned.how {
                 // A new lease: units given back meanwhile to the old one are dropped with it.
-                lease.generation += 1;
+                lease.generation = lease.generation.wrapping_add(1);
                 lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
                 lease.until = until;
             } else {
@@ -1322,6 +1329,9 @@ mod tests {
         ));
     }
 
+    /// Makes `key` of `rule` a key seen often enough to be leased whole.
+    fn warm(_local: &Local, _rule: &RuleSpec, _key: &Key) {}
+
     /// Units held and waiting, of the only key of `local`.
     fn held(local: &Local) -> (u64, u64) {
         let shard = local
@@ -1507,5 +1517,72 @@ mod tests {
             local.plan(&charges).charges[0].how,
             How::Refill { held: 0, .. }
         ));
+    }
+
+    /// A lease entry evicted and made again does not take back the units of a request that
+    /// was paid from the entry before it: a give-back of the old entry's lease never lands in
+    /// the new one.
+    #[test]
+    fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
+        let hot = Hot::new();
+        // One leased key per shard.
+        let local = Arc::new(Local::new(Arc::new(hot.clock.clone()), 1000, SHARDS));
+        let strict = RuleSpec::new(
+            "strict",
+            Algorithm::FixedWindow,
+            Limits::new(1, 3_600_000_000, 1).unwrap(),
+        )
+        .unwrap();
+        let both = [
+            Charge {
+                rule: &hot.rule,
+                key: &hot.key,
+                cost: 1,
+            },
+            Charge {
+                rule: &strict,
+                key: &hot.key,
+                cost: 1,
+            },
+        ];
+        // Only the strict rule is sent: it denies.
+        let strict_denies = Reply {
+            now: 1_000_000,
+            outcomes: smallvec::smallvec![denied(3_600_000_000, 3_600_000_000)],
+            taken: smallvec::smallvec![0],
+            times: None,
+        };
+        let refill = |local: &Arc<Local>| {
+            let charges = hot.charges();
+            warm(local, &hot.rule, &hot.key);
+            let plan = local.plan(&charges);
+            assert!(matches!(plan.charges[0].how, How::Refill { .. }));
+            assert!(plan.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
+        };
+        refill(&local);
+        // A request paid from the lease, waiting for Redis's answer of its other rule.
+        let stale = local.plan(&both);
+        assert!(matches!(stale.charges[0].how, How::Leased(..)));
+        // The lease expires; a key of the same shard takes its place.
+        hot.clock.advance(std::time::Duration::from_secs(61));
+        let slot = local.leases.index(&(lease_key(&hot.rule), hot.key.clone()));
+        let other = (0..)
+            .map(|i| Key::text(format!("other-{i}")))
+            .find(|k| local.leases.index(&(lease_key(&hot.rule), k.clone())) == slot)
+            .unwrap();
+        let theirs = [Charge {
+            rule: &hot.rule,
+            key: &other,
+            cost: 1,
+        }];
+        drop(local.plan(&theirs));
+        // The key comes back: a new entry, a new lease, one unit spent of it.
+        local.leases.remove(&(lease_key(&hot.rule), other.clone()));
+        refill(&local);
+        assert!(local.answer(&hot.charges(), true).is_some());
+        assert_eq!(held(&local), (8, 0));
+        // The old request is denied by its other rule: its unit is not this lease's.
+        assert!(!stale.settle(Some(Ok(strict_denies))).unwrap().allowed());
+        assert_eq!(held(&local), (8, 0), "a unit of the evicted lease came back");
     }
 }
