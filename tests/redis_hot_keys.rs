@@ -1,7 +1,8 @@
 //! Hot keys on Redis: the deny cache answers a denied key's next requests here, with Redis's
-//! numbers, until the retry-after Redis computed; leases never admit more than the shared
-//! budget and under-admit by at most `(n - 1)` units per replica; split keys spread over a
-//! cluster's primaries and stay within their bound.
+//! numbers, until the retry-after Redis computed; leases follow their key's demand, give back
+//! a window's unspent units into it, never admit more than the shared budget and under-admit by
+//! at most `(n - 1)` units per replica; split keys spread over a cluster's primaries and stay
+//! within their bound.
 
 #![cfg(all(feature = "redis", feature = "testing"))]
 
