@@ -1,7 +1,8 @@
 //! Hot keys on Redis: the deny cache answers a denied key's next requests here, with Redis's
-//! numbers, until the retry-after Redis computed; leases never admit more than the shared
-//! budget and under-admit by at most `(n - 1)` units per replica; split keys spread over a
-//! cluster's primaries and stay within their bound.
+//! numbers, until the retry-after Redis computed; leases follow their key's demand, give back
+//! a window's unspent units into it, never admit more than the shared budget and under-admit by
+//! at most `(n - 1)` units per replica; split keys spread over a cluster's primaries and stay
+//! within their bound.
 
 #![cfg(all(feature = "redis", feature = "testing"))]
 
@@ -292,7 +293,17 @@ async fn leases_never_admit_more_than_the_budget_nor_less_than_the_bound_cluster
     within_the_lease_bound(&replicas, "cluster").await;
 }
 
-/// One replica with a lease of 10 asks Redis about once per 10 requests of a hot key.
+/// 15 requests of `key` one after the other, all admitted: a lease of 10 grows with the key's
+/// demand (its cost alone, then 2, 4 and 8 units, each spent before its time), so that the
+/// key's next refill takes a whole lease.
+async fn grow<S: Store>(store: &S, rule: &RuleSpec, key: &Key) {
+    for _ in 0..15 {
+        assert!(check(store, rule, key, 1).await.allowed());
+    }
+}
+
+/// One replica with a lease of 10 asks Redis about once per 10 requests of a hot key, once its
+/// lease has grown with the key's demand (1, 2, 4, 8, then 10 units a call).
 #[tokio::test]
 async fn a_lease_asks_redis_once_per_lease() {
     let server = support::RedisServer::start();
@@ -305,13 +316,17 @@ async fn a_lease_asks_redis_once_per_lease() {
         assert!(decision.allowed());
         sources.push(decision.source());
     }
-    assert_eq!(calls(&server), 10, "100 requests, a lease of 10");
+    assert_eq!(
+        calls(&server),
+        4 + 9,
+        "100 requests: 15 in 4 calls, 85 in 9"
+    );
     assert_eq!(
         sources
             .iter()
             .filter(|s| **s == DecisionSource::Lease)
             .count(),
-        90
+        100 - 13
     );
     // The budget is spent: the next request is denied by Redis.
     assert!(!check(&store, &rule, &key, 1).await.allowed());
@@ -402,7 +417,8 @@ fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
 }
 
 /// Three requests of `key` planned at once, then waited for (3, the admitted): on a leased rule
-/// the first refills and the other two, finding no unit while it is out, go to Redis alone.
+/// whose lease has grown ([`grow`]) the first refills and the other two, finding no unit while
+/// it is out, go to Redis alone.
 async fn three_at_once<S: Store>(store: &S, rule: &RuleSpec, key: &Key) -> u64 {
     let charge = [Charge { rule, key, cost: 1 }];
     let (a, b, c) = tokio::join!(
@@ -439,9 +455,9 @@ async fn a_refill_ahead_of_need_loses_nothing() {
             .with_lease(10, Duration::from_secs(60))
             .unwrap();
             let key = Key::text("hot");
-            // Three requests at once: the first refills (10 taken, 9 held), the other two find
-            // no unit while it is out and go to Redis: 2 units asked for, a mark of 3, so that
-            // the request that leaves 2 units asks for 7 more.
+            // Three requests at once on a new key: the first goes to Redis alone, the second
+            // refills (2 taken), the third finds no unit while it is out: a mark of 1, so that
+            // leases grow and refills ahead of need go out as the key is spent.
             let mut admitted = three_at_once(&store, &rule, &key).await;
             // A refill ahead of need settles in a task of its own: a denial is final once
             // requests have been denied for a second.
@@ -485,6 +501,7 @@ async fn leased_units_are_spent_while_redis_is_away() {
     let rule = leased(Algorithm::TokenBucket);
     let key = Key::text("hot");
     // A refill and two requests at once: 9 held, a mark of 3.
+    grow(&store, &rule, &key).await;
     three_at_once(&store, &rule, &key).await;
     let charge = [Charge {
         rule: &rule,
@@ -522,14 +539,21 @@ async fn leased_units_are_spent_while_redis_is_away() {
 }
 
 /// A replica with a lease decides as the reference model with the same leases does: one
-/// replica, random costs and times within the leases' time to live, every algorithm.
+/// replica, random costs and times within and past the leases' time to live, every algorithm;
+/// leases that follow the key's demand, and units of a window left unspent given back.
 #[tokio::test]
 async fn a_leased_replica_decides_as_the_model_of_leases() {
     let server = support::RedisServer::start();
     let mut next = xorshift(0x001e_a5e5);
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new(1_700_000_000_000_000);
-        let store = store_on(&server, Some(&clock)).await;
+        // Without the deny cache: a request it answers is not seen by the leases.
+        let store = RedisStore::builder(server.url())
+            .clock(clock.clone())
+            .deny_cache(0)
+            .connect()
+            .await
+            .unwrap();
         let limit = 20;
         let limits = Limits::new(limit, 10_000_000, limit).unwrap();
         let (lease, ttl) = (6, Duration::from_secs(2));
@@ -541,35 +565,74 @@ async fn a_leased_replica_decides_as_the_model_of_leases() {
         }
         let rule = spec.with_lease(lease, ttl).unwrap();
         let key = Key::text("model");
-        // The model: Redis's state, the units held here and until when.
+        // The model: Redis's state, the units held here and until when; when the key was
+        // last seen, the size of the lease being spent and what the last one spent; and units
+        // of a window left unspent, with when they were charged, on their way back.
         let mut state: Option<State> = None;
         let (mut held, mut until) = (0u64, 0u64);
+        let (mut seen, mut taken, mut spent) = (None::<u64>, 0u64, 0u64);
+        let (mut charged, mut returning) = (0u64, None::<(u64, u64)>);
+        let ttl_micros = ttl.as_micros() as u64;
         for step in 0..300 {
-            clock.advance(Duration::from_micros(next() % 400_000));
+            clock.advance(Duration::from_micros(next() % 1_500_000));
             let now = tollgate::clock::Clock::now_micros(&clock);
             let cost = 1 + next() % 3;
+            let again = seen.is_some_and(|seen| now - seen < ttl_micros);
+            seen = Some(now);
             if now >= until {
+                if taken > 0 {
+                    spent = taken - held;
+                    taken = 0;
+                }
+                if held > 0 && algorithm.lease_gives_back() {
+                    returning = match returning {
+                        Some((units, at)) if at / limits.period == charged / limits.period => {
+                            Some((units + held, at))
+                        }
+                        _ => Some((held, charged)),
+                    };
+                }
                 held = 0;
             }
             let expected = if held >= cost {
                 held -= cost;
                 true
             } else {
-                let (need, want) = (cost - held, lease - held);
-                let take = algorithm.lease_take(&limits, state.as_ref(), now, need, want);
-                let outcome = algorithm.check(&limits, state.as_ref(), now, take);
-                if outcome.allowed {
-                    algorithm.commit(&limits, &mut state, now, take);
-                    held = take - need;
-                    let horizon = match algorithm {
-                        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
-                            limits.period - now % limits.period
-                        }
-                        _ => u64::MAX,
-                    };
-                    until = now + (ttl.as_micros() as u64).min(horizon);
+                // The key's call gives back what its leases left unspent, first.
+                if let Some((units, at)) = returning.take() {
+                    algorithm.refund(&limits, &mut state, now, units, at);
                 }
-                outcome.allowed
+                let size = if !again {
+                    cost
+                } else if now < until {
+                    taken * 2
+                } else {
+                    spent
+                }
+                .max(cost + u64::from(again))
+                .min(lease);
+                if size <= cost {
+                    spent = 0;
+                    algorithm.admit(&limits, &mut state, now, cost).allowed
+                } else {
+                    let (need, want) = (cost - held, size - held);
+                    let take = algorithm.lease_take(&limits, state.as_ref(), now, need, want);
+                    let outcome = algorithm.check(&limits, state.as_ref(), now, take);
+                    if outcome.allowed {
+                        algorithm.commit(&limits, &mut state, now, take);
+                        taken = take + held;
+                        held = take - need;
+                        charged = now;
+                        let horizon = match algorithm {
+                            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+                                limits.period - now % limits.period
+                            }
+                            _ => u64::MAX,
+                        };
+                        until = now + ttl_micros.min(horizon);
+                    }
+                    outcome.allowed
+                }
             };
             let decision = check(&store, &rule, &key, cost).await;
             assert_eq!(
@@ -723,7 +786,8 @@ async fn units_taken_for_a_denied_request_go_back_to_their_lease() {
             store.check(&charges).await.unwrap()
         }
     };
-    // The first request leases 10 and passes the strict rule once.
+    // The first request after the lease has grown leases 10 and passes the strict rule once.
+    grow(&store, &leased, &key).await;
     assert!(run(both(&other)).await.allowed());
     // The strict rule now denies: the leased unit taken for each goes back.
     for _ in 0..20 {
@@ -741,7 +805,7 @@ async fn units_taken_for_a_denied_request_go_back_to_their_lease() {
         DecisionSource::Store
     );
     // The whole budget: 100 admitted in all, never more.
-    let mut admitted = 11; // 1 with the strict rule, 9 from the lease, 1 refill
+    let mut admitted = 15 + 11; // 15 growing, 1 with the strict rule, 9 from the lease, 1 refill
     while check(&store, &leased, &key, 1).await.allowed() {
         admitted += 1;
         assert!(admitted <= LIMIT, "more than the budget");
@@ -781,4 +845,209 @@ async fn leased_units_of_a_window_are_not_spent_in_the_next() {
             "window {window}: at most its quota, leases or not"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases that follow demand
+
+/// Requests of one key `every` apart on `clock`, `requests` of them, taken by `replicas` in
+/// turn: how many are admitted.
+async fn paced<S: Store>(
+    replicas: &[S],
+    clock: &ManualClock,
+    rule: &RuleSpec,
+    key: &Key,
+    every: Duration,
+    requests: usize,
+) -> u64 {
+    let mut admitted = 0;
+    for i in 0..requests {
+        admitted += u64::from(
+            check(&replicas[i % replicas.len()], rule, key, 1)
+                .await
+                .allowed(),
+        );
+        clock.advance(every);
+    }
+    admitted
+}
+
+/// Admitted by the rule leased 10 at a time (the default time to live, 1 s) and by the same
+/// rule without a lease, each on a key of its own, at each pace: 100 per hour, 1,000
+/// requests, on `replicas` taking the requests in turn.
+async fn leased_and_not<S: Store>(
+    replicas: &[S],
+    clock: &ManualClock,
+    name: &str,
+    algorithm: Algorithm,
+    every: Duration,
+) -> (u64, u64) {
+    let limits = Limits::new(LIMIT, 3_600_000_000, LIMIT).unwrap();
+    let plain = RuleSpec::new(format!("{name}-{algorithm}-plain"), algorithm, limits).unwrap();
+    let leased = RuleSpec::new(format!("{name}-{algorithm}-leased"), algorithm, limits)
+        .unwrap()
+        .with_lease(LEASE, tollgate::DEFAULT_LEASE_TTL)
+        .unwrap();
+    let key = Key::text(format!("{name}-{every:?}"));
+    // Both start at the same point of the hour.
+    let start = tollgate::clock::Clock::now_micros(clock);
+    let with = paced(replicas, clock, &leased, &key, every, 1_000).await;
+    let now = tollgate::clock::Clock::now_micros(clock);
+    clock.advance(Duration::from_micros(
+        3_600_000_000 - (now - start) % 3_600_000_000,
+    ));
+    let without = paced(replicas, clock, &plain, &key, every, 1_000).await;
+    (with, without)
+}
+
+/// The paces of the tests below: a key spent less than once per lease time to live, about
+/// once, and several times per time to live on each replica.
+const PACES: [Duration; 5] = [
+    Duration::from_secs(2),
+    Duration::from_millis(1_000),
+    Duration::from_millis(400),
+    Duration::from_millis(150),
+    Duration::from_millis(30),
+];
+
+/// A lease follows its key's demand: a key spent less than once per time to live takes its
+/// cost alone, and units left unspent when a lease expires go back to the shared budget where
+/// that is exact (a fixed window, a sliding counter). So a leased rule admits what the same
+/// rule without a lease admits, never more, and less by at most `(n - 1)` per replica (on one
+/// replica, a fixed window or sliding counter exactly as much), at every pace, leases expiring
+/// or not.
+async fn a_lease_follows_demand<S: Store>(replicas: &[S], clock: &ManualClock, name: &str) {
+    let per_replica = (LEASE - 1) * replicas.len() as u64;
+    let mut wrong = Vec::new();
+    for algorithm in Algorithm::ALL {
+        if algorithm.is_concurrency() {
+            continue;
+        }
+        for every in PACES {
+            let (with, without) = leased_and_not(replicas, clock, name, algorithm, every).await;
+            println!("{name} {algorithm}, every {every:?}: {with} admitted leased, {without} not");
+            // One replica spends what it holds, and gives back what expires where that is
+            // exact: a fixed window or sliding counter then loses nothing.
+            let exact = replicas.len() == 1 && algorithm.lease_gives_back();
+            if with > without || with + per_replica < without || (exact && with != without) {
+                wrong.push(format!(
+                    "{algorithm}, a request every {every:?}: {with} admitted with a lease, \
+                     {without} without"
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{name}: {wrong:#?}");
+}
+
+#[tokio::test]
+async fn a_lease_follows_demand_standalone() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(store_on(&server, Some(&clock)).await);
+    }
+    a_lease_follows_demand(&replicas[..1], &clock, "one").await;
+    a_lease_follows_demand(&replicas, &clock, "two").await;
+}
+
+#[tokio::test]
+async fn a_lease_follows_demand_cluster() {
+    let prefix = support::unique_prefix("demand");
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        replicas.push(
+            RedisClusterStore::builder(support::cluster().urls())
+                .prefix(&prefix)
+                .clock(clock.clone())
+                .response_timeout(Duration::from_secs(5))
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    a_lease_follows_demand(&replicas[..1], &clock, "one").await;
+    a_lease_follows_demand(&replicas, &clock, "two").await;
+}
+
+/// What Redis holds of a rule's key, peeked: the units remaining.
+async fn remaining<S: Store>(store: &S, rule: &RuleSpec, key: &Key) -> u64 {
+    store
+        .peek(&[Charge { rule, key, cost: 1 }])
+        .await
+        .expect("peek")
+        .outcomes()[0]
+        .remaining
+}
+
+/// Units a lease leaves unspent go back into the window they were taken from, exactly, and into
+/// no other: after a burst that grows a key's lease, then a quiet spell past its time to live,
+/// Redis holds what it holds for the same requests of the same rule without a lease, whether
+/// the next request comes in the same window or in the next; the key's next request carries
+/// them back. A token bucket's are not given back (see `Rule::lease`).
+async fn unspent_units_go_back_into_their_window<S: Store>(store: &S, clock: &ManualClock) {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        for next_window in [false, true] {
+            let limits = Limits::new(LIMIT, 60_000_000, LIMIT).unwrap();
+            let name = format!("back-{algorithm}-{next_window}");
+            let plain = RuleSpec::new(format!("{name}-plain"), algorithm, limits).unwrap();
+            let leased = RuleSpec::new(format!("{name}-leased"), algorithm, limits)
+                .unwrap()
+                .with_lease(LEASE, tollgate::DEFAULT_LEASE_TTL)
+                .unwrap();
+            let key = Key::text("burst");
+            let mut seen = Vec::new();
+            for rule in [&leased, &plain] {
+                // To the start of a window, a second in.
+                let now = tollgate::clock::Clock::now_micros(clock);
+                clock.advance(Duration::from_micros(61_000_000 - now % 60_000_000));
+                // 20 requests 10 ms apart: the lease grows (1, 2, 4, 8, then 10 of which 5
+                // are left).
+                let admitted = paced(
+                    std::slice::from_ref(store),
+                    clock,
+                    rule,
+                    &key,
+                    Duration::from_millis(10),
+                    20,
+                )
+                .await;
+                assert_eq!(admitted, 20, "{name}");
+                clock.advance(if next_window {
+                    Duration::from_secs(60)
+                } else {
+                    Duration::from_secs(5)
+                });
+                assert!(check(store, rule, &key, 1).await.allowed(), "{name}");
+                seen.push(remaining(store, rule, &key).await);
+            }
+            assert_eq!(
+                seen[0], seen[1],
+                "{name}: Redis holds, with a lease and without"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn unspent_units_go_back_into_their_window_standalone() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = store_on(&server, Some(&clock)).await;
+    unspent_units_go_back_into_their_window(&store, &clock).await;
+}
+
+#[tokio::test]
+async fn unspent_units_go_back_into_their_window_cluster() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("back"))
+        .clock(clock.clone())
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    unspent_units_go_back_into_their_window(&store, &clock).await;
 }

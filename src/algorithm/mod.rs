@@ -403,6 +403,30 @@ impl Algorithm {
     }
 }
 
+impl Algorithm {
+    /// Whether units a lease took and left unspent go back to the shared budget when it
+    /// expires ([`refund`](Algorithm::refund)ed at the time they were charged): exactly, for
+    /// the fixed window and the sliding counter, whose units go back into the count of the
+    /// window they were taken from, never spent (and nothing when that window no longer
+    /// counts). Not for the others: a token bucket's or GCRA's units given back after the
+    /// bucket filled up again would be units that never were (and over-admit); the sliding
+    /// log's refund drops its newest entries, which need not be the lease's.
+    ///
+    /// ```
+    /// use tollgate::Algorithm;
+    ///
+    /// assert!(Algorithm::FixedWindow.lease_gives_back());
+    /// assert!(!Algorithm::TokenBucket.lease_gives_back());
+    /// ```
+    #[inline]
+    pub fn lease_gives_back(self) -> bool {
+        matches!(
+            self,
+            Algorithm::FixedWindow | Algorithm::SlidingWindowCounter
+        )
+    }
+}
+
 impl State {
     fn token_bucket(&self) -> Option<&TokenBucketState> {
         match self {

@@ -177,18 +177,32 @@ impl Rule {
     /// budget in the one call that checks a request, and spends them on the key's next
     /// requests itself, for at most [`lease_ttl`](Rule::lease_ttl) (default 1 s) and never past
     /// the end of a fixed or sliding-counter window. A replica then asks Redis about once per
-    /// `units` requests of the key instead of once per request. A key spent by many requests
+    /// `units` requests of a hot key (once its lease has grown, below) instead of once per
+    /// request. A key spent by many requests
     /// at once is refilled ahead of need (on a Tokio runtime, in a task of its own) before its
     /// units run out; size `units` to more than twice what one replica spends of the key during
     /// a round trip to Redis (its request rate times the round trip): a smaller lease is
     /// refilled when it runs out, and requests that find no unit while its refill is out go to
     /// Redis one by one.
     ///
+    /// A lease follows its key's demand on each replica: a key seen less than once per time to
+    /// live there pays its cost alone (nothing is held); a key seen more often takes one unit
+    /// more than its cost, then twice as many each time its lease runs out before its time, or
+    /// what the last lease spent after one expired, up to `units`.
+    ///
     /// The fleet never admits more than the shared budget as counted when units are charged:
     /// every unit is charged to Redis before it is spent, at most a time to live earlier (so
-    /// over a period it may spend, on top, the units replicas held at its start). While
-    /// replicas hold units, it may refuse a request the budget would admit, by at most
-    /// `(units - 1)` units per replica.
+    /// over a period it may spend, on top, the units replicas held at its start). Units left
+    /// unspent when a lease expires go back to the budget for a fixed window and a sliding
+    /// counter (with the key's next call from that replica, into the window they were taken
+    /// from if it still counts: exact, never twice). The fleet may refuse a request the budget
+    /// would admit by at most `(units - 1)` units per replica that holds some of the key (or,
+    /// for a fixed window or sliding counter, has some waiting to go back), plus, for the token
+    /// bucket, GCRA and the sliding log, whose units cannot go back exactly and are dropped,
+    /// the units of leases that expired unspent: none for a key seen less than once per time to
+    /// live on a replica, none at a steady rate once its lease has settled, at most
+    /// `(units - 1)` each time a key's demand on a replica falls.
+    ///
     /// The answers' budget fields are Redis's at the lease, with the units still held here.
     /// The memory store ignores leases. A lease is 2 units or more, at most the rule's burst
     /// (token bucket, GCRA) or quota; a rule is leased or [split](Rule::split), not both.

@@ -13,7 +13,9 @@
 --          with the server's time, is "b", then one argument per charge: no counts; or a single
 --          argument, the charge of every key.
 -- A charge: "<algorithm>:<limit>:<period>:<burst>:<interval>:<cost>:<lease>" (lease 0: charge
--- `cost`; n > 0: take every unit there is up to n, at least `cost`).
+-- `cost`; n > 0: take every unit there is up to n, at least `cost`), optionally followed by
+-- ":<units>@<time>": units of a lease that expired unspent, charged at <time>, given back
+-- (refunded into the window of <time>, if it still counts) before the charge is checked.
 --
 -- Returns an array of integers: the time of the call, then per charge: remaining, reset,
 -- retry_after (0 when admitted; -1: never), window, and for a lease the units taken (0 unless
@@ -40,8 +42,8 @@ local CHARGES, CHARGES_LEN = {}, 0
 local function charge_of(text)
   local c = CHARGES[text]
   if c == nil then
-    local algorithm, limit, period, burst, interval, cost, lease =
-      string.match(text, '^(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+)$')
+    local algorithm, limit, period, burst, interval, cost, lease, give, given =
+      string.match(text, '^(%a+):(%d+):(%d+):(%d+):(%d+):(%d+):(%d+):?(%d*)@?(%d*)$')
     c = {
       algorithm = ALGORITHMS[algorithm],
       cost = tonumber(cost),
@@ -55,6 +57,11 @@ local function charge_of(text)
       capacity = 0,
     }
     c.capacity = c.algorithm.capacity(c.limits)
+    if give ~= nil and give ~= '' then
+      -- A give-back is of one call: not kept.
+      c.give, c.given = tonumber(give), tonumber(given)
+      return c
+    end
     if CHARGES_LEN >= 1024 then
       CHARGES, CHARGES_LEN = {}, 0
     end
@@ -85,6 +92,13 @@ local function check_charge(key, c, now)
   return state, other, take, remaining, reset, retry, window
 end
 
+-- Gives back the units of a charge's expired lease (none for most charges).
+local function give_back(key, c, now)
+  if c.give ~= nil then
+    c.algorithm.refund(key, c.limits, now, c.give, c.given)
+  end
+end
+
 -- Appends a charge's numbers to `out` after position `len`; the new length.
 local function answer(out, len, c, remaining, reset, retry, window)
   out[len + 1] = remaining
@@ -106,6 +120,7 @@ local RULES = {}
 -- Checks and charges one request of one charge `c` on `key`: appends its numbers to `out` after
 -- position `len`; the new length.
 local function charge_one(key, c, now, out, len)
+  give_back(key, c, now)
   local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
   local at = len
   len = answer(out, len, c, remaining, reset, retry, window)
@@ -141,6 +156,9 @@ local function request(KEYS, ARGV, mode, now, k, a, n, out, len)
   local admitted = true
   for i = 1, n do
     local key, c = KEYS[k + i], charge_of(ARGV[a + i])
+    if mode == 'c' then
+      give_back(key, c, now)
+    end
     local state, other, take, remaining, reset, retry, window = check_charge(key, c, now)
     local r = RULES[i]
     if r == nil then

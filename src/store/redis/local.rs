@@ -12,11 +12,27 @@
 //! the entries of its charges.
 //!
 //! **Leases.** A rule with a lease of `n` takes up to `n` units from Redis in the call that
-//! checks one of its requests (every unit there is, at most `n`, at least the request's cost:
-//! [`Algorithm::lease_take`](crate::Algorithm::lease_take)) and spends the rest here, for at
-//! most the lease's time to live, and never past the end of a fixed or sliding-counter window.
-//! While a refill is out, other requests of the key that find no unit here are charged to Redis
-//! one by one.
+//! checks one of its requests (every unit there is, up to the lease's size, at least the
+//! request's cost: [`Algorithm::lease_take`](crate::Algorithm::lease_take)) and spends the rest
+//! here, for at most the lease's time to live, and never past the end of a fixed or
+//! sliding-counter window. While a refill is out, other requests of the key that find no unit
+//! here are charged to Redis one by one.
+//!
+//! **A lease follows its key's demand.** A key whose last request here was a time to live ago
+//! or more (or never) pays its cost alone: nothing is held, nothing expires. A key seen again
+//! sooner is leased: one unit more than the cost at first; twice as many as the last lease took
+//! when that ran out before its time; what the last lease spent when that expired; never more
+//! than `n`. So at a steady rate a key's leases settle at what it spends per time to live and
+//! expire with nothing left; units are left when its demand falls.
+//!
+//! **Unspent units go back** where that is exact
+//! ([`Algorithm::lease_gives_back`](crate::Algorithm::lease_gives_back): a fixed window, a
+//! sliding counter). Units that can no longer be spent here (their lease expired; or a reply or
+//! a give-back would hold more than `n − 1`) go back to Redis with the key's next call, refunded
+//! at the time they were charged: into the count of that window if it still counts, nothing
+//! otherwise. Units of two windows never mix: units that would are not given back. A call that
+//! fails may or may not have given them back: they are not sent again (never twice). A reset of
+//! the key drops those waiting.
 //!
 //! **Refills ahead of need.** A refill counts the units the key's requests ask for while it is
 //! out (paid here or not), `d`; with half as much again, that is the key's low-water mark. Once
@@ -32,9 +48,9 @@
 //! twice what is spent in a round trip (`2 d > n − 1`): refilled when it runs out, a whole lease
 //! per call, with the requests that find no unit meanwhile sent to Redis one by one, it makes
 //! fewer calls than refills ahead that would each bring less than was spent. When Redis cannot
-//! be asked (its breaker open, not connected), units held here are spent all the same. Units
-//! left unspent when a lease expires are dropped, not given back, and the key's mark goes back
-//! to 0. A request that costs more than the units left takes them with those that wait (until
+//! be asked (its breaker open, not connected), units held here are spent all the same. When
+//! units are left unspent at a lease's expiry, the key's mark goes back to 0. A request that
+//! costs more than the units left takes them with those that wait (until
 //! the sooner of both times); one that costs a whole lease or more goes to Redis alone. A reset
 //! of the key drops its units, and those of a refill sent before it.
 //!
@@ -42,14 +58,19 @@
 //! never admits more than the shared budget as counted when the units were charged; a unit is
 //! spent up to a lease's time to live after its charge, so over a period the fleet may spend,
 //! on top of that period's budget, the units replicas held at its start. Units given back (a
-//! request denied by another rule) return only to the lease they came from, while it lives.
+//! request denied by another rule) return only to the lease they came from, while it lives (a
+//! key's entry evicted and made again counts its leases apart from the old one's).
 //! A replica holds at most `n − cost ≤ n − 1` units of a key after a refill (it asks for
 //! `n − held` at most, and spends `cost − held` at once), and at most `n − 1` after a refill
 //! ahead of need (it asks for `n − 1 − left` at most; what a reply or a give-back would bring
 //! beyond `n − 1` is dropped), and only spends from there, so
-//! while R replicas hold units the fleet may refuse a request that the budget would admit by at
-//! most `(n − 1) × R` units (plus, for each refill whose reply was lost to a time-out or a
-//! client that went away, the units it took, and the units that expired unspent).
+//! while R replicas hold units (or, of a fixed window or sliding counter, units of an expired
+//! lease that wait to go back with the key's next call) the fleet may refuse a request that the
+//! budget would admit by at most `(n − 1) × R` units; plus, for each refill whose reply was lost
+//! to a time-out or a client that went away, the units it took; plus, for the token bucket, GCRA
+//! and the sliding log, the units that expired unspent (none for a key seen less than once per
+//! time to live on a replica, none at a steady rate once its lease has settled; at most `n − 1`
+//! each time a key's demand on a replica falls).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -87,6 +108,10 @@ pub(crate) struct Local {
     /// How many tombstones there are: none, the common case, is read without a lock.
     tombstone_count: AtomicUsize,
     leases: Table<Held>,
+    /// Numbers the lease entries made: an entry's generations start at its number times
+    /// 2³², so that one made again after its key's was evicted never counts a generation of
+    /// the old one (whose give-backs may still come).
+    entries: AtomicU64,
     /// The next sub-key of each split key.
     parts: Table<u16>,
 }
@@ -148,6 +173,24 @@ struct Held {
     resets: u64,
     /// Counts the leases of this key: units taken from one go back only to it, while it lives.
     generation: u64,
+    /// When (local microseconds) the key's last request was seen here: a key seen again
+    /// within a lease's time to live is leased, one seen less often pays its cost alone.
+    seen: Option<u64>,
+    /// The units of the lease being spent, as it came (the next refill of a lease spent
+    /// before its time asks for twice as many), and what the last lease that ended spent (the
+    /// size of the next after it).
+    taken: u64,
+    spent: u64,
+    /// The rule's period, and when Redis charged [`units`](Held::units) and
+    /// [`next`](Held::next) (on its clock), for a fixed or sliding-counter window whose units
+    /// were all charged in one window: those left unspent go back into it. None: they are not
+    /// given back.
+    period: u64,
+    charged: Option<u64>,
+    next_charged: Option<u64>,
+    /// Units that expired unspent here, and when they were charged: given back to Redis with
+    /// the key's next call.
+    returning: Option<(u64, u64)>,
 }
 
 impl<V> Table<V> {
@@ -256,6 +299,9 @@ struct Planned {
     /// The rule's capacity (a split rule's sub-keys hold less).
     capacity: u64,
     how: How,
+    /// Units of this key's leases that expired unspent, and when Redis charged them: this
+    /// call gives them back.
+    give_back: Option<(u64, u64)>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -309,6 +355,7 @@ impl Local {
             tombstone_count: AtomicUsize::new(0),
             parts: Table::new(leases),
             leases: Table::new(leases),
+            entries: AtomicU64::new(0),
         }
     }
 
@@ -328,8 +375,11 @@ impl Local {
             if let Some(held) = self.leases.shard(&key).get_mut(&key) {
                 held.units = 0;
                 held.next = 0;
-                held.generation += 1;
+                held.generation = held.generation.wrapping_add(1);
                 held.resets += 1;
+                // Units charged before a reset never go back into the budget after it.
+                held.returning = None;
+                held.taken = 0;
             }
         }
     }
@@ -476,6 +526,9 @@ impl Local {
                 continue;
             }
             held.pay(charge.cost);
+            if charge.cost > 0 {
+                held.seen = Some(now);
+            }
             outcomes.push(held.spent(now));
             taken.push((charge, held.generation));
         }
@@ -523,6 +576,7 @@ impl Local {
                     part,
                     capacity: rule.algorithm().capacity(rule.limits()),
                     how: How::Sent,
+                    give_back: None,
                 }
             })
             .collect();
@@ -553,7 +607,7 @@ impl Local {
             if let Some(lease) = charge.rule.lease()
                 && charge.cost > 0
             {
-                p.how = self.lease_for(charge, lease, at);
+                (p.how, p.give_back) = self.lease_for(charge, lease, at);
             }
         }
         Plan {
@@ -589,10 +643,29 @@ impl Local {
         first
     }
 
-    fn lease_for(&self, charge: &Charge<'_>, lease: crate::store::Lease, now: u64) -> How {
+    /// The entry of a key of `rule`'s leases of `units`, new.
+    fn new_lease(&self, rule: &crate::store::RuleSpec, units: u64) -> Held {
+        self.leases.len.fetch_add(1, Ordering::Relaxed);
+        Held {
+            algorithm: rule.algorithm(),
+            size: units,
+            period: rule.limits().period.max(1),
+            generation: self.entries.fetch_add(1, Ordering::Relaxed) << 32,
+            ..Held::default()
+        }
+    }
+
+    /// How a charge of a leased rule is paid: from the lease here, by a refill, or by Redis
+    /// alone; with the units of the key's expired leases that its call gives back.
+    fn lease_for(
+        &self,
+        charge: &Charge<'_>,
+        lease: crate::store::Lease,
+        now: u64,
+    ) -> (How, Option<(u64, u64)>) {
         if charge.cost >= lease.units {
             // More than a replica ever holds: Redis alone decides it.
-            return How::Sent;
+            return (How::Sent, None);
         }
         let ttl = u64::try_from(lease.ttl.as_micros()).unwrap_or(u64::MAX);
         let key = (lease_key(charge.rule), charge.key.clone());
@@ -602,16 +675,14 @@ impl Local {
         if !self.leases.room(&mut shard, &key, now, |held| {
             !held.refilling && now >= held.until && (held.next == 0 || now >= held.next_until)
         }) {
-            return How::Sent;
+            return (How::Sent, None);
         }
-        let held = shard.entry(key).or_insert_with(|| {
-            self.leases.len.fetch_add(1, Ordering::Relaxed);
-            Held {
-                algorithm: charge.rule.algorithm(),
-                size: lease.units,
-                ..Held::default()
-            }
-        });
+        let held = shard
+            .entry(key)
+            .or_insert_with(|| self.new_lease(charge.rule, lease.units));
+        // More than one request of the key per time to live here: it is leased.
+        let again = held.seen.is_some_and(|seen| now.saturating_sub(seen) < ttl);
+        held.seen = Some(now);
         held.roll(now, charge.cost);
         if held.units >= charge.cost {
             let ask = held.ahead(charge.cost);
@@ -619,31 +690,50 @@ impl Local {
             if ask > 0 {
                 held.refilling = true;
                 held.demand = 0;
-                return How::Ahead {
+                let how = How::Ahead {
                     outcome: held.spent(now),
                     ask,
                     ttl,
                     generation: held.generation,
                     resets: held.resets,
                 };
+                return (how, held.returning.take());
             }
-            return How::Leased(held.spent(now), held.generation);
+            return (How::Leased(held.spent(now), held.generation), None);
         }
+        let give_back = held.returning.take();
         if held.refilling {
             // No unit here while the refill is out: counted, so that the next goes out sooner.
             held.demand = held.demand.saturating_add(charge.cost);
-            return How::Sent;
+            return (How::Sent, give_back);
+        }
+        // The lease follows the key's demand: none for a key seen less than once per time to
+        // live; twice the last for one whose lease ran out before its time; what the last
+        // spent for one whose lease expired (at least one unit more than the cost).
+        let size = if !again {
+            charge.cost
+        } else if now < held.until {
+            held.taken.saturating_mul(2)
+        } else {
+            held.spent
+        }
+        .max(charge.cost + u64::from(again))
+        .min(lease.units);
+        if size <= charge.cost {
+            held.spent = 0;
+            return (How::Sent, give_back);
         }
         held.refilling = true;
         held.demand = 0;
         let taken = std::mem::take(&mut held.units);
-        How::Refill {
+        let how = How::Refill {
             held: taken,
-            lease: lease.units,
+            lease: size,
             ttl,
             generation: held.generation,
             resets: held.resets,
-        }
+        };
+        (how, give_back)
     }
 }
 
@@ -656,32 +746,68 @@ impl Held {
             return;
         }
         if now >= self.until {
+            if self.taken > 0 {
+                // What the lease spent: the size of the key's next.
+                self.spent = self.taken.saturating_sub(self.units);
+                self.taken = 0;
+            }
             if self.units > 0 {
                 // Units left unspent for a whole time to live: the key is no longer hot.
                 self.low_water = 0;
+                self.expire(self.units, self.charged);
             }
             self.units = 0;
+            self.charged = None;
         }
         if self.next > 0 && now >= self.next_until {
             self.low_water = 0;
+            self.expire(self.next, self.next_charged);
             self.next = 0;
         }
         if self.next == 0 {
             if self.units == 0 {
                 // What was taken from the lease that ended never comes back.
-                self.generation += 1;
+                self.generation = self.generation.wrapping_add(1);
             }
             return;
         }
         if self.units > 0 {
             self.until = self.until.min(self.next_until);
+            self.charged = self.one_window(self.charged, self.next_charged);
         } else {
             // Units taken from the lease that ended never come back to these.
-            self.generation += 1;
+            self.generation = self.generation.wrapping_add(1);
             self.until = self.next_until;
+            self.charged = self.next_charged;
         }
         self.units += self.next;
+        self.taken += self.next;
         self.next = 0;
+    }
+
+    /// Units that can no longer be spent here: given back to Redis with the key's next call,
+    /// when they were all charged in one window of a fixed window or sliding counter (then
+    /// exact: they go back into the window they were taken from, never spent); dropped
+    /// otherwise. Units waiting to go back from another window are dropped.
+    fn expire(&mut self, units: u64, charged: Option<u64>) {
+        let Some(at) = charged.filter(|_| units > 0) else {
+            return;
+        };
+        self.returning = match self.returning {
+            Some((waiting, when)) if self.one_window(Some(when), Some(at)).is_some() => {
+                Some((waiting.saturating_add(units), when))
+            }
+            _ => Some((units, at)),
+        };
+    }
+
+    /// The time of a charge that stands for both `a` and `b`: one of them, when both were in
+    /// one window of the rule.
+    fn one_window(&self, a: Option<u64>, b: Option<u64>) -> Option<u64> {
+        match (a, b) {
+            (Some(a), Some(b)) if a / self.period == b / self.period => Some(a),
+            _ => None,
+        }
     }
 
     /// Whether a charge of `cost` is paid from these units at `now` (made current): a lease
@@ -706,8 +832,9 @@ impl Held {
     /// Units of a refill ahead of need, spendable until `until`: they wait behind the units
     /// held (joining those already waiting, until the sooner of both times), and take over a
     /// lease that ended; never more than `n − 1` held in all (the rest is dropped).
-    fn wait(&mut self, units: u64, until: u64, now: u64) {
+    fn wait(&mut self, units: u64, until: u64, now: u64, charged: Option<u64>) {
         if now >= self.next_until {
+            self.expire(self.next, self.next_charged);
             self.next = 0;
         }
         let live = if now < self.until { self.units } else { 0 };
@@ -715,12 +842,17 @@ impl Held {
             .size
             .saturating_sub(1)
             .saturating_sub(live.saturating_add(self.next));
-        self.next_until = if self.next > 0 {
-            self.next_until.min(until)
+        (self.next_until, self.next_charged) = if self.next > 0 {
+            (
+                self.next_until.min(until),
+                self.one_window(self.next_charged, charged),
+            )
         } else {
-            until
+            (until, charged)
         };
-        self.next += units.min(room);
+        let kept = units.min(room);
+        self.expire(units - kept, charged);
+        self.next += kept;
         self.roll(now, 0);
     }
 
@@ -743,7 +875,9 @@ impl Held {
             .size
             .saturating_sub(1)
             .saturating_sub(self.units.saturating_add(self.next));
-        self.units += units.min(room);
+        let kept = units.min(room);
+        self.expire(units - kept, self.charged);
+        self.units += kept;
     }
 
     /// The units a refill ahead of need asks for when a request of `cost` is paid from
@@ -877,6 +1011,7 @@ impl Plan {
                     if let Some((part, _)) = planned.part {
                         one = one.of_part(prefix, charge, part);
                     }
+                    one.give_back = planned.give_back;
                     match planned.how {
                         How::Sent => {}
                         How::Leased(..) | How::Cached(_) => return None,
@@ -1014,14 +1149,24 @@ impl Plan {
             let until = self.at.saturating_add(ttl.min(horizon));
             // Units taken before a reset of the key are not kept after it.
             let units = if lease.resets == resets { units } else { 0 };
+            // When Redis charged them: units of a window left unspent go back into it.
+            let charged = planned.algorithm.lease_gives_back().then(|| {
+                times
+                    .as_ref()
+                    .and_then(|t| t.get(i).copied())
+                    .unwrap_or(reply.now)
+            });
             lease.settle_demand();
             if let How::Refill { held, .. } = planned.how {
-                // A new lease: units given back meanwhile to the old one are dropped with it.
-                lease.generation += 1;
+                // A new lease: units given back meanwhile to the old one end with it.
+                lease.expire(lease.units, lease.charged);
+                lease.generation = lease.generation.wrapping_add(1);
                 lease.units = units.saturating_sub(planned.cost.saturating_sub(held));
+                lease.taken = units + held;
                 lease.until = until;
+                lease.charged = charged;
             } else {
-                lease.wait(units, until, local.now());
+                lease.wait(units, until, local.now(), charged);
             }
             lease.outcome = *outcome;
             lease.at = self.at;
@@ -1323,9 +1468,10 @@ mod tests {
     }
 
     impl Hot {
+        /// The key is seen often: its first refill takes a whole lease.
         fn new() -> Hot {
             let clock = ManualClock::new(1_000_000);
-            Hot {
+            let hot = Hot {
                 local: local(&clock),
                 clock,
                 rule: RuleSpec::new(
@@ -1337,7 +1483,9 @@ mod tests {
                 .with_lease(10, std::time::Duration::from_secs(60))
                 .unwrap(),
                 key: Key::text("k"),
-            }
+            };
+            warm(&hot.local, &hot.rule, &hot.key);
+            hot
         }
 
         fn charges(&self) -> [Charge<'_>; 1] {
@@ -1433,6 +1581,19 @@ mod tests {
             local.plan(&charges).charges[0].how,
             How::Refill { held: 0, .. }
         ));
+    }
+
+    /// Makes `key` of `rule` a key seen now, whose last lease spent all its units: its next
+    /// refill takes a whole lease.
+    fn warm(local: &Local, rule: &RuleSpec, key: &Key) {
+        let units = rule.lease().unwrap().units;
+        let entry = (lease_key(rule), key.clone());
+        let mut shard = local.leases.shard(&entry);
+        let held = shard
+            .entry(entry)
+            .or_insert_with(|| local.new_lease(rule, units));
+        held.seen = Some(local.now());
+        held.spent = units;
     }
 
     /// Units held and waiting, of the only key of `local`.
@@ -1585,6 +1746,7 @@ mod tests {
         hot.clock.advance(std::time::Duration::from_secs(61));
         assert!(local.answer(&costly(0), true).is_none());
         // A refill out when the key is reset brings no unit.
+        warm(local, &hot.rule, &hot.key);
         let refill = local.plan(&charges);
         assert!(matches!(refill.charges[0].how, How::Refill { .. }));
         local.forget(&hot.rule, &hot.key, true);
@@ -1658,5 +1820,139 @@ mod tests {
             local.plan(&charges).charges[0].how,
             How::Refill { held: 0, .. }
         ));
+    }
+
+    /// A lease entry evicted and made again does not take back the units of a request that
+    /// was paid from the entry before it: a give-back of the old entry's lease never lands in
+    /// the new one.
+    #[test]
+    fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
+        let hot = Hot::new();
+        // One leased key per shard.
+        let local = Arc::new(Local::new(Arc::new(hot.clock.clone()), 1000, SHARDS));
+        let strict = RuleSpec::new(
+            "strict",
+            Algorithm::FixedWindow,
+            Limits::new(1, 3_600_000_000, 1).unwrap(),
+        )
+        .unwrap();
+        let both = [
+            Charge {
+                rule: &hot.rule,
+                key: &hot.key,
+                cost: 1,
+            },
+            Charge {
+                rule: &strict,
+                key: &hot.key,
+                cost: 1,
+            },
+        ];
+        // Only the strict rule is sent: it denies.
+        let strict_denies = Reply {
+            now: 1_000_000,
+            outcomes: smallvec::smallvec![denied(3_600_000_000, 3_600_000_000)],
+            taken: smallvec::smallvec![0],
+            times: None,
+        };
+        let refill = |local: &Arc<Local>| {
+            let charges = hot.charges();
+            warm(local, &hot.rule, &hot.key);
+            let plan = local.plan(&charges);
+            assert!(matches!(plan.charges[0].how, How::Refill { .. }));
+            assert!(plan.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
+        };
+        refill(&local);
+        // A request paid from the lease, waiting for Redis's answer of its other rule.
+        let stale = local.plan(&both);
+        assert!(matches!(stale.charges[0].how, How::Leased(..)));
+        // The lease expires; a key of the same shard takes its place.
+        hot.clock.advance(std::time::Duration::from_secs(61));
+        let slot = local.leases.index(&(lease_key(&hot.rule), hot.key.clone()));
+        let other = (0..)
+            .map(|i| Key::text(format!("other-{i}")))
+            .find(|k| local.leases.index(&(lease_key(&hot.rule), k.clone())) == slot)
+            .unwrap();
+        let theirs = [Charge {
+            rule: &hot.rule,
+            key: &other,
+            cost: 1,
+        }];
+        drop(local.plan(&theirs));
+        // The key comes back: a new entry, a new lease, one unit spent of it.
+        local.leases.remove(&(lease_key(&hot.rule), other.clone()));
+        refill(&local);
+        assert!(local.answer(&hot.charges(), true).is_some());
+        assert_eq!(held(&local), (8, 0));
+        // The old request is denied by its other rule: its unit is not this lease's.
+        assert!(!stale.settle(Some(Ok(strict_denies))).unwrap().allowed());
+        assert_eq!(
+            held(&local),
+            (8, 0),
+            "a unit of the evicted lease came back"
+        );
+    }
+
+    /// Units of a fixed window left unspent when their lease expires ride on the key's next
+    /// call, once, with the time they were charged; a token bucket's are dropped; a reset drops
+    /// those waiting.
+    #[test]
+    fn unspent_units_of_a_window_go_back_with_the_next_call_once() {
+        let clock = ManualClock::new(1_000_000);
+        let local = local(&clock);
+        let key = Key::text("k");
+        for algorithm in [Algorithm::FixedWindow, Algorithm::TokenBucket] {
+            let rule = RuleSpec::new(
+                format!("back-{algorithm}"),
+                algorithm,
+                Limits::new(100, 3_600_000_000, 100).unwrap(),
+            )
+            .unwrap()
+            .with_lease(10, std::time::Duration::from_secs(1))
+            .unwrap();
+            let charges = [Charge {
+                rule: &rule,
+                key: &key,
+                cost: 1,
+            }];
+            let lease_then_expire = |reset: bool| {
+                warm(&local, &rule, &key);
+                let refill = local.plan(&charges);
+                assert!(matches!(
+                    refill.charges[0].how,
+                    How::Refill { lease: 10, .. }
+                ));
+                let charged = clock.now_micros();
+                let mut reply = admitted(90, 10);
+                reply.now = charged;
+                assert!(refill.settle(Some(Ok(reply))).unwrap().allowed());
+                for _ in 0..3 {
+                    assert!(local.answer(&charges, true).is_some());
+                }
+                if reset {
+                    local.forget(&rule, &key, true);
+                }
+                // Seen 2 s ago: the next request pays its cost alone, and carries what is left.
+                clock.advance(std::time::Duration::from_secs(2));
+                let next = local.plan(&charges);
+                assert!(matches!(next.charges[0].how, How::Sent));
+                (next, charged)
+            };
+            let (next, charged) = lease_then_expire(false);
+            let sent = next.prepared("p", &charges);
+            if algorithm.lease_gives_back() {
+                assert_eq!(sent[0].give_back, Some((6, charged)), "{algorithm}");
+            } else {
+                assert_eq!(sent[0].give_back, None, "{algorithm}");
+            }
+            // The call fails: whether they went back is not known; they are not sent again.
+            assert!(next.settle(Some(Err(StoreError::Timeout))).is_err());
+            let again = local.plan(&charges);
+            assert_eq!(again.prepared("p", &charges)[0].give_back, None);
+            drop(again);
+            // A reset drops them.
+            let (next, _) = lease_then_expire(true);
+            assert_eq!(next.prepared("p", &charges)[0].give_back, None);
+        }
     }
 }

@@ -186,7 +186,8 @@ impl Program {
             && simple
             && requests.windows(2).all(|pair| {
                 let (a, b) = (pair[0].charges[0].borrow(), pair[1].charges[0].borrow());
-                (a.cost, a.lease, &a.descriptor) == (b.cost, b.lease, &b.descriptor)
+                (a.cost, a.lease, a.give_back, &a.descriptor)
+                    == (b.cost, b.lease, b.give_back, &b.descriptor)
             });
         for request in requests {
             if !single && !simple {
@@ -202,6 +203,12 @@ impl Program {
                 keys::push_integer(&mut text, charge.cost);
                 text.push(':');
                 keys::push_integer(&mut text, charge.lease);
+                if let Some((units, at)) = charge.give_back {
+                    text.push(':');
+                    keys::push_integer(&mut text, units);
+                    text.push('@');
+                    keys::push_integer(&mut text, at);
+                }
                 cmd.arg(text.as_str());
                 if alike {
                     return cmd;
@@ -389,6 +396,9 @@ pub(crate) struct Prepared {
     pub(crate) cost: u64,
     /// 0: charge `cost`; n > 0: take every unit there is up to n, at least `cost`.
     pub(crate) lease: u64,
+    /// Units of a fixed or sliding-counter window leased here that expired unspent, and when
+    /// they were charged: given back into that window (if it still counts) before the charge.
+    pub(crate) give_back: Option<(u64, u64)>,
 }
 
 impl Prepared {
@@ -400,6 +410,7 @@ impl Prepared {
             descriptor: charge.rule.wire().0.clone(),
             cost: charge.cost,
             lease: 0,
+            give_back: None,
         }
     }
 

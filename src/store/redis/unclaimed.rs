@@ -102,6 +102,7 @@ mod tests {
             descriptor: Arc::from(""),
             cost: 1,
             lease: 0,
+            give_back: None,
         }
     }
 
