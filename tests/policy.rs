@@ -1301,3 +1301,355 @@ rules = [{ name = "searches", limit = 2, per = "30s", algorithm = "concurrency" 
     };
     assert!(message.contains("tiers.toml:5:"), "{message}");
 }
+
+#[test]
+fn a_missing_rules_file_is_said_once_with_its_path() {
+    let path = std::env::temp_dir().join(format!("tollgate-missing-{}.toml", std::process::id()));
+    let error = RateLimitLayer::builder()
+        .policy_source(tollgate::policy::FileSource::new(&path))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error.matches("tollgate configuration").count(),
+        1,
+        "the prefix once: {error}"
+    );
+    assert!(
+        error.contains("cannot read the rules file") && error.contains(&*path.to_string_lossy()),
+        "{error}"
+    );
+}
+
+/// The names of every rule whose budget an answer reports, in order.
+fn policy_names(res: &Response<Body>) -> Vec<String> {
+    let policy = header(res, "ratelimit-policy").expect("a RateLimit-Policy field");
+    policy
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_join_whichever_set_wins() {
+    let rule = |name: &str| Rule::new(name, Quota::per_minute(100));
+    let policy = levels()
+        .all_tiers([rule("everyone")])
+        .all_tiers_route("POST /search", [rule("everyone-post-search")])
+        .all_tiers_route("/users/{id}", [rule("everyone-users")]);
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = app(layer);
+    let cases: [(&str, &str, Option<&str>, &[&str]); 14] = [
+        // The tenant's exception, and the rules of every tier.
+        (
+            "GET",
+            "/search",
+            Some("acme-1"),
+            &["acme-search", "everyone"],
+        ),
+        (
+            "POST",
+            "/search",
+            Some("acme-1"),
+            &["acme-search", "everyone", "everyone-post-search"],
+        ),
+        (
+            "GET",
+            "/users/7",
+            Some("acme-1"),
+            &["pro-users", "everyone", "everyone-users"],
+        ),
+        ("GET", "/", Some("pro-1"), &["pro-default", "everyone"]),
+        (
+            "POST",
+            "/search",
+            Some("pro-1"),
+            &["pro-search-post", "everyone", "everyone-post-search"],
+        ),
+        ("GET", "/search", Some("pro-1"), &["pro-search", "everyone"]),
+        // A route of the rules of every tier that the tier does not list: its own rules.
+        (
+            "GET",
+            "/users/1",
+            None,
+            &["free-default", "everyone", "everyone-users"],
+        ),
+        // HEAD gets the rules of GET.
+        (
+            "HEAD",
+            "/users/1",
+            Some("pro-1"),
+            &["pro-users", "everyone", "everyone-users"],
+        ),
+        // A tier without rules of its own falls through to the default tier's, widened too.
+        (
+            "GET",
+            "/users/1",
+            Some("bare-1"),
+            &["bare-users", "everyone", "everyone-users"],
+        ),
+        (
+            "GET",
+            "/search",
+            Some("bare-1"),
+            &["free-search", "everyone"],
+        ),
+        (
+            "POST",
+            "/search",
+            Some("bare-1"),
+            &["free-search", "everyone", "everyone-post-search"],
+        ),
+        ("GET", "/", Some("bare-1"), &["free-default", "everyone"]),
+        ("GET", "/", None, &["free-default", "everyone"]),
+        (
+            "POST",
+            "/search",
+            Some("platinum-1"),
+            &["free-search", "everyone", "everyone-post-search"],
+        ),
+    ];
+    for (method, path, key, expected) in cases {
+        let res = send(&mut app, request(method, path, [10, 0, 0, 1], key)).await;
+        assert_eq!(res.status(), StatusCode::OK, "{method} {path} {key:?}");
+        assert_eq!(
+            policy_names(&res),
+            expected,
+            "{method} {path} with key {key:?}"
+        );
+    }
+}
+
+/// A policy whose tiers count per tenant and whose rules for every tier count per IP.
+fn per_ip_for_everyone(tier_limit: u64, ip_limit: u64, login_limit: u64) -> Policy {
+    Policy::new("v1")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(tier_limit))))
+        .default_tier("free")
+        .all_tiers([
+            Rule::new("per-ip", Quota::per_minute(ip_limit)).key(tollgate::key::PeerIp::new())
+        ])
+        .all_tiers_route(
+            "POST /search",
+            [Rule::new("search-per-ip", Quota::per_minute(login_limit))
+                .key(tollgate::key::PeerIp::new())],
+        )
+}
+
+async fn statuses(
+    app: &mut Router,
+    n: usize,
+    method: &str,
+    path: &str,
+    ip: u8,
+    key: &str,
+) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let res = send(app, request(method, path, [10, 0, 0, ip], Some(key))).await;
+        statuses.push(res.status().as_u16());
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers() {
+    // A tier rule that denies charges nothing to the rule of every tier.
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip_for_everyone(1, 3, 100))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = self::app(layer);
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 1, "free-a").await,
+        [200, 429, 429, 429, 429]
+    );
+    // Four refusals later, the address still has 2 of its 3.
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-b").await, [200]);
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-c").await, [200]);
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-d").await, [429]);
+
+    // And the reverse: the rule of every tier that denies charges nothing to the tier.
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip_for_everyone(5, 2, 100))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = self::app(layer);
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 1, "free-a").await,
+        [200, 200, 429, 429, 429]
+    );
+    // From other addresses, the tenant has the 3 left of its 5.
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 2, "free-a").await,
+        [200, 200]
+    );
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 3, "free-a").await,
+        [200, 429]
+    );
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_on_a_route_are_all_or_nothing_too() {
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip_for_everyone(100, 4, 1))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = self::app(layer);
+    // The route's rule denies: nothing is charged to the rule of every tier, nor to the tier.
+    assert_eq!(
+        statuses(&mut app, 4, "POST", "/search", 1, "free-a").await,
+        [200, 429, 429, 429]
+    );
+    // Another method of the route is not the route's rule's: 3 of 4 left for the address.
+    assert_eq!(
+        statuses(&mut app, 4, "GET", "/search", 1, "free-a").await,
+        [200, 200, 200, 429]
+    );
+    // The rule of every tier denies: the route's rule is not charged either.
+    let layer = RateLimitLayer::builder()
+        .policy(per_ip_for_everyone(100, 1, 2))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = self::app(layer);
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-a").await, [200]);
+    assert_eq!(
+        statuses(&mut app, 3, "POST", "/search", 1, "free-a").await,
+        [429, 429, 429]
+    );
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_rules_for_every_tier_and_their_counts() {
+    let policy = |version: &str, ip_limit: u64| {
+        Policy::new(version)
+            .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(100))))
+            .default_tier("free")
+            .all_tiers([Rule::new("per-ip", Quota::per_minute(ip_limit))
+                .algorithm(Algorithm::FixedWindow)
+                .key(tollgate::key::PeerIp::new())])
+    };
+    let layer = RateLimitLayer::builder()
+        .policy_source(policy("v1", 3))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let mut app = app(layer);
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 1, "free-a").await,
+        [200, 200]
+    );
+    handle.install(policy("v2", 4)).unwrap();
+    // 2 of the 4 are spent: the window's count survived.
+    assert_eq!(
+        statuses(&mut app, 3, "GET", "/", 1, "free-b").await,
+        [200, 200, 429]
+    );
+
+    // From a rules file too.
+    let file = |version: &str| {
+        format!(
+            "version = \"{version}\"\ndefault_tier = \"free\"\n\n\
+             [tiers.free]\nrules = [{{ name = \"free\", limit = 100, per = \"minute\" }}]\n\n\
+             [all_tiers]\nrules = [{{ name = \"per-ip\", limit = 4, per = \"minute\", key = \"ip\", \
+             algorithm = \"fixed-window\" }}]\n"
+        )
+    };
+    handle
+        .install(Policy::from_toml(&file("v3"), "tiers.toml").unwrap())
+        .unwrap();
+    assert_eq!(handle.version(), "v3");
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-c").await, [429]);
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 2, "free-c").await,
+        [200, 200, 200, 200, 429]
+    );
+}
+
+#[test]
+fn rules_for_every_tier_in_a_file_are_the_same_as_in_code() {
+    let text = r#"
+version = "v1"
+default_tier = "free"
+
+[tiers.free]
+rules = [{ name = "free", limit = 10, per = "minute" }]
+
+[all_tiers]
+rules = [{ name = "per-ip", limit = 100, per = "minute", key = "ip" }]
+routes."POST /login".rules = [
+  { name = "login", limit = 5, per = "15m", key = "ip", algorithm = "fixed-window" },
+]
+"#;
+    let policy = Policy::from_toml(text, "tiers.toml").unwrap();
+    let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    let mut app = Router::new()
+        .route("/login", axum::routing::post(|| async { "ok" }))
+        .layer(layer);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let res = runtime.block_on(send(
+        &mut app,
+        request("POST", "/login", [10, 0, 0, 1], None),
+    ));
+    assert_eq!(policy_names(&res), ["free", "per-ip", "login"]);
+    // An empty list, and a route that is not one, are refused where they are written.
+    for (bad, expected) in [
+        ("[all_tiers]\nroutes.\"/x\".rules = []\n", "empty rule list"),
+        (
+            "[all_tiers]\nroutes.\"x\".rules = [{ name = \"x\", limit = 1, per = \"second\" }]\n",
+            "is not a route",
+        ),
+    ] {
+        let text = format!(
+            "version = \"v1\"\ndefault_tier = \"free\"\n[tiers.free]\n\
+             rules = [{{ name = \"free\", limit = 10, per = \"minute\" }}]\n{bad}"
+        );
+        let error = RateLimitLayer::builder()
+            .policy(Policy::from_toml(&text, "tiers.toml").unwrap())
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("tiers.toml:") && error.contains(expected),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_default_tier_without_rules_builds_when_every_tier_has_rules() {
+    let policy = Policy::new("v1")
+        .tier(Tier::new("free"))
+        .default_tier("free")
+        .all_tiers([Rule::new("per-ip", Quota::per_minute(100))]);
+    assert!(RateLimitLayer::builder().policy(policy).build().is_ok());
+    // Too many rules for one request, once the rules of every tier join a set.
+    let many = |prefix: &str, n: usize| {
+        (0..n)
+            .map(|i| Rule::new(format!("{prefix}{i}"), Quota::per_minute(100)))
+            .collect::<Vec<_>>()
+    };
+    let policy = Policy::new("v1")
+        .tier(Tier::new("free").rules(many("tier-", 20)))
+        .default_tier("free")
+        .all_tiers(many("all-", 20));
+    let error = RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("at most 32"), "{error}");
+}
