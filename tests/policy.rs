@@ -2,6 +2,8 @@
 //! allow and deny lists, regions, and rules files (their errors, and a property test that a file
 //! and the same policy built in code decide alike).
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +20,7 @@ use tollgate::key::Global;
 use tollgate::policy::{
     Listed, Policy, Region, Tenant, TenantFromExtension, TenantFromHeader, TenantRules, Tier,
 };
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
 use tollgate::{Algorithm, Quota, RateLimitLayer, Rule, RuleMode};
 use tower::{Service, ServiceExt};
 
@@ -1457,15 +1459,26 @@ async fn statuses(
     statuses
 }
 
-#[tokio::test]
-async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers() {
-    // A tier rule that denies charges nothing to the rule of every tier.
+/// The app of [`app`], limited by `policy` on `store`, with tenants from `x-api-key`.
+fn app_on<St: Store + Clone>(store: &St, policy: Policy) -> Router {
     let layer = RateLimitLayer::builder()
-        .policy(per_ip_for_everyone(1, 3, 100))
+        .policy(policy)
         .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .store(store.clone())
         .build()
         .unwrap();
-    let mut app = self::app(layer);
+    let ok = || async { "ok" };
+    Router::new()
+        .route("/", get(ok))
+        .route("/search", get(ok).post(ok))
+        .layer(layer)
+}
+
+/// Tier rules count per tenant, the rules of every tier per IP: keys of different callers,
+/// which a Redis Cluster keeps in different slots.
+async fn all_or_nothing_with_the_tiers<St: Store + Clone>(store: St) {
+    // A tier rule that denies charges nothing to the rule of every tier.
+    let mut app = app_on(&store, per_ip_for_everyone(1, 3, 100));
     assert_eq!(
         statuses(&mut app, 5, "GET", "/", 1, "free-a").await,
         [200, 429, 429, 429, 429]
@@ -1476,57 +1489,72 @@ async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers() {
     assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-d").await, [429]);
 
     // And the reverse: the rule of every tier that denies charges nothing to the tier.
-    let layer = RateLimitLayer::builder()
-        .policy(per_ip_for_everyone(5, 2, 100))
-        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
-        .build()
-        .unwrap();
-    let mut app = self::app(layer);
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(5, 2, 100));
     assert_eq!(
-        statuses(&mut app, 5, "GET", "/", 1, "free-a").await,
+        statuses(&mut app, 5, "GET", "/", 2, "free-e").await,
         [200, 200, 429, 429, 429]
     );
     // From other addresses, the tenant has the 3 left of its 5.
     assert_eq!(
-        statuses(&mut app, 2, "GET", "/", 2, "free-a").await,
+        statuses(&mut app, 2, "GET", "/", 3, "free-e").await,
         [200, 200]
     );
     assert_eq!(
-        statuses(&mut app, 2, "GET", "/", 3, "free-a").await,
+        statuses(&mut app, 2, "GET", "/", 4, "free-e").await,
         [200, 429]
     );
-}
 
-#[tokio::test]
-async fn rules_for_every_tier_on_a_route_are_all_or_nothing_too() {
-    let layer = RateLimitLayer::builder()
-        .policy(per_ip_for_everyone(100, 4, 1))
-        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
-        .build()
-        .unwrap();
-    let mut app = self::app(layer);
-    // The route's rule denies: nothing is charged to the rule of every tier, nor to the tier.
+    // Per route: the route's rule denies, and nothing is charged to the rule of every tier,
+    // nor to the tier.
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(100, 4, 1));
     assert_eq!(
-        statuses(&mut app, 4, "POST", "/search", 1, "free-a").await,
+        statuses(&mut app, 4, "POST", "/search", 5, "free-f").await,
         [200, 429, 429, 429]
     );
     // Another method of the route is not the route's rule's: 3 of 4 left for the address.
     assert_eq!(
-        statuses(&mut app, 4, "GET", "/search", 1, "free-a").await,
+        statuses(&mut app, 4, "GET", "/search", 5, "free-f").await,
         [200, 200, 200, 429]
     );
     // The rule of every tier denies: the route's rule is not charged either.
-    let layer = RateLimitLayer::builder()
-        .policy(per_ip_for_everyone(100, 1, 2))
-        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
-        .build()
-        .unwrap();
-    let mut app = self::app(layer);
-    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-a").await, [200]);
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(100, 1, 2));
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 6, "free-g").await, [200]);
     assert_eq!(
-        statuses(&mut app, 3, "POST", "/search", 1, "free-a").await,
+        statuses(&mut app, 3, "POST", "/search", 6, "free-g").await,
         [429, 429, 429]
     );
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_in_memory() {
+    all_or_nothing_with_the_tiers(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_on_redis() {
+    let store = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("all-tiers"))
+        .connect()
+        .await
+        .unwrap();
+    all_or_nothing_with_the_tiers(store).await;
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_on_a_cluster() {
+    let store = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("all-tiers"))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    all_or_nothing_with_the_tiers(store).await;
 }
 
 #[tokio::test]

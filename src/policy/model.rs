@@ -56,7 +56,10 @@ use crate::key::Key;
 /// limits" is one policy, and one layer. They are checked in the same atomic step as the
 /// winning set: a request that one rule denies is charged to none, so a client that spends its
 /// tier's quota does not drain the all-tier budget with its refused requests, nor the reverse
-/// (two stacked layers are not all or nothing).
+/// (two stacked layers are not all or nothing). On a Redis Cluster, rules that count different
+/// callers (an IP and a tenant) live in different slots, and the store checks them all before
+/// it charges any, as it does for any such set (see [the store's
+/// docs](crate::store#cluster-rules-of-different-callers)).
 ///
 /// ```
 /// use std::time::Duration;
