@@ -792,6 +792,8 @@ struct GenTenant {
 struct GenPolicy {
     tiers: Vec<GenTier>,
     tenants: Vec<GenTenant>,
+    /// The rules of every tier: their own, for `/search`, for `POST /search`.
+    all: GenTier,
 }
 
 const ALGORITHMS: [(&str, Algorithm); 5] = [
@@ -843,8 +845,13 @@ fn gen_policy() -> impl Strategy<Value = GenPolicy> {
             (prop::option::of(0usize..3), prop::option::of(gen_rules())),
             0..=2,
         ),
+        (
+            prop::option::of(gen_rules()),
+            prop::option::of(gen_rules()),
+            prop::option::of(gen_rules()),
+        ),
     )
-        .prop_map(|(default_rules, others, tenants)| {
+        .prop_map(|(default_rules, others, tenants, all)| {
             let mut tiers = vec![GenTier {
                 rules: default_rules,
                 search: None,
@@ -865,7 +872,15 @@ fn gen_policy() -> impl Strategy<Value = GenPolicy> {
                     search,
                 })
                 .collect();
-            GenPolicy { tiers, tenants }
+            GenPolicy {
+                tiers,
+                tenants,
+                all: GenTier {
+                    rules: all.0.unwrap_or_default(),
+                    search: all.1,
+                    post_search: all.2,
+                },
+            }
         })
         .prop_filter("some rule set", |p| !p.tiers.is_empty())
 }
@@ -889,6 +904,9 @@ impl GenPolicy {
             if let Some(rules) = &tenant.search {
                 sets.push((format!("{}-search", TENANTS[n]), rules));
             }
+        }
+        if !self.all.rules.is_empty() {
+            sets.push(("all".to_owned(), &self.all.rules));
         }
         sets
     }
@@ -945,6 +963,18 @@ impl GenPolicy {
                 text += &rules(&format!("{}-search", TENANTS[n]), r);
             }
         }
+        text += "\n[all_tiers]\n";
+        if !self.all.rules.is_empty() {
+            text += &rules("all", &self.all.rules);
+        }
+        if let Some(r) = &self.all.search {
+            text += "[all_tiers.routes.\"/search\"]\n";
+            text += &rules("all-search", r);
+        }
+        if let Some(r) = &self.all.post_search {
+            text += "[all_tiers.routes.\"POST /search\"]\n";
+            text += &rules("all-post-search", r);
+        }
         text
     }
 
@@ -995,6 +1025,15 @@ impl GenPolicy {
                 built = built.route("/search", rules(&format!("{}-search", TENANTS[n]), r));
             }
             policy = policy.tenant(built);
+        }
+        if !self.all.rules.is_empty() {
+            policy = policy.all_tiers(rules("all", &self.all.rules));
+        }
+        if let Some(r) = &self.all.search {
+            policy = policy.all_tiers_route("/search", rules("all-search", r));
+        }
+        if let Some(r) = &self.all.post_search {
+            policy = policy.all_tiers_route("POST /search", rules("all-post-search", r));
         }
         policy
     }
