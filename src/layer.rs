@@ -235,7 +235,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Finds each request's tenant, which decides its tier and exceptions in the policy. With a
     /// tenant extractor, rules without a key of their own count per tenant, and requests
-    /// without a tenant by the layer's [`key`](Self::key).
+    /// without a tenant by the layer's [`key`](Self::key) (behind a proxy, give the layer a
+    /// [`ClientIp`](crate::key::ClientIp) key: by default it is the socket peer, the proxy).
     pub fn tenant<T: TenantExtractor>(mut self, extractor: T) -> Self {
         self.tenant = Some(Arc::new(extractor));
         self

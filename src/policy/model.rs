@@ -94,8 +94,11 @@ use crate::key::Key;
 /// # Ok::<(), tollgate::ConfigError>(())
 /// ```
 ///
-/// A rule for every tier that also appears in the winning set is checked once (it is one
-/// budget). With them, a request is still checked against at most
+/// A rule for every tier counts by its own key, or like any rule without one: per tenant when
+/// the layer finds tenants, else by the layer's key. "Per IP" needs the key said: the layer's
+/// key (`key = "ip"` in a rules file) when the layer's key is the client's address, or a
+/// [`ClientIp`](crate::key::ClientIp) of its own. A rule for every tier that also appears in the
+/// winning set is checked once (it is one budget). With them, a request is still checked against at most
 /// [`MAX_RULES`](crate::MAX_RULES) rules: a set that would exceed it does not build.
 ///
 /// A route is an axum route pattern (`/users/{id}`, from `MatchedPath`) or a gRPC method
