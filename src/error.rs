@@ -25,7 +25,6 @@ impl ConfigError {
     }
 
     /// The message, without the crate's prefix.
-    #[cfg_attr(not(feature = "toml"), allow(dead_code))]
     pub(crate) fn message(&self) -> &str {
         &self.message
     }

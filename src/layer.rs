@@ -8,7 +8,7 @@ use bytes::Bytes;
 use tower_layer::Layer;
 
 use crate::decide::{Policies, Shared};
-use crate::key::{FirstOfShared, KeyExtractor, PeerIp, SharedExtractor};
+use crate::key::{Extracted, FirstOfShared, Key, KeyExtractor, PeerIp, SharedExtractor};
 use crate::observe::{DecisionHook, DenialLog, Observer};
 use crate::policy::snapshot::{Compiler, Snapshot};
 use crate::policy::{
@@ -18,7 +18,7 @@ use crate::response::{DeniedHandler, Headers, RateLimited};
 use crate::service::RateLimit;
 use crate::shed::Shedding;
 use crate::store::{MemoryStore, Store};
-use crate::warn::Every;
+use crate::warn::{Every, Once};
 use crate::{ConfigError, FailureMode, Quota, Rule};
 
 /// How many requests of one layer may wait for a delay rule at once, by default.
@@ -73,7 +73,7 @@ impl RateLimitLayer<MemoryStore> {
             rules: Vec::new(),
             policy: None,
             tenant: None,
-            key: Arc::new(PeerIp::new()),
+            key: None,
             store: StoreChoice::Default(MemoryStore::new),
             headers: Headers::default(),
             on_denied: None,
@@ -82,6 +82,7 @@ impl RateLimitLayer<MemoryStore> {
             hook: None,
             log_raw_keys: false,
             denial_log_per_second: 10,
+            name: None,
             count_preflight: false,
             shed: None,
         }
@@ -176,7 +177,8 @@ pub struct RateLimitLayerBuilder<St> {
     rules: Vec<Rule>,
     policy: Option<PolicyChoice>,
     tenant: Option<Arc<dyn TenantExtractor>>,
-    key: SharedExtractor,
+    /// The layer's key, when one was given.
+    key: Option<SharedExtractor>,
     store: StoreChoice<St>,
     headers: Headers,
     on_denied: Option<DeniedHandler>,
@@ -185,13 +187,14 @@ pub struct RateLimitLayerBuilder<St> {
     hook: Option<DecisionHook>,
     log_raw_keys: bool,
     denial_log_per_second: u32,
+    name: Option<String>,
     count_preflight: bool,
     shed: Option<Shedding>,
 }
 
 /// Where the layer's policy comes from.
 enum PolicyChoice {
-    Fixed(Policy),
+    Fixed(Box<Policy>),
     Source(Box<dyn PolicySource>),
 }
 
@@ -218,7 +221,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Rules by tier, tenant and route (see [`Policy`]), fixed for the life of the layer,
     /// instead of [`rule`](Self::rule)s.
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = Some(PolicyChoice::Fixed(policy));
+        self.policy = Some(PolicyChoice::Fixed(Box::new(policy)));
         self
     }
 
@@ -232,7 +235,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Finds each request's tenant, which decides its tier and exceptions in the policy. With a
     /// tenant extractor, rules without a key of their own count per tenant, and requests
-    /// without a tenant by the layer's [`key`](Self::key).
+    /// without a tenant by the layer's [`key`](Self::key) (behind a proxy, give the layer a
+    /// [`ClientIp`](crate::key::ClientIp) key: by default it is the socket peer, the proxy).
     pub fn tenant<T: TenantExtractor>(mut self, extractor: T) -> Self {
         self.tenant = Some(Arc::new(extractor));
         self
@@ -256,6 +260,15 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// digest. Off by default: logs travel further than the service.
     pub fn log_raw_keys(mut self, raw: bool) -> Self {
         self.log_raw_keys = raw;
+        self
+    }
+
+    /// The layer's name, as the metrics of its requests label them (`layer`): each layer counts
+    /// the requests it checks, so with stacked layers, `tollgate_requests_total` counts a
+    /// request once per layer, and the label tells their series apart. 1 to 64 characters of
+    /// `A-Z a-z 0-9 - _ .`; without a name, the series have no `layer` label.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
         self
     }
 
@@ -285,8 +298,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// The extractor of rules that do not name their own (default: [`PeerIp`]).
+    ///
+    /// Behind a reverse proxy, give it [`ClientIp`](crate::key::ClientIp) with the proxies you
+    /// trust: the peer is then the proxy, and every client would share its budget. A layer with
+    /// a [`tenant`](Self::tenant) extractor and no key says so once through `tracing` when a
+    /// request without a tenant arrives through a proxy (it carries `X-Forwarded-For` or
+    /// `Forwarded`).
     pub fn key<K: KeyExtractor>(mut self, extractor: K) -> Self {
-        self.key = Arc::new(extractor);
+        self.key = Some(Arc::new(extractor));
         self
     }
 
@@ -309,6 +328,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             hook: self.hook,
             log_raw_keys: self.log_raw_keys,
             denial_log_per_second: self.denial_log_per_second,
+            name: self.name,
             count_preflight: self.count_preflight,
             shed: self.shed,
         }
@@ -340,17 +360,31 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Checks the configuration and builds the layer.
     pub fn build(self) -> Result<RateLimitLayer<St>, ConfigError> {
-        let layer_key = self.key;
+        let layer_key: SharedExtractor = match (self.key, &self.tenant) {
+            (Some(key), _) => key,
+            (None, Some(_)) => Arc::new(TenantlessPeer::default()),
+            (None, None) => Arc::new(PeerIp::new()),
+        };
         let default_key: SharedExtractor = match &self.tenant {
             Some(_) => Arc::new(FirstOfShared(vec![Arc::new(TenantKey), layer_key.clone()])),
             None => layer_key.clone(),
         };
+        if let Some(name) = &self.name {
+            let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+            if name.is_empty() || name.len() > 64 || !name.chars().all(ok) {
+                return Err(ConfigError::new(format!(
+                    "layer name {name:?} is not allowed; use 1 to 64 characters of \
+                     A-Z a-z 0-9 - _ ."
+                )));
+            }
+        }
         let compiler = Compiler {
             default_key,
             layer_key: layer_key.clone(),
             on_store_error: self.on_store_error,
             headers: self.headers,
             on_denied: self.on_denied,
+            name: self.name.map(Arc::from),
         };
         let (policy, source) = match (self.policy, self.rules.is_empty()) {
             (Some(_), false) => {
@@ -359,11 +393,17 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 ));
             }
             (None, _) => (rules_policy(self.rules)?, None),
-            (Some(PolicyChoice::Fixed(policy)), true) => (policy, None),
+            (Some(PolicyChoice::Fixed(policy)), true) => (*policy, None),
             (Some(PolicyChoice::Source(mut source)), true) => {
-                let policy = source
-                    .load()
-                    .map_err(|e| ConfigError::new(format!("the policy source failed: {e}")))?;
+                let policy = source.load().map_err(|e| {
+                    // A configuration error of the source's own (a rules file that cannot be
+                    // read): its message, without a second prefix.
+                    let message = match e.downcast_ref::<ConfigError>() {
+                        Some(error) => error.message().to_owned(),
+                        None => e.to_string(),
+                    };
+                    ConfigError::new(format!("the policy source failed: {message}"))
+                })?;
                 (policy, Some(source))
             }
         };
@@ -397,6 +437,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             registration: Arc::new(()),
             count_preflight: self.count_preflight,
             shedder,
+            uses: Default::default(),
         });
         shared.register(&shared.snapshot())?;
         if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {
@@ -435,7 +476,40 @@ fn rules_policy(rules: Vec<Rule>) -> Result<Policy, ConfigError> {
             )));
         }
     }
-    Ok(Policy::new("rules")
+    let mut policy = Policy::new("rules")
         .tier(Tier::new("default").rules(rules))
-        .default_tier("default"))
+        .default_tier("default");
+    // Its tier is no tier of a policy: metrics, logs and events name none.
+    policy.untiered = true;
+    Ok(policy)
+}
+
+/// The key of a layer that finds tenants and was given no key: the socket peer, as
+/// [`PeerIp`], and a hint (once per layer) when a request comes through a proxy, whose address
+/// every client without a tenant then shares.
+#[derive(Default)]
+struct TenantlessPeer {
+    hinted: Once,
+}
+
+impl KeyExtractor for TenantlessPeer {
+    fn extract(&self, parts: &http::request::Parts) -> Extracted {
+        if !self.hinted.done()
+            && (parts.headers.contains_key("x-forwarded-for")
+                || parts.headers.contains_key(http::header::FORWARDED))
+            && self.hinted.first()
+        {
+            tracing::warn!(
+                "tollgate: this layer finds tenants but was given no key, so requests without a \
+                 tenant (and its allow and deny lists) go by the socket peer; a request came \
+                 through a proxy (it carries X-Forwarded-For or Forwarded), so every client \
+                 without a tenant shares the proxy's budget. Give the layer the client's \
+                 address: .key(ClientIp::new().trusted_proxies([..])) on the builder (key = \
+                 \"ip\" in a rules file then means it too). Reported once."
+            );
+        }
+        PeerIp::peer_addr(parts)
+            .map(|ip| Key::ip_prefix(ip, 64))
+            .into()
+    }
 }

@@ -174,3 +174,73 @@ fn a_correct_configuration_says_nothing() {
     });
     assert!(w.is_empty(), "{w:#?}");
 }
+
+/// Sends `n` requests from the proxy at 10.0.0.1 for the client 198.51.100.7, through `layer`,
+/// with the tenant header when `tenant` is given.
+fn through_proxy(layer: &tollgate::RateLimitLayer, tenant: Option<&str>, n: usize) {
+    use tower::{Layer, ServiceExt};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for _ in 0..n {
+        let service = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(()))
+        }));
+        let mut request = http::Request::get("/").header("x-forwarded-for", "198.51.100.7");
+        if let Some(tenant) = tenant {
+            request = request.header("x-api-key", tenant);
+        }
+        let mut request = request.body(()).unwrap();
+        request
+            .extensions_mut()
+            .insert(SocketAddr::from(([10, 0, 0, 1], 1234)));
+        let response = runtime.block_on(service.oneshot(request)).unwrap();
+        assert!(response.status().is_success() || response.status() == 429);
+    }
+}
+
+fn tenant_layer(key: Option<ClientIp>) -> tollgate::RateLimitLayer {
+    use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+    use tollgate::{Quota, Rule};
+    let builder = tollgate::RateLimitLayer::builder()
+        .policy(
+            Policy::new("v1")
+                .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1000))))
+                .default_tier("free"),
+        )
+        .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| Some(Tenant::new(key))));
+    match key {
+        Some(key) => builder.key(key),
+        None => builder,
+    }
+    .build()
+    .unwrap()
+}
+
+#[test]
+fn requests_without_a_tenant_behind_a_proxy_counted_by_the_peer() {
+    // A tenant layer without a key: its requests without a tenant are counted by the proxy's
+    // address, one budget for every anonymous client.
+    let layer = tenant_layer(None);
+    let w = warnings(|| {
+        // Requests with a tenant are counted by it: nothing to say yet.
+        through_proxy(&layer, Some("acme"), 3);
+        through_proxy(&layer, None, 10);
+    });
+    assert_once_without_clients(&w, "without a tenant");
+    assert!(
+        w[0].contains(".key(ClientIp"),
+        "says what to change: {}",
+        w[0]
+    );
+    // Once per layer.
+    let w = warnings(|| through_proxy(&layer, None, 3));
+    assert!(w.is_empty(), "{w:#?}");
+    // The right setup: the layer's key reads the client through the proxy.
+    let w = warnings(|| {
+        let layer = tenant_layer(Some(cidr()));
+        through_proxy(&layer, Some("acme"), 3);
+        through_proxy(&layer, None, 10);
+    });
+    assert!(w.is_empty(), "{w:#?}");
+}

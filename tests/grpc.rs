@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tollgate::grpc::GrpcPathLayer;
 use tollgate::key::{KeyExtractorExt, PeerIp, Route};
+use tollgate::policy::{Policy, Tier};
 use tollgate::store::RedisStore;
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tonic::service::interceptor::InterceptedService;
@@ -297,4 +298,45 @@ async fn a_forged_grpc_content_type_does_not_make_a_key_per_path_on_an_axum_rout
     // says; denied as a gRPC call is (grpc-status 8).
     let second = app.clone().oneshot(forged("/users/2")).await.unwrap();
     assert_eq!(second.headers()["grpc-status"], "8");
+}
+
+#[test]
+fn a_reload_that_brings_rules_the_interceptor_cannot_keep_is_refused() {
+    let policy = |version: &str, rule: Rule| {
+        Policy::new(version)
+            .tier(Tier::new("all").rule(rule))
+            .default_tier("all")
+    };
+    let layer = RateLimitLayer::builder()
+        .policy_source(policy("v1", Rule::new("calls", Quota::per_minute(5))))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let _interceptor = layer.interceptor().unwrap();
+    for (version, rule) in [
+        // Would pass every call unlimited: the interceptor cannot wait.
+        (
+            "v2",
+            Rule::new("smooth", Quota::per_minute(5)).delay(Duration::from_secs(1)),
+        ),
+        ("v3", Rule::concurrent("slots", 5)),
+        (
+            "v4",
+            Rule::new("failures", Quota::per_minute(5)).charge_on_status([500]),
+        ),
+    ] {
+        let error = handle
+            .install(policy(version, rule))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("interceptor") && error.contains("layer on the service"),
+            "{error}"
+        );
+        assert_eq!(handle.version(), "v1");
+    }
+    handle
+        .install(policy("v5", Rule::new("calls", Quota::per_minute(9))))
+        .unwrap();
+    assert_eq!(handle.version(), "v5");
 }

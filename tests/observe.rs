@@ -98,19 +98,19 @@ fn allowed_and_denied_requests_are_counted_by_rule_route_tier_and_outcome() {
         metrics,
         expect(&[
             (
-                "tollgate_requests_total{outcome=\"allowed\",route=\"/hello\",tier=\"default\"}",
+                "tollgate_requests_total{outcome=\"allowed\",route=\"/hello\",tier=\"\"}",
                 3
             ),
             (
-                "tollgate_requests_total{outcome=\"denied\",route=\"/hello\",tier=\"default\"}",
+                "tollgate_requests_total{outcome=\"denied\",route=\"/hello\",tier=\"\"}",
                 1
             ),
             (
-                "tollgate_rule_decisions_total{outcome=\"allowed\",route=\"/hello\",rule=\"per-minute\",tier=\"default\"}",
+                "tollgate_rule_decisions_total{outcome=\"allowed\",route=\"/hello\",rule=\"per-minute\",tier=\"\"}",
                 3
             ),
             (
-                "tollgate_rule_decisions_total{outcome=\"denied\",route=\"/hello\",rule=\"per-minute\",tier=\"default\"}",
+                "tollgate_rule_decisions_total{outcome=\"denied\",route=\"/hello\",rule=\"per-minute\",tier=\"\"}",
                 1
             ),
             (
@@ -159,13 +159,11 @@ fn a_store_that_is_down_is_counted_in_each_failure_mode() {
     });
     let r = |rule: &str, outcome: &str| {
         format!(
-            "tollgate_rule_decisions_total{{outcome=\"{outcome}\",route=\"/{rule}\",rule=\"{rule}\",tier=\"default\"}}"
+            "tollgate_rule_decisions_total{{outcome=\"{outcome}\",route=\"/{rule}\",rule=\"{rule}\",tier=\"\"}}"
         )
     };
     let q = |route: &str, outcome: &str| {
-        format!(
-            "tollgate_requests_total{{outcome=\"{outcome}\",route=\"/{route}\",tier=\"default\"}}"
-        )
+        format!("tollgate_requests_total{{outcome=\"{outcome}\",route=\"/{route}\",tier=\"\"}}")
     };
     let mut expected = BTreeMap::new();
     expected.insert(q("open", "failed_open"), 2);
@@ -246,7 +244,8 @@ async fn the_decision_hook_never_blocks_and_counts_what_it_drops() {
     let first = events.recv().await.unwrap();
     assert_eq!(first.verdict, Verdict::Allowed);
     assert_eq!(first.route.as_deref(), Some("/hello"));
-    assert_eq!(first.tier.as_deref(), Some("default"));
+    // A layer without a policy has no tier: not "default", which a policy may name otherwise.
+    assert_eq!(first.tier.as_deref(), None);
     assert_eq!(&*first.rules[0].name, "per-minute");
     assert_eq!(first.rules[0].outcome, "allowed");
     let second = events.recv().await.unwrap();
@@ -695,4 +694,54 @@ fn the_memory_store_counts_its_keys_as_they_come_and_go() {
         // (A snapshot drains what it reads: one, at the end.)
         assert_eq!(keys(), Some(2.0), "three keys counted as they came, one reset");
     });
+
+#[test]
+fn stacked_layers_count_a_request_once_each_under_their_names() {
+    let metrics = recorded(|| async {
+        let layer = |name: &str, limit: u64| {
+            RateLimitLayer::builder()
+                .rule(Rule::new(name, Quota::per_minute(limit)))
+                .name(name)
+                .build()
+                .unwrap()
+        };
+        let mut app = Router::new()
+            .route("/hello", get(|| async { "ok" }))
+            .layer(layer("inner", 1))
+            .layer(layer("outer", 10));
+        let statuses = [
+            send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+            send(&mut app, request("/hello", [10, 0, 0, 1])).await,
+        ];
+        assert_eq!(statuses.map(|s| s.as_u16()), [200, 429]);
+    });
+    let requests: BTreeMap<&str, u64> = metrics
+        .iter()
+        .filter(|(name, _)| name.starts_with("tollgate_requests_total"))
+        .map(|(name, n)| (name.as_str(), *n))
+        .collect();
+    assert_eq!(
+        requests,
+        BTreeMap::from([
+            (
+                "tollgate_requests_total{layer=\"inner\",outcome=\"allowed\",route=\"/hello\",tier=\"\"}",
+                1
+            ),
+            (
+                "tollgate_requests_total{layer=\"inner\",outcome=\"denied\",route=\"/hello\",tier=\"\"}",
+                1
+            ),
+            // The outer layer admitted both: it counts each request too.
+            (
+                "tollgate_requests_total{layer=\"outer\",outcome=\"allowed\",route=\"/hello\",tier=\"\"}",
+                2
+            ),
+        ])
+    );
+    let error = RateLimitLayer::builder()
+        .rule(Rule::new("r", Quota::per_minute(1)))
+        .name("edge layer")
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("layer name"), "{error}");
 }

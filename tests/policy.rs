@@ -2,6 +2,8 @@
 //! allow and deny lists, regions, and rules files (their errors, and a property test that a file
 //! and the same policy built in code decide alike).
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +20,7 @@ use tollgate::key::Global;
 use tollgate::policy::{
     Listed, Policy, Region, Tenant, TenantFromExtension, TenantFromHeader, TenantRules, Tier,
 };
-use tollgate::store::MemoryStore;
+use tollgate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
 use tollgate::{Algorithm, Quota, RateLimitLayer, Rule, RuleMode};
 use tower::{Service, ServiceExt};
 
@@ -790,6 +792,8 @@ struct GenTenant {
 struct GenPolicy {
     tiers: Vec<GenTier>,
     tenants: Vec<GenTenant>,
+    /// The rules of every tier: their own, for `/search`, for `POST /search`.
+    all: GenTier,
 }
 
 const ALGORITHMS: [(&str, Algorithm); 5] = [
@@ -841,8 +845,13 @@ fn gen_policy() -> impl Strategy<Value = GenPolicy> {
             (prop::option::of(0usize..3), prop::option::of(gen_rules())),
             0..=2,
         ),
+        (
+            prop::option::of(gen_rules()),
+            prop::option::of(gen_rules()),
+            prop::option::of(gen_rules()),
+        ),
     )
-        .prop_map(|(default_rules, others, tenants)| {
+        .prop_map(|(default_rules, others, tenants, all)| {
             let mut tiers = vec![GenTier {
                 rules: default_rules,
                 search: None,
@@ -863,7 +872,15 @@ fn gen_policy() -> impl Strategy<Value = GenPolicy> {
                     search,
                 })
                 .collect();
-            GenPolicy { tiers, tenants }
+            GenPolicy {
+                tiers,
+                tenants,
+                all: GenTier {
+                    rules: all.0.unwrap_or_default(),
+                    search: all.1,
+                    post_search: all.2,
+                },
+            }
         })
         .prop_filter("some rule set", |p| !p.tiers.is_empty())
 }
@@ -887,6 +904,9 @@ impl GenPolicy {
             if let Some(rules) = &tenant.search {
                 sets.push((format!("{}-search", TENANTS[n]), rules));
             }
+        }
+        if !self.all.rules.is_empty() {
+            sets.push(("all".to_owned(), &self.all.rules));
         }
         sets
     }
@@ -943,6 +963,18 @@ impl GenPolicy {
                 text += &rules(&format!("{}-search", TENANTS[n]), r);
             }
         }
+        text += "\n[all_tiers]\n";
+        if !self.all.rules.is_empty() {
+            text += &rules("all", &self.all.rules);
+        }
+        if let Some(r) = &self.all.search {
+            text += "[all_tiers.routes.\"/search\"]\n";
+            text += &rules("all-search", r);
+        }
+        if let Some(r) = &self.all.post_search {
+            text += "[all_tiers.routes.\"POST /search\"]\n";
+            text += &rules("all-post-search", r);
+        }
         text
     }
 
@@ -993,6 +1025,15 @@ impl GenPolicy {
                 built = built.route("/search", rules(&format!("{}-search", TENANTS[n]), r));
             }
             policy = policy.tenant(built);
+        }
+        if !self.all.rules.is_empty() {
+            policy = policy.all_tiers(rules("all", &self.all.rules));
+        }
+        if let Some(r) = &self.all.search {
+            policy = policy.all_tiers_route("/search", rules("all-search", r));
+        }
+        if let Some(r) = &self.all.post_search {
+            policy = policy.all_tiers_route("POST /search", rules("all-post-search", r));
         }
         policy
     }
@@ -1300,4 +1341,382 @@ rules = [{ name = "searches", limit = 2, per = "30s", algorithm = "concurrency" 
         Ok(Ok(_)) => panic!("a leased concurrency rule built"),
     };
     assert!(message.contains("tiers.toml:5:"), "{message}");
+}
+
+#[test]
+fn a_missing_rules_file_is_said_once_with_its_path() {
+    let path = std::env::temp_dir().join(format!("tollgate-missing-{}.toml", std::process::id()));
+    let error = RateLimitLayer::builder()
+        .policy_source(tollgate::policy::FileSource::new(&path))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error.matches("tollgate configuration").count(),
+        1,
+        "the prefix once: {error}"
+    );
+    assert!(
+        error.contains("cannot read the rules file") && error.contains(&*path.to_string_lossy()),
+        "{error}"
+    );
+}
+
+/// The names of every rule whose budget an answer reports, in order.
+fn policy_names(res: &Response<Body>) -> Vec<String> {
+    let policy = header(res, "ratelimit-policy").expect("a RateLimit-Policy field");
+    policy
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_join_whichever_set_wins() {
+    let rule = |name: &str| Rule::new(name, Quota::per_minute(100));
+    let policy = levels()
+        .all_tiers([rule("everyone")])
+        .all_tiers_route("POST /search", [rule("everyone-post-search")])
+        .all_tiers_route("/users/{id}", [rule("everyone-users")]);
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let mut app = app(layer);
+    let cases: [(&str, &str, Option<&str>, &[&str]); 14] = [
+        // The tenant's exception, and the rules of every tier.
+        (
+            "GET",
+            "/search",
+            Some("acme-1"),
+            &["acme-search", "everyone"],
+        ),
+        (
+            "POST",
+            "/search",
+            Some("acme-1"),
+            &["acme-search", "everyone", "everyone-post-search"],
+        ),
+        (
+            "GET",
+            "/users/7",
+            Some("acme-1"),
+            &["pro-users", "everyone", "everyone-users"],
+        ),
+        ("GET", "/", Some("pro-1"), &["pro-default", "everyone"]),
+        (
+            "POST",
+            "/search",
+            Some("pro-1"),
+            &["pro-search-post", "everyone", "everyone-post-search"],
+        ),
+        ("GET", "/search", Some("pro-1"), &["pro-search", "everyone"]),
+        // A route of the rules of every tier that the tier does not list: its own rules.
+        (
+            "GET",
+            "/users/1",
+            None,
+            &["free-default", "everyone", "everyone-users"],
+        ),
+        // HEAD gets the rules of GET.
+        (
+            "HEAD",
+            "/users/1",
+            Some("pro-1"),
+            &["pro-users", "everyone", "everyone-users"],
+        ),
+        // A tier without rules of its own falls through to the default tier's, widened too.
+        (
+            "GET",
+            "/users/1",
+            Some("bare-1"),
+            &["bare-users", "everyone", "everyone-users"],
+        ),
+        (
+            "GET",
+            "/search",
+            Some("bare-1"),
+            &["free-search", "everyone"],
+        ),
+        (
+            "POST",
+            "/search",
+            Some("bare-1"),
+            &["free-search", "everyone", "everyone-post-search"],
+        ),
+        ("GET", "/", Some("bare-1"), &["free-default", "everyone"]),
+        ("GET", "/", None, &["free-default", "everyone"]),
+        (
+            "POST",
+            "/search",
+            Some("platinum-1"),
+            &["free-search", "everyone", "everyone-post-search"],
+        ),
+    ];
+    for (method, path, key, expected) in cases {
+        let res = send(&mut app, request(method, path, [10, 0, 0, 1], key)).await;
+        assert_eq!(res.status(), StatusCode::OK, "{method} {path} {key:?}");
+        assert_eq!(
+            policy_names(&res),
+            expected,
+            "{method} {path} with key {key:?}"
+        );
+    }
+}
+
+/// A policy whose tiers count per tenant and whose rules for every tier count per IP.
+fn per_ip_for_everyone(tier_limit: u64, ip_limit: u64, login_limit: u64) -> Policy {
+    Policy::new("v1")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(tier_limit))))
+        .default_tier("free")
+        .all_tiers([
+            Rule::new("per-ip", Quota::per_minute(ip_limit)).key(tollgate::key::PeerIp::new())
+        ])
+        .all_tiers_route(
+            "POST /search",
+            [Rule::new("search-per-ip", Quota::per_minute(login_limit))
+                .key(tollgate::key::PeerIp::new())],
+        )
+}
+
+async fn statuses(
+    app: &mut Router,
+    n: usize,
+    method: &str,
+    path: &str,
+    ip: u8,
+    key: &str,
+) -> Vec<u16> {
+    let mut statuses = Vec::with_capacity(n);
+    for _ in 0..n {
+        let res = send(app, request(method, path, [10, 0, 0, ip], Some(key))).await;
+        statuses.push(res.status().as_u16());
+    }
+    statuses
+}
+
+/// The app of [`app`], limited by `policy` on `store`, with tenants from `x-api-key`.
+fn app_on<St: Store + Clone>(store: &St, policy: Policy) -> Router {
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let ok = || async { "ok" };
+    Router::new()
+        .route("/", get(ok))
+        .route("/search", get(ok).post(ok))
+        .layer(layer)
+}
+
+/// Tier rules count per tenant, the rules of every tier per IP: keys of different callers,
+/// which a Redis Cluster keeps in different slots.
+async fn all_or_nothing_with_the_tiers<St: Store + Clone>(store: St) {
+    // A tier rule that denies charges nothing to the rule of every tier.
+    let mut app = app_on(&store, per_ip_for_everyone(1, 3, 100));
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 1, "free-a").await,
+        [200, 429, 429, 429, 429]
+    );
+    // Four refusals later, the address still has 2 of its 3.
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-b").await, [200]);
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-c").await, [200]);
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-d").await, [429]);
+
+    // And the reverse: the rule of every tier that denies charges nothing to the tier.
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(5, 2, 100));
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 2, "free-e").await,
+        [200, 200, 429, 429, 429]
+    );
+    // From other addresses, the tenant has the 3 left of its 5.
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 3, "free-e").await,
+        [200, 200]
+    );
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 4, "free-e").await,
+        [200, 429]
+    );
+
+    // Per route: the route's rule denies, and nothing is charged to the rule of every tier,
+    // nor to the tier.
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(100, 4, 1));
+    assert_eq!(
+        statuses(&mut app, 4, "POST", "/search", 5, "free-f").await,
+        [200, 429, 429, 429]
+    );
+    // Another method of the route is not the route's rule's: 3 of 4 left for the address.
+    assert_eq!(
+        statuses(&mut app, 4, "GET", "/search", 5, "free-f").await,
+        [200, 200, 200, 429]
+    );
+    // The rule of every tier denies: the route's rule is not charged either.
+    // One layer at a time: layers of one store agree on each rule name's quota.
+    drop(app);
+    let mut app = app_on(&store, per_ip_for_everyone(100, 1, 2));
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 6, "free-g").await, [200]);
+    assert_eq!(
+        statuses(&mut app, 3, "POST", "/search", 6, "free-g").await,
+        [429, 429, 429]
+    );
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_in_memory() {
+    all_or_nothing_with_the_tiers(MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_on_redis() {
+    let store = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("all-tiers"))
+        .connect()
+        .await
+        .unwrap();
+    all_or_nothing_with_the_tiers(store).await;
+}
+
+#[tokio::test]
+async fn rules_for_every_tier_are_all_or_nothing_with_the_tiers_on_a_cluster() {
+    let store = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("all-tiers"))
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    all_or_nothing_with_the_tiers(store).await;
+}
+
+#[tokio::test]
+async fn a_reload_keeps_the_rules_for_every_tier_and_their_counts() {
+    let policy = |version: &str, ip_limit: u64| {
+        Policy::new(version)
+            .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(100))))
+            .default_tier("free")
+            .all_tiers([Rule::new("per-ip", Quota::per_minute(ip_limit))
+                .algorithm(Algorithm::FixedWindow)
+                .key(tollgate::key::PeerIp::new())])
+    };
+    let layer = RateLimitLayer::builder()
+        .policy_source(policy("v1", 3))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let mut app = app(layer);
+    assert_eq!(
+        statuses(&mut app, 2, "GET", "/", 1, "free-a").await,
+        [200, 200]
+    );
+    handle.install(policy("v2", 4)).unwrap();
+    // 2 of the 4 are spent: the window's count survived.
+    assert_eq!(
+        statuses(&mut app, 3, "GET", "/", 1, "free-b").await,
+        [200, 200, 429]
+    );
+
+    // From a rules file too.
+    let file = |version: &str| {
+        format!(
+            "version = \"{version}\"\ndefault_tier = \"free\"\n\n\
+             [tiers.free]\nrules = [{{ name = \"free\", limit = 100, per = \"minute\" }}]\n\n\
+             [all_tiers]\nrules = [{{ name = \"per-ip\", limit = 4, per = \"minute\", key = \"ip\", \
+             algorithm = \"fixed-window\" }}]\n"
+        )
+    };
+    handle
+        .install(Policy::from_toml(&file("v3"), "tiers.toml").unwrap())
+        .unwrap();
+    assert_eq!(handle.version(), "v3");
+    assert_eq!(statuses(&mut app, 1, "GET", "/", 1, "free-c").await, [429]);
+    assert_eq!(
+        statuses(&mut app, 5, "GET", "/", 2, "free-c").await,
+        [200, 200, 200, 200, 429]
+    );
+}
+
+#[test]
+fn rules_for_every_tier_in_a_file_are_the_same_as_in_code() {
+    let text = r#"
+version = "v1"
+default_tier = "free"
+
+[tiers.free]
+rules = [{ name = "free", limit = 10, per = "minute" }]
+
+[all_tiers]
+rules = [{ name = "per-ip", limit = 100, per = "minute", key = "ip" }]
+routes."POST /login".rules = [
+  { name = "login", limit = 5, per = "15m", key = "ip", algorithm = "fixed-window" },
+]
+"#;
+    let policy = Policy::from_toml(text, "tiers.toml").unwrap();
+    let layer = RateLimitLayer::builder().policy(policy).build().unwrap();
+    let mut app = Router::new()
+        .route("/login", axum::routing::post(|| async { "ok" }))
+        .layer(layer);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let res = runtime.block_on(send(
+        &mut app,
+        request("POST", "/login", [10, 0, 0, 1], None),
+    ));
+    assert_eq!(policy_names(&res), ["free", "per-ip", "login"]);
+    // An empty list, and a route that is not one, are refused where they are written.
+    for (bad, expected) in [
+        ("[all_tiers]\nroutes.\"/x\".rules = []\n", "empty rule list"),
+        (
+            "[all_tiers]\nroutes.\"x\".rules = [{ name = \"x\", limit = 1, per = \"second\" }]\n",
+            "is not a route",
+        ),
+    ] {
+        let text = format!(
+            "version = \"v1\"\ndefault_tier = \"free\"\n[tiers.free]\n\
+             rules = [{{ name = \"free\", limit = 10, per = \"minute\" }}]\n{bad}"
+        );
+        let error = RateLimitLayer::builder()
+            .policy(Policy::from_toml(&text, "tiers.toml").unwrap())
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("tiers.toml:") && error.contains(expected),
+            "{error}"
+        );
+    }
+}
+
+#[test]
+fn a_default_tier_without_rules_builds_when_every_tier_has_rules() {
+    let policy = Policy::new("v1")
+        .tier(Tier::new("free"))
+        .default_tier("free")
+        .all_tiers([Rule::new("per-ip", Quota::per_minute(100))]);
+    assert!(RateLimitLayer::builder().policy(policy).build().is_ok());
+    // Too many rules for one request, once the rules of every tier join a set.
+    let many = |prefix: &str, n: usize| {
+        (0..n)
+            .map(|i| Rule::new(format!("{prefix}{i}"), Quota::per_minute(100)))
+            .collect::<Vec<_>>()
+    };
+    let policy = Policy::new("v1")
+        .tier(Tier::new("free").rules(many("tier-", 20)))
+        .default_tier("free")
+        .all_tiers(many("all-", 20));
+    let error = RateLimitLayer::builder()
+        .policy(policy)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("at most 32"), "{error}");
 }

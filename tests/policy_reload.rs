@@ -1,6 +1,9 @@
 //! Live reload on a running server: reloads under load fail no request, a change applies
 //! within two seconds of the write, a bad or missing file keeps the policy in force, and counts
-//! survive a reload for every rule that keeps its name and algorithm.
+//! survive a reload for every rule that keeps its name and algorithm (a reload that changes
+//! how a rule's budget is kept says so).
+
+mod support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -376,4 +379,75 @@ async fn counts_survive_a_reload_that_keeps_the_rule_and_a_bad_install_is_refuse
     assert!(error.to_string().contains("no default tier"), "{error}");
     assert_eq!(handle.version(), "v2");
     assert_eq!((handle.installed(), handle.rejected()), (1, 1));
+}
+
+/// The `warn` lines logged on this thread while `f` runs.
+fn warnings_during(f: impl FnOnce()) -> Vec<String> {
+    let lines = PolicyErrors::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, f);
+    let lines = lines.0.lock().unwrap().clone();
+    lines
+        .into_iter()
+        .filter(|line| line.contains("WARN"))
+        .collect()
+}
+
+fn hot_policy(version: &str, split: Option<u16>) -> Policy {
+    let mut rule = Rule::new("hot", Quota::per_minute(100));
+    if let Some(parts) = split {
+        rule = rule.split(parts);
+    }
+    Policy::new(version)
+        .tier(Tier::new("free").rule(rule))
+        .default_tier("free")
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_reload_that_adds_or_changes_a_split_says_that_the_budget_starts_again() {
+    let store = tollgate::store::RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("split-reload"))
+        .connect()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .policy_source(hot_policy("v1", None))
+        .store(store)
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    // The same rule again: nothing to say.
+    let same = warnings_during(|| handle.install(hot_policy("v2", None)).unwrap());
+    assert!(same.is_empty(), "{same:#?}");
+    for (version, split, was) in [
+        ("v3", Some(4), "not split"),
+        ("v4", Some(2), "split into 4"),
+        ("v5", None, "split into 2"),
+    ] {
+        let said = warnings_during(|| handle.install(hot_policy(version, split)).unwrap());
+        assert_eq!(handle.version(), version);
+        assert_eq!(said.len(), 1, "{said:#?}");
+        assert!(
+            said[0].contains("\"hot\"") && said[0].contains(was) && said[0].contains("full"),
+            "{}",
+            said[0]
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_memory_store_keeps_a_split_rules_budget_and_says_nothing() {
+    let layer = RateLimitLayer::builder()
+        .policy_source(hot_policy("v1", None))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let said = warnings_during(|| handle.install(hot_policy("v2", Some(4))).unwrap());
+    assert!(said.is_empty(), "{said:#?}");
 }

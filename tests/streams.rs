@@ -21,6 +21,7 @@ use notes::notes_client::NotesClient;
 use notes::notes_server::{Notes, NotesServer};
 use notes::{Note, Summary};
 use tollgate::grpc::PerMessageLayer;
+use tollgate::policy::{Policy, Tier};
 use tollgate::store::{RedisStore, Store};
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tonic::{Request, Response, Status, Streaming};
@@ -242,4 +243,39 @@ fn rules_that_act_after_a_response_are_refused_per_message() {
         .build()
         .unwrap();
     assert!(layer.per_message().is_err());
+}
+
+#[test]
+fn a_reload_that_brings_rules_a_message_cannot_keep_is_refused() {
+    let policy = |version: &str, rule: Rule| {
+        Policy::new(version)
+            .tier(Tier::new("all").rule(rule))
+            .default_tier("all")
+    };
+    let layer = RateLimitLayer::builder()
+        .policy_source(policy("v1", Rule::new("messages", Quota::per_minute(5))))
+        .build()
+        .unwrap();
+    let handle = layer.policy_handle().unwrap();
+    let _messages = layer.per_message().unwrap();
+    for (version, rule) in [
+        // Would give every message its units back: a message has no response.
+        (
+            "v2",
+            Rule::new("failures", Quota::per_minute(5)).charge_on_status([500]),
+        ),
+        ("v3", Rule::concurrent("slots", 5)),
+        ("v4", Rule::new("tokens", Quota::per_minute(500)).settle()),
+    ] {
+        let error = handle
+            .install(policy(version, rule))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("per message"), "{error}");
+        assert_eq!(handle.version(), "v1");
+    }
+    handle
+        .install(policy("v5", Rule::new("messages", Quota::per_minute(9))))
+        .unwrap();
+    assert_eq!(handle.version(), "v5");
 }

@@ -52,7 +52,9 @@ impl<St> RateLimitLayer<St> {
     /// The layer's rules as a tonic `Interceptor`, for `MyServiceServer::with_interceptor`
     /// (see [`grpc`](crate::grpc) for what an interceptor can and cannot do). Rules that act
     /// after the response (concurrency limits, charges by outcome, settled costs) and delay
-    /// rules, which wait, are refused: put the layer on the service for those.
+    /// rules, which wait, are refused: put the layer on the service for those. From then on, a
+    /// reload of the layer's policy that would bring such rules in is refused too (the policy in
+    /// force stays, and the error says why).
     ///
     /// ```compile_fail
     /// // A store that waits for a server cannot back an interceptor: the compiler says to put
@@ -72,18 +74,7 @@ impl<St> RateLimitLayer<St> {
         St: DecidesAtOnce,
     {
         let shared = self.shared().clone();
-        let snapshot = shared.snapshot();
-        let delays = snapshot
-            .rules
-            .iter()
-            .any(|rule| matches!(rule.mode, crate::RuleMode::Delay { .. }));
-        if snapshot.holds || snapshot.settles || delays {
-            return Err(ConfigError::new(
-                "a tonic interceptor neither sees the response nor waits: concurrency limits, \
-                 charges by outcome or settled costs and delay rules need the layer on the \
-                 service (layer.layer(MyServiceServer::new(service)))",
-            ));
-        }
+        shared.adopt(crate::decide::Use::Interceptor)?;
         Ok(RateLimitInterceptor { shared })
     }
 }

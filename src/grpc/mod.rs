@@ -44,7 +44,7 @@
 //! - **see the response**: the budget fields go out only with denials (a successful call's
 //!   response metadata is the handler's), and rules that act after the response
 //!   (concurrency limits, charges by outcome or settled) are refused when the interceptor is
-//!   made (brought in later by a reloaded policy, they are not kept, and a warning says so).
+//!   made, and so is a reload of the policy that would bring them (or delay rules) in.
 //! - **see the method**: tonic hands an interceptor no path. A service has its own
 //!   interceptor, so its limits are per service; for limits per method (route keys, policy
 //!   routes), put [`GrpcPathLayer`] on the server once

@@ -32,15 +32,10 @@ impl<St> RateLimitLayer<St> {
     /// [`PerMessageLayer`]), on the same store and budgets.
     ///
     /// Rules that act after the response (concurrency limits, charges by outcome, settled
-    /// costs) mean nothing per message: they are refused.
+    /// costs) mean nothing per message: they are refused, now and by every reload of the
+    /// layer's policy from then on (the policy in force stays, and the error says why).
     pub fn per_message(&self) -> Result<PerMessageLayer<St>, crate::ConfigError> {
-        let snapshot = self.shared().snapshot();
-        if snapshot.holds || snapshot.settles {
-            return Err(crate::ConfigError::new(
-                "concurrency limits and charges by outcome or settled costs act after a \
-                 response, which a message has not: use them on the layer itself",
-            ));
-        }
+        self.shared().adopt(crate::decide::Use::PerMessage)?;
         Ok(PerMessageLayer {
             shared: self.shared().clone(),
         })

@@ -84,7 +84,8 @@ impl DecisionHook {
             at_unix_micros: unix_micros(),
             verdict: decided.verdict,
             route: (!route.is_empty()).then(|| Arc::from(route)),
-            tier: Some(tier.clone()),
+            // A layer without a policy has no tier.
+            tier: (!tier.is_empty()).then(|| tier.clone()),
             tenant: tenant.map(|t| Arc::from(t.id())),
             rules,
             store_latency: decided.store_latency,
@@ -102,7 +103,7 @@ pub struct DecisionEvent {
     pub verdict: Verdict,
     /// Its route pattern or gRPC method, when it has one.
     pub route: Option<Arc<str>>,
-    /// The tier it was limited by.
+    /// The tier it was limited by (none for a layer without a policy).
     pub tier: Option<Arc<str>>,
     /// Its tenant's id, when it has a tenant.
     pub tenant: Option<Arc<str>>,

@@ -142,17 +142,27 @@ fn label(key: &'static str, value: &str) -> Label {
     Label::new(key, value.to_owned())
 }
 
+/// `labels`, and the layer's name when it has one.
+fn with_layer(snapshot: &crate::policy::snapshot::Snapshot, mut labels: Vec<Label>) -> Vec<Label> {
+    if let Some(name) = &snapshot.layer_name {
+        labels.push(label("layer", name));
+    }
+    labels
+}
+
 /// Describes every metric once, for exporters that print help and units.
 pub(crate) fn describe() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         describe_counter!(
             "tollgate_requests_total",
-            "Requests checked by tollgate, by route pattern, tier and outcome."
+            "Requests checked by a tollgate layer, by route pattern, tier and outcome (and layer, \
+             when named): stacked layers count a request once each."
         );
         describe_counter!(
             "tollgate_rule_decisions_total",
-            "What each rule made of each checked request, by rule, route pattern, tier and outcome."
+            "What each rule made of each checked request, by rule, route pattern, tier and outcome \
+             (and layer, when named)."
         );
         describe_histogram!(
             "tollgate_store_check_duration_seconds",
@@ -219,11 +229,14 @@ pub(crate) fn decided(decided: &Decided<'_>, route: &str, tier: u16) {
         || {
             (
                 "tollgate_requests_total",
-                vec![
-                    label("route", route),
-                    label("tier", tier_name()),
-                    Label::from_static_parts("outcome", outcome),
-                ],
+                with_layer(
+                    snapshot,
+                    vec![
+                        label("route", route),
+                        label("tier", tier_name()),
+                        Label::from_static_parts("outcome", outcome),
+                    ],
+                ),
             )
         },
     );
@@ -264,12 +277,15 @@ fn rule_decision(
         || {
             (
                 "tollgate_rule_decisions_total",
-                vec![
-                    label("rule", snapshot.rules[usize::from(rule)].spec.name()),
-                    label("route", route),
-                    label("tier", snapshot.resolver.tier_name(tier)),
-                    Label::from_static_parts("outcome", outcome),
-                ],
+                with_layer(
+                    snapshot,
+                    vec![
+                        label("rule", snapshot.rules[usize::from(rule)].spec.name()),
+                        label("route", route),
+                        label("tier", snapshot.resolver.tier_name(tier)),
+                        Label::from_static_parts("outcome", outcome),
+                    ],
+                ),
             )
         },
     );

@@ -30,8 +30,17 @@
 //! [`metrics`](https://docs.rs/metrics) facade; install any recorder (for Prometheus,
 //! `metrics-exporter-prometheus`). Label values are bounded: rule names, route patterns
 //! (axum's `MatchedPath`, and gRPC methods that the policy names; other requests have the
-//! route label `""`), tier names, outcomes, store kinds and server addresses; never a client's
-//! key, address, tenant or email. The README ("Watching it") lists every metric.
+//! route label `""`), tier names (a layer built from rules, without a policy, has the tier
+//! label `""`), outcomes, store kinds and server addresses; never a client's key, address,
+//! tenant or email. The README ("Watching it") lists every metric.
+//!
+//! Each layer counts the requests it checks: a request that passes two stacked layers is
+//! counted twice in `tollgate_requests_total`, once by each. Give each layer a
+//! [`name`](crate::RateLimitLayerBuilder::name) and its series carry it as the label `layer`
+//! (`sum without (layer)` is then requests times layers; count one layer's series for
+//! requests). One layer with rules for every tier
+//! ([`Policy::all_tiers`](crate::policy::Policy::all_tiers)) counts a request once, and checks
+//! all its rules all or nothing.
 //!
 //! # The span
 //!

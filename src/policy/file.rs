@@ -44,6 +44,8 @@ struct FileDef {
     default_tier: Option<Spanned<String>>,
     #[serde(default)]
     defaults: DefaultsDef,
+    /// Rules of every tier: the same form as a tier.
+    all_tiers: Option<Spanned<TierDef>>,
     #[serde(default)]
     tiers: BTreeMap<String, Spanned<TierDef>>,
     #[serde(default)]
@@ -210,6 +212,19 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
             tier = tier.route(route, rules);
         }
         policy = policy.tier(tier);
+    }
+    if let Some(def) = &file.all_tiers {
+        place(Subject::AllTiers, def.span());
+        let mut rules = Vec::with_capacity(def.get_ref().rules.len());
+        for r in &def.get_ref().rules {
+            rules.push(rule(r, &mut place)?);
+        }
+        if !rules.is_empty() {
+            policy = policy.all_tiers(rules);
+        }
+        for (route, rules) in routes_of(&def.get_ref().routes, |r| rule(r, &mut place))? {
+            policy = policy.all_tiers_route(route, rules);
+        }
     }
     for (id, def) in &file.tenants {
         place(Subject::Tenant(id.clone()), def.span());

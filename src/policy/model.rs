@@ -44,9 +44,62 @@ use crate::key::Key;
 /// 4. the default tier's rules for this route, then the default tier's own rules.
 ///
 /// A request without a tenant, or whose tenant the policy does not know and whose extractor gave
-/// no known tier, gets the default tier. The default tier must have rules of its own, so no
-/// request is ever unlimited (a policy without one does not build). The rules of the winning
-/// set are checked together, all or nothing, as a layer's rules are.
+/// no known tier, gets the default tier. The default tier must have rules of its own (or the
+/// policy rules for every tier), so no request is ever unlimited (a policy without one does not
+/// build). The rules of the winning set are checked together, all or nothing, as a layer's
+/// rules are.
+///
+/// # Rules for every tier
+///
+/// [`Policy::all_tiers`] and [`Policy::all_tiers_route`] add rules to whichever set wins, in
+/// every tier and for every tenant: "100 per minute per IP for everyone, plus the tier's
+/// limits" is one policy, and one layer. They are checked in the same atomic step as the
+/// winning set: a request that one rule denies is charged to none, so a client that spends its
+/// tier's quota does not drain the all-tier budget with its refused requests, nor the reverse
+/// (two stacked layers are not all or nothing). On a Redis Cluster, rules that count different
+/// callers (an IP and a tenant) live in different slots, and the store checks them all before
+/// it charges any, as it does for any such set (see [the store's
+/// docs](crate::store#cluster-rules-of-different-callers)).
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::key::ClientIp;
+/// use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+/// use tollgate::{Algorithm, Quota, RateLimitLayer, Rule};
+///
+/// let client_ip = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8"])?;
+/// let policy = Policy::new("v1")
+///     .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(10))))
+///     .tier(Tier::new("pro").rule(Rule::new("pro", Quota::per_minute(1000))))
+///     .default_tier("free")
+///     // Every request, whatever its tier: 100 a minute per client IP.
+///     .all_tiers([Rule::new("per-ip", Quota::per_minute(100)).key(client_ip.clone())])
+///     // And on this route, in every tier: 5 attempts per 15 minutes per IP.
+///     .all_tiers_route(
+///         "POST /login",
+///         [Rule::new("login", Quota::new(5, Duration::from_secs(15 * 60)))
+///             .algorithm(Algorithm::FixedWindow)
+///             .key(client_ip.clone())],
+///     );
+/// let layer = RateLimitLayer::builder()
+///     .policy(policy)
+///     .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+///         let (tier, _) = key.split_once('-')?;
+///         Some(Tenant::new(key).with_tier(tier))
+///     }))
+///     // Requests without a tenant go by the client, not by the proxy.
+///     .key(client_ip)
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// A rule for every tier counts by its own key, or like any rule without one: per tenant when
+/// the layer finds tenants, else by the layer's key. "Per IP" needs the key said: the layer's
+/// key (`key = "ip"` in a rules file) when the layer's key is the client's address, or a
+/// [`ClientIp`](crate::key::ClientIp) of its own. A rule for every tier that also appears in the
+/// winning set is checked once (it is one budget). With them, a request is still checked against at most
+/// [`MAX_RULES`](crate::MAX_RULES) rules: a set that would exceed it does not build.
 ///
 /// A route is an axum route pattern (`/users/{id}`, from `MatchedPath`) or a gRPC method
 /// (`/package.Service/Method`), optionally after an HTTP method (`GET /users/{id}`); a rule set
@@ -66,6 +119,12 @@ pub struct Policy {
     pub(crate) allow: Vec<Listed>,
     pub(crate) deny: Vec<Listed>,
     pub(crate) region: Option<Region>,
+    /// Rules added to every winning set.
+    pub(crate) all_tiers: Vec<Rule>,
+    /// Rules added to every winning set of a route.
+    pub(crate) all_tiers_routes: Vec<(String, Vec<Rule>)>,
+    /// The one tier of a layer built from rules, not from a policy: it has no name to report.
+    pub(crate) untiered: bool,
     /// Where the policy was read from, to place its errors.
     pub(crate) origin: Option<Arc<Origin>>,
 }
@@ -84,6 +143,7 @@ pub(crate) enum Subject {
     Version,
     DefaultTier,
     Region,
+    AllTiers,
     Tier(String),
     Tenant(String),
     Rule(String),
@@ -128,6 +188,28 @@ impl Policy {
     /// Adds a tenant's tier and exceptions.
     pub fn tenant(mut self, tenant: TenantRules) -> Self {
         self.tenants.push(tenant);
+        self
+    }
+
+    /// Adds rules that apply in every tier: to every request the policy limits, whatever its
+    /// tier, tenant and route, on top of the rules of its tier (see [Rules for every
+    /// tier](Policy#rules-for-every-tier)). Checked in the same atomic step: all or nothing.
+    pub fn all_tiers(mut self, rules: impl IntoIterator<Item = Rule>) -> Self {
+        self.all_tiers.extend(rules);
+        self
+    }
+
+    /// Adds rules that apply in every tier to one route (`POST /login`, `/search`,
+    /// `/package.Service/Method`), on top of the rules of the request's tier for it and of
+    /// [`all_tiers`](Self::all_tiers). A route and method is matched as in a tier: a request
+    /// `POST /login` gets the rules of `"POST /login"` if given, else those of `"/login"`.
+    pub fn all_tiers_route(
+        mut self,
+        route: impl Into<String>,
+        rules: impl IntoIterator<Item = Rule>,
+    ) -> Self {
+        self.all_tiers_routes
+            .push((route.into(), rules.into_iter().collect()));
         self
     }
 

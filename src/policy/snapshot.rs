@@ -33,6 +33,8 @@ pub(crate) struct Compiler {
     pub(crate) on_store_error: FailureMode,
     pub(crate) headers: Headers,
     pub(crate) on_denied: Option<DeniedHandler>,
+    /// The layer's name, for the `layer` label of its metrics.
+    pub(crate) name: Option<Arc<str>>,
 }
 
 /// A policy ready for the request path.
@@ -41,6 +43,9 @@ pub(crate) struct Snapshot {
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub(crate) id: u64,
     pub(crate) version: Arc<str>,
+    /// The layer's name, for the `layer` label of its metrics.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) layer_name: Option<Arc<str>>,
     /// Every rule of the policy, once per name.
     pub(crate) rules: Box<[CompiledRule]>,
     /// Per rule: whether the missing-key hint was given, for HTTP and for gRPC requests.
@@ -101,7 +106,7 @@ impl Snapshot {
         }
         let mut rules = RuleTable::new(compiler, policy.region.as_ref());
 
-        let mut tiers = Vec::with_capacity(policy.tiers.len());
+        let mut tiers: Vec<TierTable> = Vec::with_capacity(policy.tiers.len());
         let mut tier_index: Map<Box<str>, u16> = Map::default();
         for tier in &policy.tiers {
             let place = format!("tier \"{}\"", tier.name);
@@ -144,11 +149,12 @@ impl Snapshot {
                  another"
             ))));
         };
-        if tiers[usize::from(default_tier)].defaults.is_empty() {
+        if tiers[usize::from(default_tier)].defaults.is_empty() && policy.all_tiers.is_empty() {
             return Err(at(Subject::Tier(default_name.clone()))(ConfigError::new(
                 format!(
                     "the default tier \"{default_name}\" has no rules of its own, so requests on \
-                 routes it does not list would be unlimited; give it at least one rule"
+                 routes it does not list would be unlimited; give it at least one rule (or give \
+                 the policy rules for every tier)"
                 ),
             )));
         }
@@ -184,6 +190,33 @@ impl Snapshot {
             }
         }
 
+        // The rules of every tier join each set that can win, so that one check covers them.
+        let common = if policy.all_tiers.is_empty() {
+            RuleSet::default()
+        } else {
+            rules
+                .set(&policy.all_tiers, "all_tiers")
+                .map_err(|e| e.or_at(Subject::AllTiers))?
+        };
+        let common_routes = RouteTable::new(&policy.all_tiers_routes, &mut rules, "all_tiers")
+            .map_err(|e| e.or_at(Subject::AllTiers))?;
+        if !common.is_empty() || !common_routes.is_empty() {
+            let names: Vec<&str> = policy.tiers.iter().map(|t| t.name.as_str()).collect();
+            let widened = Widen {
+                common: &common,
+                routes: &common_routes,
+                default_tier,
+            };
+            tiers = widened
+                .tiers(&tiers, &names)
+                .map_err(|e| (Some(Subject::AllTiers), e))?;
+            for (id, tenant) in &mut tenants {
+                tenant.routes = widened
+                    .tenant_routes(&tenant.routes, id)
+                    .map_err(|e| (Some(Subject::AllTiers), e))?;
+            }
+        }
+
         for entry in policy.allow.iter().chain(&policy.deny) {
             check_listed(entry).map_err(|e| (None, e))?;
         }
@@ -194,6 +227,7 @@ impl Snapshot {
         Ok(Snapshot {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: version.into(),
+            layer_name: compiler.name.clone(),
             missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
             answers: Answers::new(&rules, compiler.headers, compiler.on_denied.clone()),
             uses_fallback: rules
@@ -225,7 +259,7 @@ impl Snapshot {
                 tier_names: policy
                     .tiers
                     .iter()
-                    .map(|t| Arc::from(t.name.as_str()))
+                    .map(|t| Arc::from(if policy.untiered { "" } else { t.name.as_str() }))
                     .collect(),
                 tiers: tiers.into(),
                 tier_index,
@@ -348,6 +382,142 @@ impl<'a> RuleTable<'a> {
     }
 }
 
+/// The methods a route of a policy may name, each given its own set when sets are widened.
+const METHODS: [Method; 9] = [
+    Method::GET,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::PATCH,
+    Method::HEAD,
+    Method::OPTIONS,
+    Method::CONNECT,
+    Method::TRACE,
+];
+
+/// Adds the rules of every tier to each set that can win: every tier's own set, every route
+/// set of a tier or a tenant, and, for the routes of the rules of every tier, a set in every
+/// tier made of what would have won there. The request path then still resolves one set.
+struct Widen<'a> {
+    common: &'a [u16],
+    routes: &'a RouteTable,
+    default_tier: u16,
+}
+
+impl Widen<'_> {
+    fn tiers(&self, tiers: &[TierTable], names: &[&str]) -> Result<Vec<TierTable>, ConfigError> {
+        let mut widened = Vec::with_capacity(tiers.len());
+        for (index, table) in tiers.iter().enumerate() {
+            let place = format!("tier \"{}\"", names[index]);
+            // A tier without rules of its own falls through to the default tier, widened too.
+            let defaults = if !table.defaults.is_empty() || index == usize::from(self.default_tier)
+            {
+                self.join(&table.defaults, None, &place)?
+            } else {
+                RuleSet::default()
+            };
+            let mut routes = RouteTable::default();
+            let patterns = table.routes.routes.keys().chain(
+                self.routes
+                    .routes
+                    .keys()
+                    .filter(|p| !table.routes.routes.contains_key(*p)),
+            );
+            for pattern in patterns {
+                let base = |method: Option<&Method>| self.base(tiers, index, pattern, method);
+                let place = format!("{place}, route \"{pattern}\"");
+                let mut entry = RouteEntry {
+                    any_method: Some(self.join(base(None), Some((pattern, None)), &place)?),
+                    methods: Vec::with_capacity(METHODS.len()),
+                };
+                for method in &METHODS {
+                    let set =
+                        self.join(base(Some(method)), Some((pattern, Some(method))), &place)?;
+                    entry.methods.push((method.clone(), set));
+                }
+                routes.routes.insert(pattern.clone(), entry);
+            }
+            widened.push(TierTable { defaults, routes });
+        }
+        Ok(widened)
+    }
+
+    /// A tenant's exceptions, each with the rules of every tier (for its route).
+    fn tenant_routes(&self, table: &RouteTable, id: &str) -> Result<RouteTable, ConfigError> {
+        let mut routes = RouteTable::default();
+        for pattern in table.routes.keys() {
+            let place = format!("tenant \"{id}\", route \"{pattern}\"");
+            let join = |method: Option<&Method>| {
+                table
+                    .lookup(pattern, method)
+                    .map(|set| self.join(set, Some((pattern, method)), &place))
+                    .transpose()
+            };
+            let mut entry = RouteEntry {
+                any_method: join(None)?,
+                methods: Vec::new(),
+            };
+            for method in &METHODS {
+                if let Some(set) = join(Some(method))? {
+                    entry.methods.push((method.clone(), set));
+                }
+            }
+            routes.routes.insert(pattern.clone(), entry);
+        }
+        Ok(routes)
+    }
+
+    /// What wins in tier `tier` on `route` before the rules of every tier are added: as
+    /// [`Resolver::resolve`] finds it.
+    fn base<'t>(
+        &self,
+        tiers: &'t [TierTable],
+        tier: usize,
+        route: &str,
+        method: Option<&Method>,
+    ) -> &'t [u16] {
+        let table = &tiers[tier];
+        if let Some(set) = table.routes.lookup(route, method) {
+            return set;
+        }
+        if !table.defaults.is_empty() {
+            return &table.defaults;
+        }
+        let default = &tiers[usize::from(self.default_tier)];
+        default
+            .routes
+            .lookup(route, method)
+            .unwrap_or(&default.defaults)
+    }
+
+    /// `set`, then the rules of every tier, then those of every tier for `route` (each rule
+    /// once: a name is one budget).
+    fn join(
+        &self,
+        set: &[u16],
+        route: Option<(&str, Option<&Method>)>,
+        place: &str,
+    ) -> Result<RuleSet, ConfigError> {
+        let extra = route
+            .and_then(|(route, method)| self.routes.lookup(route, method))
+            .unwrap_or_default();
+        let mut joined: Vec<u16> = Vec::with_capacity(set.len() + self.common.len() + extra.len());
+        for &index in set.iter().chain(self.common).chain(extra) {
+            if !joined.contains(&index) {
+                joined.push(index);
+            }
+        }
+        if joined.len() > MAX_RULES {
+            return Err(ConfigError::new(format!(
+                "{place}: with the rules of every tier, a request would be checked against {} \
+                 rules; one request is checked against at most {MAX_RULES}",
+                joined.len()
+            )));
+        }
+        Ok(joined.into())
+    }
+}
+
 /// A quota times a region's share: rounded down, at least 1.
 fn scale(quota: Quota, share: f64) -> Quota {
     let times = |n: u64| ((n as f64 * share).floor() as u64).max(1);
@@ -464,6 +634,15 @@ impl RouteTable {
 
     fn is_empty(&self) -> bool {
         self.routes.is_empty()
+    }
+
+    /// The rules for `method` on `route` as [`get`](Self::get) finds them, or with no method,
+    /// those for a method the route does not name.
+    fn lookup(&self, route: &str, method: Option<&Method>) -> Option<&[u16]> {
+        match method {
+            Some(method) => self.get(route, method),
+            None => self.routes.get(route)?.any_method.as_deref(),
+        }
     }
 
     /// The rules for `method` on `route`: its own, else (for `HEAD`, which axum serves with the

@@ -28,7 +28,15 @@
 //! the client owes the same refill time under the new numbers (40 of 50 per minute is 48 s to
 //! refill; at 30 per minute, a bucket of 30 that is full again in 48 s holds 6). A renamed rule
 //! starts from a full budget; a rule whose algorithm changed starts again from no state (the
-//! store cannot read the old algorithm's state).
+//! store cannot read the old algorithm's state), and so does, on Redis, a rule whose
+//! [`split`](crate::Rule::split) was added, changed or removed (its budget lives in other keys
+//! then; the memory store keeps a split rule's key whole, and its budget). A reload that starts
+//! budgets again says which, at `warn` (target `tollgate::policy`).
+//!
+//! A layer whose rules are also checked per message ([`per_message`](crate::RateLimitLayer::per_message))
+//! or by a tonic interceptor ([`interceptor`](crate::RateLimitLayer::interceptor)) refuses a
+//! reload that brings in rules these cannot keep (rules that act after the response; for the
+//! interceptor, delay rules too), as they are refused when made.
 
 use std::error::Error;
 use std::fmt;
@@ -189,6 +197,42 @@ impl PolicySource for FileSource {
 /// Registers a snapshot's rules on the layer's store (the layer implements it).
 pub(crate) trait Registrar: Send + Sync {
     fn register(&self, snapshot: &Snapshot) -> Result<(), ConfigError>;
+
+    /// Whether the store keeps a split rule's budget in sub-keys (the memory store does not).
+    fn splits_keys(&self) -> bool;
+}
+
+/// The rules of `new` whose budget starts full again after `old`: renamed rules aside, those
+/// whose algorithm changed, and when the store splits keys, those whose split changed. Each
+/// as `"name" (was …, now …)`.
+fn restarted(old: &Snapshot, new: &Snapshot, splits_keys: bool) -> Vec<String> {
+    let split = |parts: u16| match parts {
+        1 => "not split".to_owned(),
+        n => format!("split into {n}"),
+    };
+    let mut restarted = Vec::new();
+    for rule in new.rules.iter() {
+        let Some(before) = old.rules.iter().find(|r| r.spec.name() == rule.spec.name()) else {
+            continue;
+        };
+        let (was, now) = (&before.spec, &rule.spec);
+        if was.algorithm() != now.algorithm() {
+            restarted.push(format!(
+                "\"{}\" (was {}, now {})",
+                now.name(),
+                was.algorithm(),
+                now.algorithm()
+            ));
+        } else if splits_keys && was.parts() != now.parts() {
+            restarted.push(format!(
+                "\"{}\" (was {}, now {})",
+                now.name(),
+                split(was.parts()),
+                split(now.parts())
+            ));
+        }
+    }
+    restarted
 }
 
 /// The live policy of a layer.
@@ -242,12 +286,22 @@ impl Live {
                 .registrar()
                 .ok_or_else(|| ConfigError::new("the layer of this policy was dropped"))?;
             registrar.register(&snapshot)?;
+            let restarted = restarted(&self.current.load(), &snapshot, registrar.splits_keys());
             self.current.store(Arc::new(snapshot));
-            Ok(())
+            Ok(restarted)
         });
         drop(installing);
         match &result {
-            Ok(()) => {
+            Ok(restarted) => {
+                if !restarted.is_empty() {
+                    tracing::warn!(
+                        target: "tollgate::policy",
+                        version = policy.version(),
+                        "tollgate: the policy installed starts the budgets of these rules full \
+                         again, as the store cannot carry their state over: {}",
+                        restarted.join(", ")
+                    );
+                }
                 self.installed.fetch_add(1, Ordering::Relaxed);
                 #[cfg(feature = "metrics")]
                 crate::observe::metrics::reload("installed");
@@ -260,7 +314,14 @@ impl Live {
             }
             Err(error) => self.reject(&error.to_string()),
         }
-        result
+        result.map(drop)
+    }
+
+    /// Runs `f` while no policy is being installed.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn while_installing<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _installing = self.installing.lock().unwrap_or_else(|p| p.into_inner());
+        f()
     }
 
     /// Counts and logs a policy that was not installed, once per bad version: the same error
