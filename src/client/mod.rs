@@ -236,6 +236,9 @@ impl Waits {
             }
         }
         known.answered = learned;
+        if known.wait.is_none() && known.policies.is_empty() {
+            targets.remove(&target.id);
+        }
     }
 }
 
