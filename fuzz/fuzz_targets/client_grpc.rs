@@ -56,10 +56,11 @@ fuzz_target!(|data: &[u8]| {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
     };
+    let pushback = pushback.map(value);
     let mut status = HeaderMap::new();
     status.insert("grpc-status", code.parse().unwrap());
-    if let Some(pushback) = pushback {
-        status.insert("grpc-retry-pushback-ms", value(pushback));
+    if let Some(pushback) = &pushback {
+        status.insert("grpc-retry-pushback-ms", pushback.clone());
     }
     // The delay of a well-formed RetryInfo: `None` when it asks no wait.
     let mut delay = None;
@@ -105,8 +106,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(refusing, "status {code} made a wait");
         assert!(wait <= MAX_ANNOUNCED_WAIT);
     }
+    // As sent: the bytes a header value cannot hold are spaces.
     let pushback = pushback
-        .and_then(|p| std::str::from_utf8(p).ok())
+        .and_then(|p| p.to_str().ok().map(str::to_owned))
         .and_then(|p| p.trim().parse::<u64>().ok())
         .map(|ms| Duration::from_millis(ms).min(MAX_ANNOUNCED_WAIT));
     if refusing {

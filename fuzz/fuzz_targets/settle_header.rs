@@ -2,9 +2,9 @@
 //! (`Rule::settle_from_header`): whatever number (or not) the service writes there.
 //!
 //! The first byte picks the algorithm (token bucket, GCRA, fixed window, sliding window
-//! counter), the second the estimate (0 to 7 units), the third the quota (1 to 16 per
-//! minute); the rest is split at newlines into the header values of up to 8 requests in a
-//! row. Besides "never panics", it checks that:
+//! counter), the second the estimate (0 to 7 units, at most the quota), the third the quota
+//! (1 to 16 per minute); the rest is split at newlines into the header values of up to 8
+//! requests in a row. Besides "never panics", it checks that:
 //!
 //! * each answer is the service's (200) or a denial (429) with a `Retry-After` of at least 1 s;
 //! * the cost header never reaches the client;
@@ -72,7 +72,8 @@ fuzz_target!(|data: &[u8]| {
     let quota = u64::from(quota % 16 + 1);
     let rule = Rule::new("tokens", Quota::per_minute(quota))
         .algorithm(algorithm)
-        .cost(u64::from(estimate % 8))
+        // An estimate above what the rule ever holds is refused when the layer is built.
+        .cost(u64::from(estimate % 8).min(quota))
         .key(Global)
         .settle_from_header(COST);
     runtime().block_on(async {
