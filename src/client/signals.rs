@@ -1,6 +1,6 @@
 //! What a server says about when to come back, read from a response's head or trailers:
 //! `Retry-After` (RFC 9110 §10.2.3, on a 429 or a 503), the `RateLimit` field of
-//! draft-ietf-httpapi-ratelimit-headers-11 (a policy with `r=0` and a `t`), gRPC's
+//! draft-ietf-httpapi-ratelimit-headers-11 (each policy's `r` and `t`), gRPC's
 //! `grpc-retry-pushback-ms`, and a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
