@@ -340,3 +340,461 @@ async fn a_tonic_client_gets_resource_exhausted_and_sends_nothing_while_told_to_
     }
     assert_eq!(seen.load(Ordering::SeqCst), 3);
 }
+
+// ----- What a wait covers -----
+
+/// A scripted server: each path answers its queued `(status, headers)` in turn (the last one
+/// again once the queue is down to it), and every request that reaches it is counted by path.
+#[derive(Clone, Default)]
+struct Script {
+    answers: Arc<Mutex<std::collections::HashMap<String, Vec<Answer>>>>,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+type Answer = (u16, Vec<(&'static str, String)>);
+
+impl Script {
+    fn answer(&self, path: &str, answers: Vec<Answer>) -> &Self {
+        self.answers
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), answers.into_iter().rev().collect());
+        self
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The scripted server as an axum router on `paths`.
+    fn router(&self, paths: &[&str]) -> Router {
+        let mut router = Router::new();
+        for path in paths {
+            let script = self.clone();
+            let path = (*path).to_owned();
+            let route = path.clone();
+            router = router.route(
+                &route,
+                get(move || {
+                    let script = script.clone();
+                    let path = path.clone();
+                    async move { script.respond(&path).map(|_| axum::body::Body::empty()) }
+                }),
+            );
+        }
+        router
+    }
+
+    fn respond(&self, path: &str) -> http::Response<()> {
+        self.seen.lock().unwrap().push(path.to_owned());
+        let mut answers = self.answers.lock().unwrap();
+        let queue = answers.get_mut(path).expect("a scripted path");
+        let (status, headers) = if queue.len() > 1 {
+            queue.pop().unwrap()
+        } else {
+            queue[0].clone()
+        };
+        let mut response = http::Response::builder().status(status);
+        for (name, value) in headers {
+            response = response.header(name, value);
+        }
+        response.body(()).unwrap()
+    }
+}
+
+fn ok_with(limits: &[&str]) -> Answer {
+    (
+        200,
+        limits
+            .iter()
+            .map(|l| ("ratelimit", (*l).to_owned()))
+            .collect(),
+    )
+}
+
+fn get_path(addr: SocketAddr, path: &str) -> Request<Empty<Bytes>> {
+    Request::get(format!("http://{addr}{path}"))
+        .body(Empty::new())
+        .unwrap()
+}
+
+/// The status of a call, or `None` when the layer did not send it.
+async fn status_of<S, B, E>(client: &mut S, request: Request<Empty<Bytes>>) -> Option<u16>
+where
+    S: Service<Request<Empty<Bytes>>, Response = http::Response<B>, Error = ClientError<E>>,
+    E: std::fmt::Display,
+{
+    call_of(client, request).await.ok()
+}
+
+/// The status of a call, or the wait told when the layer did not send it.
+async fn call_of<S, B, E>(client: &mut S, request: Request<Empty<Bytes>>) -> Result<u16, Duration>
+where
+    S: Service<Request<Empty<Bytes>>, Response = http::Response<B>, Error = ClientError<E>>,
+    E: std::fmt::Display,
+{
+    let ready = match client.ready().await {
+        Ok(ready) => ready,
+        Err(error) => panic!("{error}"),
+    };
+    match ready.call(request).await {
+        Ok(response) => Ok(response.status().as_u16()),
+        Err(ClientError::Throttled(throttled)) => Err(throttled.wait()),
+        Err(ClientError::Inner(error)) => panic!("{error}"),
+    }
+}
+
+/// `/export` is limited to 1 per hour on its own; `/health` shares only a `global` policy.
+fn export_and_health() -> Script {
+    let script = Script::default();
+    script
+        .answer(
+            "/export",
+            vec![
+                ok_with(&[r#""global";r=98;t=60"#, r#""export";r=0;t=3600"#]),
+                (
+                    429,
+                    vec![
+                        ("retry-after", "3600".to_owned()),
+                        ("ratelimit", r#""export";r=0;t=3600"#.to_owned()),
+                    ],
+                ),
+            ],
+        )
+        .answer("/health", vec![ok_with(&[r#""global";r=97;t=60"#])]);
+    script
+}
+
+#[tokio::test]
+async fn the_200_that_spends_a_route_policy_blocks_that_route_and_not_the_server() {
+    let script = export_and_health();
+    let (addr, _) = serve(script.router(&["/export", "/health"])).await;
+    let mut client = HonourLimitsLayer::new()
+        .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
+    assert_eq!(
+        status_of(&mut client, get_path(addr, "/health")).await,
+        Some(200)
+    );
+    assert_eq!(
+        status_of(&mut client, get_path(addr, "/export")).await,
+        Some(200)
+    );
+    // `export` is spent for an hour: `/health` never carried it.
+    for _ in 0..3 {
+        assert_eq!(
+            status_of(&mut client, get_path(addr, "/health")).await,
+            Some(200),
+            "/health was not sent: the wait of `export` covered the whole server"
+        );
+    }
+    // `/export` carried it: not sent, the wait of an hour told.
+    let Err(ClientError::Throttled(throttled)) = client
+        .ready()
+        .await
+        .unwrap()
+        .call(get_path(addr, "/export?format=csv"))
+        .await
+    else {
+        panic!("/export sent while its policy is spent");
+    };
+    assert!(throttled.wait() > Duration::from_secs(3590));
+    assert_eq!(
+        script.seen(),
+        ["/health", "/export", "/health", "/health", "/health"]
+    );
+}
+
+#[tokio::test]
+async fn a_retrying_client_neither_sleeps_nor_fails_on_another_routes_spent_policy() {
+    let script = export_and_health();
+    let (addr, _) = serve(script.router(&["/export", "/health"])).await;
+    let mut client = RetryAfterLayer::new(Retry::new())
+        .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
+    assert_eq!(
+        status_of(&mut client, get_path(addr, "/export")).await,
+        Some(200)
+    );
+    assert_eq!(
+        status_of(&mut client, get_path(addr, "/health")).await,
+        Some(200),
+        "/health was not sent: the wait of `export` covered the whole server"
+    );
+    // An hour is past the longest wait worth waiting (30 s): `/export` fails at once.
+    assert_eq!(
+        status_of(&mut client, get_path(addr, "/export")).await,
+        None
+    );
+    assert_eq!(script.seen(), ["/export", "/health"]);
+}
+
+#[tokio::test]
+async fn a_429s_retry_after_covers_the_calls_target_only() {
+    let script = Script::default();
+    script
+        .answer("/a", vec![(429, vec![("retry-after", "600".to_owned())])])
+        .answer("/b", vec![(200, vec![])]);
+    let (addr, _) = serve(script.router(&["/a", "/b"])).await;
+    for retrying in [false, true] {
+        let inner =
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>();
+        let statuses = if retrying {
+            let mut client = RetryAfterLayer::new(Retry::new()).layer(inner);
+            [
+                status_of(&mut client, get_path(addr, "/a")).await,
+                status_of(&mut client, get_path(addr, "/a?page=2")).await,
+                status_of(&mut client, get_path(addr, "/b")).await,
+            ]
+        } else {
+            let mut client = HonourLimitsLayer::new().layer(inner);
+            [
+                status_of(&mut client, get_path(addr, "/a")).await,
+                status_of(&mut client, get_path(addr, "/a?page=2")).await,
+                status_of(&mut client, get_path(addr, "/b")).await,
+            ]
+        };
+        // The query is not part of the target: `/a?page=2` is `/a`.
+        assert_eq!(
+            statuses,
+            [Some(429), None, Some(200)],
+            "retrying: {retrying}"
+        );
+    }
+    assert_eq!(script.seen(), ["/a", "/b", "/a", "/b"]);
+}
+
+#[tokio::test]
+async fn a_later_answer_shortens_or_ends_a_policys_wait_and_an_earlier_one_does_not() {
+    let script = Script::default();
+    script
+        .answer(
+            "/a",
+            vec![
+                ok_with(&[r#""shared";r=1;t=600"#]),
+                ok_with(&[r#""shared";r=0;t=600"#]),
+            ],
+        )
+        .answer("/b", vec![ok_with(&[r#""shared";r=5;t=600"#])])
+        .answer("/c", vec![ok_with(&[r#""shared";r=0;t=5"#])])
+        .answer("/d", vec![ok_with(&[r#""shared";r=2;t=5"#])]);
+    let (addr, _) = serve(script.router(&["/a", "/b", "/c", "/d"])).await;
+    let mut client = HonourLimitsLayer::new()
+        .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
+    for path in ["/b", "/a", "/a"] {
+        assert_eq!(call_of(&mut client, get_path(addr, path)).await, Ok(200));
+    }
+    // `shared` is spent for 600 s: `/a` and `/b` carried it.
+    for path in ["/a", "/b"] {
+        let wait = call_of(&mut client, get_path(addr, path))
+            .await
+            .unwrap_err();
+        assert!(wait > Duration::from_secs(590), "{path}: {wait:?}");
+    }
+    // A request sent since, to a path not known to carry it, says 5 s: the wait is 5 s.
+    assert_eq!(call_of(&mut client, get_path(addr, "/c")).await, Ok(200));
+    for path in ["/a", "/b", "/c"] {
+        let wait = call_of(&mut client, get_path(addr, path))
+            .await
+            .unwrap_err();
+        assert!(wait <= Duration::from_secs(5), "{path}: {wait:?}");
+    }
+    // Then one says the policy has budget again: no wait.
+    assert_eq!(call_of(&mut client, get_path(addr, "/d")).await, Ok(200));
+    assert_eq!(call_of(&mut client, get_path(addr, "/a")).await, Ok(200));
+    assert_eq!(script.seen(), ["/b", "/a", "/a", "/c", "/d", "/a"]);
+}
+
+#[tokio::test]
+async fn an_answer_to_a_request_sent_before_a_wait_was_learned_does_not_end_it() {
+    // A mock server whose answers the test releases: `/slow` is answered after `/a`'s.
+    let (release, held) = tokio::sync::oneshot::channel::<()>();
+    let held = Arc::new(Mutex::new(Some(held)));
+    let inner = tower::service_fn(move |request: Request<Empty<Bytes>>| {
+        let held = held.clone();
+        async move {
+            let limit = if request.uri().path() == "/slow" {
+                let held = held.lock().unwrap().take().unwrap();
+                held.await.unwrap();
+                r#""shared";r=9;t=600"#
+            } else {
+                r#""shared";r=0;t=600"#
+            };
+            Ok::<_, std::convert::Infallible>(
+                http::Response::builder()
+                    .header("ratelimit", limit)
+                    .body(Empty::<Bytes>::new())
+                    .unwrap(),
+            )
+        }
+    });
+    let layer = HonourLimitsLayer::new();
+    let mut slow_client = layer.layer(inner.clone());
+    let mut client = layer.layer(inner);
+    let slow = tokio::spawn(async move {
+        let request = Request::get("http://api.test/slow")
+            .body(Empty::new())
+            .unwrap();
+        slow_client
+            .ready()
+            .await
+            .unwrap()
+            .call(request)
+            .await
+            .is_ok()
+    });
+    tokio::task::yield_now().await;
+    let request = || {
+        Request::get("http://api.test/a")
+            .body(Empty::new())
+            .unwrap()
+    };
+    assert!(client.ready().await.unwrap().call(request()).await.is_ok());
+    release.send(()).unwrap();
+    assert!(slow.await.unwrap());
+    // `/slow`'s r=9 may have been counted before `/a`'s r=0: the wait stays.
+    let Err(ClientError::Throttled(_)) = client.ready().await.unwrap().call(request()).await else {
+        panic!("an earlier request's answer ended the wait");
+    };
+}
+
+/// A trailers-only gRPC answer, or one whose status comes in the trailers.
+struct GrpcBody {
+    trailers: Option<http::HeaderMap>,
+}
+
+impl http_body::Body for GrpcBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.trailers
+                .take()
+                .map(|t| Ok(http_body::Frame::trailers(t))),
+        )
+    }
+}
+
+fn grpc_status(status: &str, pushback_ms: Option<&str>) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/grpc".parse().unwrap());
+    headers.insert("grpc-status", status.parse().unwrap());
+    if let Some(ms) = pushback_ms {
+        headers.insert("grpc-retry-pushback-ms", ms.parse().unwrap());
+    }
+    headers
+}
+
+#[tokio::test]
+async fn grpc_pushback_covers_the_calls_method_only() {
+    // `Export` is pushed back for a minute, in the head (trailers-only) or in the trailers;
+    // `Health` answers OK.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let inner = tower::service_fn(move |request: Request<Empty<Bytes>>| {
+        let path = request.uri().path().to_owned();
+        s.lock().unwrap().push(path.clone());
+        let (head, trailers) = match path.as_str() {
+            "/api.Jobs/Export" => (grpc_status("8", Some("60000")), None),
+            "/api.Jobs/Stream" => {
+                let mut head = http::HeaderMap::new();
+                head.insert("content-type", "application/grpc".parse().unwrap());
+                (head, Some(grpc_status("14", Some("60000"))))
+            }
+            _ => (grpc_status("0", None), None),
+        };
+        let mut response = http::Response::new(GrpcBody { trailers });
+        *response.headers_mut() = head;
+        std::future::ready(Ok::<_, std::convert::Infallible>(response))
+    });
+    let call = |method: &str| {
+        Request::post(format!("http://api.test/api.Jobs/{method}"))
+            .header("content-type", "application/grpc")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    let mut client = HonourLimitsLayer::new().layer(inner);
+    let mut send = async |method: &str| match client.ready().await.unwrap().call(call(method)).await
+    {
+        Ok(response) => {
+            response.into_body().collect().await.unwrap();
+            true
+        }
+        Err(ClientError::Throttled(throttled)) => {
+            assert!(throttled.wait() > Duration::from_secs(55));
+            false
+        }
+        Err(ClientError::Inner(error)) => match error {},
+    };
+    assert!(send("Export").await);
+    assert!(send("Stream").await);
+    assert!(!send("Export").await, "Export sent while pushed back");
+    assert!(!send("Stream").await, "Stream sent while pushed back");
+    assert!(
+        send("Health").await,
+        "Health not sent: the pushback covered the server"
+    );
+    assert!(send("Health").await);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "/api.Jobs/Export",
+            "/api.Jobs/Stream",
+            "/api.Jobs/Health",
+            "/api.Jobs/Health"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_waits_remembered_are_bounded_and_the_latest_kept() {
+    use tollgate::client::MAX_TARGETS;
+    // Each target is told to wait 10 minutes; once `quiet`, the server answers 200 alone (a
+    // target sent then teaches nothing).
+    let quiet = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let q = quiet.clone();
+    let inner = tower::service_fn(move |_: Request<Empty<Bytes>>| {
+        let mut response = http::Response::builder();
+        if !q.load(Ordering::SeqCst) {
+            response = response.status(429).header("retry-after", "600");
+        }
+        std::future::ready(Ok::<_, std::convert::Infallible>(
+            response.body(Empty::<Bytes>::new()).unwrap(),
+        ))
+    });
+    let mut client = HonourLimitsLayer::new().layer(inner);
+    let request = |n: usize| {
+        Request::get(format!("http://api.test/item/{n}"))
+            .body(Empty::new())
+            .unwrap()
+    };
+    let targets = MAX_TARGETS + 500;
+    for n in 0..targets {
+        let response = client
+            .ready()
+            .await
+            .unwrap()
+            .call(request(n))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    quiet.store(true, Ordering::SeqCst);
+    let mut remembered = Vec::new();
+    for n in 0..targets {
+        if let Err(ClientError::Throttled(_)) = client.ready().await.unwrap().call(request(n)).await
+        {
+            remembered.push(n);
+        }
+    }
+    assert!(
+        remembered.len() <= MAX_TARGETS && remembered.len() >= MAX_TARGETS / 2,
+        "{} targets remembered",
+        remembered.len()
+    );
+    // Those forgotten are the waits that end first: the latest are all there.
+    assert!(remembered.windows(2).all(|w| w[1] == w[0] + 1));
+    assert_eq!(remembered.last(), Some(&(targets - 1)));
+}

@@ -46,9 +46,8 @@ impl<B: Body> Body for ClientBody<B> {
         if let Poll::Ready(Some(Ok(frame))) = &frame
             && let Some(trailers) = frame.trailers_ref()
             && let Some(watch) = this.watch.take()
-            && let Some(wait) = super::signals::wait_of_grpc(trailers)
         {
-            watch.learn(wait);
+            watch.trailers(trailers);
         }
         frame
     }

@@ -18,10 +18,10 @@
 //! 429 or a 503 (seconds, or an HTTP date), a `RateLimit` policy whose budget is spent (`r=0`
 //! with a `t`, draft-ietf-httpapi-ratelimit-headers-11), and for gRPC `RESOURCE_EXHAUSTED` or
 //! `UNAVAILABLE` with `grpc-retry-pushback-ms` or a `google.rpc.RetryInfo` (in a trailers-only
-//! answer's head, or in the trailers). Until that time has passed, calls to the same server
-//! (the request's authority) are not sent: they fail at once with [`Throttled`], which tells
-//! the wait left. A tonic client sees `RESOURCE_EXHAUSTED` with the wait in its message. A
-//! wait longer than [`MAX_ANNOUNCED_WAIT`] (a day) is capped to it.
+//! answer's head, or in the trailers). Until that time has passed, the calls the wait covers
+//! are not sent: they fail at once with [`Throttled`], which tells the wait left. A tonic
+//! client sees `RESOURCE_EXHAUSTED` with the wait in its message. A wait longer than
+//! [`MAX_ANNOUNCED_WAIT`] (a day) is capped to it.
 //!
 //! [`RetryAfterLayer`] waits instead of failing: a call the server asked to wait is retried
 //! after the server's delay plus a random jitter (so that clients told the same delay do not
@@ -30,81 +30,279 @@
 //! be cloned.
 //!
 //! Both work against any server that sends these fields, not only tollgate's.
+//!
+//! # What a wait covers
+//!
+//! A wait covers what the server said it covers, no more:
+//!
+//! * `Retry-After` on a 429 or a 503, and a gRPC call's pushback or `RetryInfo`: the call's
+//!   **target**, that is its authority, method and path (the query is not part of it: `/a?p=2`
+//!   is `/a`; a gRPC method is its path, `/package.Service/Method`).
+//! * A spent `RateLimit` policy, on any answer (the 200 that spent the last unit included): the
+//!   targets whose answers **carried that policy's name**. A client has no other way to learn
+//!   what a policy applies to, so a target keeps the names of its latest answer that named
+//!   any. `/export`'s 200 saying `"export";r=0;t=3600` holds back `/export` for an hour, and
+//!   not `/health`, whose answers never named `export`.
+//!
+//! No answer holds back a whole server: none of these fields says it covers more than that,
+//! and a client that guessed wider would fail its own unrelated calls (a health check, a cheap
+//! read) for as long as the longest wait, up to a day. What that costs: a target the client
+//! has not yet seen with a spent policy (a new path under a server-wide limit) is sent once
+//! per wait, and its answer, a 429 most likely, teaches the client.
+//!
+//! A later answer sets a wait: the answer to a request sent after a wait was learned, speaking
+//! of the same scope (that target, or a policy of that name), sets it to what it says,
+//! shorter, longer or over (`r` above 0, `t=0`, or an answer of that target that is not a
+//! refusal). The answer to a request sent before can only make it longer: the server may have
+//! counted that request before the one that spent the budget.
+//!
+//! The waits are the layer's, shared by the services it makes: a client that calls a server
+//! for many users the server limits apart wants a layer per user.
+//!
+//! Memory is bounded: a layer remembers at most [`MAX_TARGETS`] targets, and as many spent
+//! policies, each by a keyed 128-bit hash of its authority and path or name (a fixed size,
+//! however long the path or name), and at most 16 policy names per target (the first ones of
+//! its answer). Past that, a quarter is forgotten at once: first the targets with no wait
+//! running, least recently answered first, then those whose wait ends soonest (for policies:
+//! those over, then the soonest to end). A target forgotten is sent again once, and its answer
+//! teaches the client again.
 
 mod body;
 mod retry;
 mod signals;
 
 use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::future::Future;
+use std::hash::{BuildHasher, Hash};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use smallvec::SmallVec;
 use tower_layer::Layer;
 use tower_service::Service;
 
 pub use body::ClientBody;
 pub use retry::{Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
+use signals::Word;
+#[cfg(feature = "tonic")]
 pub(crate) use signals::base64_decode;
 
-/// The most servers whose waits a layer remembers; past it, those whose wait is over are
-/// forgotten, then the soonest to end.
-const MAX_SERVERS: usize = 1024;
+/// The most targets (authority, method and path) a layer remembers, and the most spent
+/// policies; past it, a quarter is forgotten (see [what a wait covers](self#what-a-wait-covers)).
+pub const MAX_TARGETS: usize = 1024;
 
-/// The servers that asked to wait, by authority, and until when.
+/// The most policy names a target remembers: the first ones of its answer.
+const MAX_NAMES: usize = 16;
+
+/// A wait: until when, and the number drawn when it was learned (a request whose number is
+/// higher was sent after it).
+#[derive(Clone, Copy, Debug)]
+struct Wait {
+    until: Instant,
+    learned: u64,
+}
+
+/// A target the layer knows: its own wait (`Retry-After`, pushback), the policies its latest
+/// answer named, and when it was last answered.
+#[derive(Debug)]
+struct Known {
+    wait: Option<Wait>,
+    policies: SmallVec<[u128; 2]>,
+    answered: u64,
+}
+
+#[derive(Debug, Default)]
+struct Remembered {
+    targets: HashMap<u128, Known>,
+    /// The policies spent, by authority and name.
+    spent: HashMap<u128, Wait>,
+}
+
+/// The waits a server asked for, by what they cover (see the [module](crate::client)).
 #[derive(Debug, Default)]
 pub(crate) struct Waits {
-    until: Mutex<HashMap<Box<str>, Instant>>,
+    state: Mutex<Remembered>,
+    /// Numbers for requests sent and waits learned: a request sent after a wait has a higher one.
+    numbers: AtomicU64,
+    /// The keys of the hashes targets and policies are remembered by.
+    keys: [RandomState; 2],
+}
+
+/// A request's target, by hash, and its server's (for the policies it names).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target {
+    id: u128,
+    server: u128,
 }
 
 impl Waits {
-    /// The wait left for `server`, if any.
-    pub(crate) fn left(&self, server: &str) -> Option<Duration> {
-        let until = self.until.lock().unwrap_or_else(|e| e.into_inner());
-        let left = until.get(server)?.checked_duration_since(Instant::now())?;
+    fn hash(&self, value: impl Hash) -> u128 {
+        let [a, b] = &self.keys;
+        (u128::from(a.hash_one(&value)) << 64) | u128::from(b.hash_one(&value))
+    }
+
+    /// The target of `request`: its authority (`""` for a request with a path only, as a tonic
+    /// `Channel`'s are: one channel, one server; so give each channel a layer of its own),
+    /// method and path.
+    pub(crate) fn target_of<B>(&self, request: &Request<B>) -> Target {
+        let uri = request.uri();
+        let authority = uri.authority().map_or("", |a| a.as_str());
+        let server = self.hash((0u8, authority));
+        Target {
+            id: self.hash((1u8, server, request.method().as_str(), uri.path())),
+            server,
+        }
+    }
+
+    /// A number for a request about to be sent.
+    pub(crate) fn sent(&self) -> u64 {
+        self.numbers.fetch_add(1, Ordering::SeqCst)
+    }
+
+    /// The wait left for `target`, if any: its own, or that of a policy it named.
+    pub(crate) fn left(&self, target: Target) -> Option<Duration> {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let known = state.targets.get(&target.id)?;
+        let mut until = known.wait.map(|w| w.until);
+        for policy in &known.policies {
+            if let Some(wait) = state.spent.get(policy) {
+                until = until.max(Some(wait.until));
+            }
+        }
+        let left = until?.checked_duration_since(Instant::now())?;
         (!left.is_zero()).then_some(left)
     }
 
-    /// `server` asked to wait `wait` from now (a shorter wait than one known does not shorten
-    /// it).
-    pub(crate) fn learn(&self, server: &str, wait: Duration) {
-        if wait.is_zero() {
+    /// Learns what the answer to a request sent as number `sent` to `target` says: of the
+    /// target, and of each policy it names (none: the target keeps the names it knows).
+    pub(crate) fn learn(&self, target: Target, sent: u64, word: Word, policies: &[(&str, Word)]) {
+        let names: SmallVec<[(u128, Word); 2]> = policies
+            .iter()
+            .take(MAX_NAMES)
+            .map(|(name, word)| (self.hash((2u8, target.server, *name)), *word))
+            .collect();
+        if names.is_empty() && word == Word::Nothing {
             return;
         }
         let now = Instant::now();
-        let end = now + wait;
-        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
-        if until.len() >= MAX_SERVERS && !until.contains_key(server) {
-            until.retain(|_, end| *end > now);
-            if until.len() >= MAX_SERVERS
-                && let Some(soonest) = until
-                    .iter()
-                    .min_by_key(|(_, end)| **end)
-                    .map(|(k, _)| k.clone())
-            {
-                until.remove(&soonest);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let learned = self.numbers.fetch_add(1, Ordering::SeqCst);
+        for (policy, word) in &names {
+            let mut wait = state.spent.get(policy).copied();
+            if settle(&mut wait, *word, sent, now, learned) {
+                match wait {
+                    Some(wait) => {
+                        if state.spent.len() >= MAX_TARGETS && !state.spent.contains_key(policy) {
+                            forget_policies(&mut state.spent, now);
+                        }
+                        state.spent.insert(*policy, wait);
+                    }
+                    None => {
+                        state.spent.remove(policy);
+                    }
+                }
             }
         }
-        let known = until.entry(server.into()).or_insert(end);
-        *known = (*known).max(end);
+        let Remembered { targets, spent } = &mut *state;
+        if !targets.contains_key(&target.id) {
+            // Nothing to remember of a target unknown that has no wait and names no policy.
+            if names.is_empty() && !matches!(word, Word::Wait(w) if !w.is_zero()) {
+                return;
+            }
+            if targets.len() >= MAX_TARGETS {
+                forget_targets(targets, spent, now);
+            }
+        }
+        let known = targets.entry(target.id).or_insert(Known {
+            wait: None,
+            policies: SmallVec::new(),
+            answered: learned,
+        });
+        settle(&mut known.wait, word, sent, now, learned);
+        if !names.is_empty() {
+            known.policies.clear();
+            for (policy, _) in &names {
+                if !known.policies.contains(policy) {
+                    known.policies.push(*policy);
+                }
+            }
+        }
+        known.answered = learned;
+        if known.wait.is_none() && known.policies.is_empty() {
+            targets.remove(&target.id);
+        }
     }
 }
 
-/// The server a request goes to: its authority (`""` for a request with a path only, as a
-/// tonic `Channel`'s are: one channel, one server; so give each channel a layer of its own).
-pub(crate) fn server_of<B>(request: &Request<B>) -> &str {
-    request.uri().authority().map_or("", |a| a.as_str())
+/// Sets `wait` by what an answer to the request sent as number `sent` says; a wait learned
+/// after the request was sent only grows. Whether it changed.
+fn settle(wait: &mut Option<Wait>, word: Word, sent: u64, now: Instant, learned: u64) -> bool {
+    let running = wait.filter(|w| w.until > now);
+    let later = running.is_none_or(|w| sent > w.learned);
+    let next = match word {
+        Word::Nothing => return false,
+        Word::Go => None,
+        Word::Wait(left) => now.checked_add(left).filter(|_| !left.is_zero()),
+    };
+    let set = match (running, next) {
+        (_, _) if later => next,
+        (Some(w), Some(until)) if until > w.until => Some(until),
+        _ => return false,
+    };
+    *wait = set.map(|until| Wait { until, learned });
+    true
 }
 
-/// The request's authority, to remember it by (a shared handle: no copy of the text).
-pub(crate) fn authority_of<B>(request: &Request<B>) -> Option<http::uri::Authority> {
-    request.uri().authority().cloned()
+/// Forgets a quarter of `targets`: first those with no wait running, least recently answered
+/// first, then those whose wait ends soonest.
+fn forget_targets(targets: &mut HashMap<u128, Known>, spent: &HashMap<u128, Wait>, now: Instant) {
+    let mut idle = Vec::new();
+    let mut running = Vec::new();
+    for (id, known) in targets.iter() {
+        let until = known
+            .policies
+            .iter()
+            .filter_map(|p| spent.get(p).map(|w| w.until))
+            .chain(known.wait.map(|w| w.until))
+            .max()
+            .filter(|until| *until > now);
+        match until {
+            Some(until) => running.push((until, *id)),
+            None => idle.push((known.answered, *id)),
+        }
+    }
+    idle.sort_unstable();
+    running.sort_unstable();
+    let forget = targets.len() - MAX_TARGETS * 3 / 4;
+    let order = idle
+        .iter()
+        .map(|(_, id)| id)
+        .chain(running.iter().map(|(_, id)| id));
+    for id in order.take(forget) {
+        targets.remove(id);
+    }
+}
+
+/// Forgets the spent policies whose wait is over, then the soonest to end, down to three
+/// quarters of the bound.
+fn forget_policies(spent: &mut HashMap<u128, Wait>, now: Instant) {
+    spent.retain(|_, wait| wait.until > now);
+    if spent.len() > MAX_TARGETS * 3 / 4 {
+        let mut ends: Vec<(Instant, u128)> = spent.iter().map(|(id, w)| (w.until, *id)).collect();
+        ends.sort_unstable();
+        let forget = spent.len() - MAX_TARGETS * 3 / 4;
+        for (_, id) in ends.into_iter().take(forget) {
+            spent.remove(&id);
+        }
+    }
 }
 
 /// Whether a request is a gRPC call.
@@ -237,8 +435,8 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let server = server_of(&request);
-        if let Some(wait) = self.waits.left(server) {
+        let target = self.waits.target_of(&request);
+        if let Some(wait) = self.waits.left(target) {
             return ResponseFuture {
                 state: State::Throttled {
                     throttled: Some(Throttled::new(wait, is_grpc(&request))),
@@ -246,8 +444,9 @@ where
             };
         }
         let watch = Watch {
+            sent: self.waits.sent(),
             waits: self.waits.clone(),
-            server: authority_of(&request),
+            target,
         };
         ResponseFuture {
             state: State::Sent {
@@ -258,36 +457,35 @@ where
     }
 }
 
-/// Where an answer's wait is recorded: the layer's waits, for the request's server.
+/// Where an answer's waits are recorded: the layer's waits, for the request's target.
 pub(crate) struct Watch {
     pub(crate) waits: Arc<Waits>,
-    pub(crate) server: Option<http::uri::Authority>,
+    pub(crate) target: Target,
+    /// The request's number, drawn as it was sent.
+    pub(crate) sent: u64,
 }
 
 impl Watch {
-    /// Notes that the request's server asked to wait `wait` from now.
-    pub(crate) fn learn(&self, wait: Duration) {
-        let server = self.server.as_ref().map_or("", |a| a.as_str());
-        self.waits.learn(server, wait);
+    /// Learns what the answer's head says; what it says of the call's target.
+    pub(crate) fn head<B>(&self, response: &Response<B>) -> Word {
+        let (word, policies) = signals::said_by_head(response.status(), response.headers());
+        self.waits.learn(self.target, self.sent, word, &policies);
+        word
     }
 
-    /// Reads the answer's head; a gRPC answer's body is watched for the trailers.
-    pub(crate) fn answer<B>(self, response: Response<B>) -> Response<ClientBody<B>> {
-        let wait = signals::wait_of_head(response.status(), response.headers());
-        self.answered(response, wait)
-    }
-
-    /// [`answer`](Self::answer), the wait of the answer's head read already.
-    pub(crate) fn answered<B>(
-        self,
-        response: Response<B>,
-        wait: Option<Duration>,
-    ) -> Response<ClientBody<B>> {
-        if let Some(wait) = wait {
-            self.learn(wait);
+    /// Learns what a gRPC answer's trailers say.
+    pub(crate) fn trailers(&self, trailers: &http::HeaderMap) {
+        if let Some(word) = signals::said_by_grpc(trailers) {
+            self.waits.learn(self.target, self.sent, word, &[]);
         }
-        let grpc = crate::response::is_grpc(response.headers());
-        response.map(|body| ClientBody::new(body, grpc.then_some(self)))
+    }
+
+    /// The answer, its head learned already; a gRPC answer whose status is still to come is
+    /// watched for the trailers.
+    pub(crate) fn answered<B>(self, response: Response<B>) -> Response<ClientBody<B>> {
+        let pending = crate::response::is_grpc(response.headers())
+            && !response.headers().contains_key("grpc-status");
+        response.map(|body| ClientBody::new(body, pending.then_some(self)))
     }
 }
 
@@ -325,7 +523,8 @@ where
                 let watch = watch
                     .take()
                     .expect("ResponseFuture polled after completion");
-                Poll::Ready(Ok(watch.answer(response)))
+                watch.head(&response);
+                Poll::Ready(Ok(watch.answered(response)))
             }
         }
     }
@@ -335,16 +534,95 @@ where
 mod tests {
     use super::*;
 
+    fn target(waits: &Waits, uri: &str) -> Target {
+        waits.target_of(&Request::get(uri).body(()).unwrap())
+    }
+
+    const MINUTE: Word = Word::Wait(Duration::from_secs(60));
+
     #[test]
-    fn waits_are_per_server_never_shortened_and_bounded() {
+    fn a_target_is_its_authority_method_and_path() {
         let waits = Waits::default();
-        waits.learn("a:1", Duration::from_secs(10));
-        waits.learn("a:1", Duration::from_secs(1));
-        assert!(waits.left("a:1").unwrap() > Duration::from_secs(9));
-        assert_eq!(waits.left("b:1"), None);
-        for n in 0..MAX_SERVERS + 10 {
-            waits.learn(&format!("s{n}"), Duration::from_secs(60));
+        let a = target(&waits, "http://a:1/x?q=1");
+        waits.learn(a, waits.sent(), MINUTE, &[]);
+        assert!(waits.left(target(&waits, "http://a:1/x")).is_some());
+        assert!(waits.left(target(&waits, "http://a:1/y")).is_none());
+        assert!(waits.left(target(&waits, "http://b:1/x")).is_none());
+        let post = waits.target_of(&Request::post("http://a:1/x").body(()).unwrap());
+        assert!(waits.left(post).is_none());
+    }
+
+    #[test]
+    fn an_earlier_answer_only_lengthens_a_wait_a_later_one_sets_it() {
+        let waits = Waits::default();
+        let a = target(&waits, "http://a:1/x");
+        let early = waits.sent();
+        waits.learn(a, waits.sent(), MINUTE, &[]);
+        waits.learn(a, early, Word::Go, &[]);
+        waits.learn(a, early, Word::Wait(Duration::from_secs(1)), &[]);
+        assert!(waits.left(a).unwrap() > Duration::from_secs(59));
+        waits.learn(a, early, Word::Wait(Duration::from_secs(120)), &[]);
+        assert!(waits.left(a).unwrap() > Duration::from_secs(119));
+        waits.learn(a, waits.sent(), Word::Wait(Duration::from_secs(2)), &[]);
+        assert!(waits.left(a).unwrap() <= Duration::from_secs(2));
+        waits.learn(a, waits.sent(), Word::Go, &[]);
+        assert_eq!(waits.left(a), None);
+    }
+
+    #[test]
+    fn policies_are_per_server_and_hold_back_the_targets_that_named_them() {
+        let waits = Waits::default();
+        let (x, y) = (
+            target(&waits, "http://a:1/x"),
+            target(&waits, "http://a:1/y"),
+        );
+        let other = target(&waits, "http://b:1/x");
+        waits.learn(y, waits.sent(), Word::Go, &[("p", Word::Go)]);
+        waits.learn(other, waits.sent(), Word::Go, &[("p", Word::Go)]);
+        waits.learn(x, waits.sent(), Word::Go, &[("p", MINUTE), ("q", Word::Go)]);
+        assert!(waits.left(x).is_some() && waits.left(y).is_some());
+        assert_eq!(waits.left(other), None, "another server's `p`");
+        // An answer naming other policies only: `x` no longer names `p`.
+        waits.learn(x, waits.sent(), Word::Go, &[("q", Word::Go)]);
+        assert_eq!(waits.left(x), None);
+        // An answer naming none keeps the names known.
+        waits.learn(y, waits.sent(), Word::Go, &[]);
+        assert!(waits.left(y).is_some());
+    }
+
+    #[test]
+    fn nothing_is_remembered_of_targets_that_never_waited_nor_named_a_policy() {
+        let waits = Waits::default();
+        for n in 0..10 {
+            let t = target(&waits, &format!("http://a:1/{n}"));
+            waits.learn(t, waits.sent(), Word::Go, &[]);
+            waits.learn(t, waits.sent(), Word::Wait(Duration::ZERO), &[]);
         }
-        assert!(waits.until.lock().unwrap().len() <= MAX_SERVERS);
+        assert!(waits.state.lock().unwrap().targets.is_empty());
+    }
+
+    #[test]
+    fn targets_and_spent_policies_are_bounded() {
+        let waits = Waits::default();
+        for n in 0..MAX_TARGETS * 3 {
+            let t = target(&waits, &format!("http://a:1/{n}"));
+            let name = format!("p{n}");
+            waits.learn(t, waits.sent(), Word::Go, &[(&name, MINUTE)]);
+        }
+        let state = waits.state.lock().unwrap();
+        assert!(state.targets.len() <= MAX_TARGETS);
+        assert!(state.spent.len() <= MAX_TARGETS);
+    }
+
+    #[test]
+    fn idle_targets_are_forgotten_before_waiting_ones() {
+        let waits = Waits::default();
+        let waiting = target(&waits, "http://a:1/waiting");
+        waits.learn(waiting, waits.sent(), MINUTE, &[]);
+        for n in 0..MAX_TARGETS * 2 {
+            let t = target(&waits, &format!("http://a:1/{n}"));
+            waits.learn(t, waits.sent(), Word::Go, &[("p", Word::Go)]);
+        }
+        assert!(waits.left(waiting).is_some());
     }
 }

@@ -13,7 +13,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{ClientBody, ClientError, Throttled, Waits, Watch, is_grpc, server_of, signals};
+use super::{ClientBody, ClientError, Throttled, Waits, Watch, Word, is_grpc};
 
 /// How a [`RetryAfterLayer`] retries.
 #[derive(Clone, Copy, Debug)]
@@ -218,15 +218,14 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         Box::pin(async move {
-            let authority = super::authority_of(&request);
-            let server = server_of(&request).to_owned();
+            let target = shared.waits.target_of(&request);
             let grpc = is_grpc(&request);
             let retry = shared.retry;
             let mut retries = 0;
             let mut ready = true;
             loop {
                 // A wait the server asked for: waited (with jitter), or the call fails.
-                if let Some(left) = shared.waits.left(&server) {
+                if let Some(left) = shared.waits.left(target) {
                     if left > retry.max_wait {
                         return Err(ClientError::Throttled(Throttled::new(left, grpc)));
                     }
@@ -248,15 +247,17 @@ where
                 if retries == 0 {
                     shared.sent();
                 }
+                let watch = Watch {
+                    sent: shared.waits.sent(),
+                    waits: shared.waits.clone(),
+                    target,
+                };
                 let response = inner
                     .call(clone_request(&request))
                     .await
                     .map_err(ClientError::Inner)?;
-                let wait = signals::wait_of_head(response.status(), response.headers());
-                let watch = Watch {
-                    waits: shared.waits.clone(),
-                    server: authority.clone(),
-                };
+                // Learned here (with the trailers of a gRPC answer, later): the next calls wait.
+                let word = watch.head(&response);
                 // Refused: a 429 or a 503, or a gRPC call ended RESOURCE_EXHAUSTED or UNAVAILABLE
                 // in the head (a trailers-only answer).
                 let refused = response.status() == http::StatusCode::TOO_MANY_REQUESTS
@@ -265,15 +266,18 @@ where
                         .headers()
                         .get("grpc-status")
                         .is_some_and(|s| s == "8" || s == "14");
-                // Learned here (with the trailers of a gRPC answer, later): the next calls wait.
-                let Some(wait) = wait.filter(|_| refused) else {
-                    return Ok(watch.answered(response, wait));
+                // The delay of a refusal: what the target waits now (its own wait, or a spent
+                // policy it named), or a wait of 0 it was told.
+                let told = match word {
+                    Word::Wait(wait) => Some(wait),
+                    _ => None,
+                };
+                let Some(wait) = shared.waits.left(target).or(told).filter(|_| refused) else {
+                    return Ok(watch.answered(response));
                 };
                 if retries >= retry.max_retries || wait > retry.max_wait || !shared.take_retry() {
-                    return Ok(watch.answered(response, Some(wait)));
+                    return Ok(watch.answered(response));
                 }
-                // The next calls to this server wait too; this one waits its delay and jitter.
-                shared.waits.learn(&server, wait);
                 drop(response);
                 tokio::time::sleep(shared.jittered(wait)).await;
                 retries += 1;

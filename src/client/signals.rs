@@ -1,6 +1,6 @@
 //! What a server says about when to come back, read from a response's head or trailers:
 //! `Retry-After` (RFC 9110 §10.2.3, on a 429 or a 503), the `RateLimit` field of
-//! draft-ietf-httpapi-ratelimit-headers-11 (a policy with `r=0` and a `t`), gRPC's
+//! draft-ietf-httpapi-ratelimit-headers-11 (each policy's `r` and `t`), gRPC's
 //! `grpc-retry-pushback-ms`, and a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -11,34 +11,78 @@ use http::{HeaderMap, StatusCode};
 /// misconfigured or hostile server, draft-11 §8.5.1) is capped to it.
 pub const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// How long the server asked its client to wait before its next request, from an answer's
-/// head: `None` when it did not ask.
-pub(crate) fn wait_of_head(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
-    let mut wait = None;
-    if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-        wait = headers
-            .get(http::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(retry_after);
+/// What an answer says about a scope's wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Word {
+    /// Nothing about it (a refusal without a time, a gRPC status still to come, `r` without
+    /// `t`): a known wait stays.
+    Nothing,
+    /// No wait: a call was served, or a policy has budget.
+    Go,
+    /// Wait this long from now (at most [`MAX_ANNOUNCED_WAIT`]).
+    Wait(Duration),
+}
+
+impl Word {
+    /// The word of both: the longer wait, else `Go` if either says it.
+    fn and(self, other: Word) -> Word {
+        match (self, other) {
+            (Word::Wait(a), Word::Wait(b)) => Word::Wait(a.max(b)),
+            (Word::Wait(w), _) | (_, Word::Wait(w)) => Word::Wait(w),
+            (Word::Go, _) | (_, Word::Go) => Word::Go,
+            _ => Word::Nothing,
+        }
     }
-    // Any answer may say a policy is spent (r=0) for the next t seconds.
-    let spent = headers
+
+    fn wait(wait: Option<Duration>) -> Word {
+        wait.map_or(Word::Nothing, |w| Word::Wait(w.min(MAX_ANNOUNCED_WAIT)))
+    }
+}
+
+/// What an answer's head says: about the call's target (`Retry-After` of a 429 or a 503, the
+/// status of a trailers-only gRPC answer) and about each `RateLimit` policy it names.
+pub(crate) fn said_by_head(status: StatusCode, headers: &HeaderMap) -> (Word, Vec<(&str, Word)>) {
+    let http =
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            Word::wait(
+                headers
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(retry_after),
+            )
+        } else if crate::response::is_grpc(headers) {
+            // Served over HTTP; the call's own status is in the head or the trailers.
+            Word::Nothing
+        } else {
+            Word::Go
+        };
+    let target = match said_by_grpc(headers) {
+        Some(grpc) => http.and(grpc),
+        None => http,
+    };
+    // Any answer may say a policy is spent (r=0) for the next t seconds, or has budget.
+    let policies = headers
         .get_all("ratelimit")
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .filter_map(spent_for)
-        .max();
-    wait = longest(wait, spent);
-    longest(wait, wait_of_grpc(headers)).map(|w| w.min(MAX_ANNOUNCED_WAIT))
+        .flat_map(policies)
+        .collect();
+    (target, policies)
 }
 
-/// The wait of a gRPC status (in a trailers-only answer's head, or in trailers): the pushback
-/// of `RESOURCE_EXHAUSTED` or `UNAVAILABLE`, else its `RetryInfo`.
-pub(crate) fn wait_of_grpc(headers: &HeaderMap) -> Option<Duration> {
+/// What a gRPC status says (in a trailers-only answer's head, or in trailers), `None` without
+/// one: `RESOURCE_EXHAUSTED` or `UNAVAILABLE` waits its pushback, else its `RetryInfo`; any
+/// other status says the call was answered.
+pub(crate) fn said_by_grpc(headers: &HeaderMap) -> Option<Word> {
     let status = headers.get("grpc-status")?.as_bytes();
     if status != b"8" && status != b"14" {
-        return None;
+        return Some(Word::Go);
     }
+    Some(Word::wait(wait_of_grpc(headers)))
+}
+
+/// The wait of a refusing gRPC status: its pushback, or its `RetryInfo`, the longer of both.
+pub(crate) fn wait_of_grpc(headers: &HeaderMap) -> Option<Duration> {
     let pushback = headers
         .get("grpc-retry-pushback-ms")
         .and_then(|v| v.to_str().ok())
@@ -112,30 +156,43 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
     ))
 }
 
-/// The longest `t` of a `RateLimit` field's items whose `r` is 0: the time its policy is spent.
-fn spent_for(field: &str) -> Option<Duration> {
-    let mut longest: Option<u64> = None;
-    for item in split_list(field) {
-        let mut remaining = None;
-        let mut window = None;
+/// The policies of a `RateLimit` field, each with what it says: `r=0` and a `t` waits `t`
+/// seconds, `r` above 0 (or `t=0`) has budget now, `r=0` without a `t` says nothing.
+///
+/// A name is an sf-string (its text between the quotes, escapes kept as sent) or a bare token;
+/// an item with no name is skipped.
+pub(crate) fn policies(field: &str) -> impl Iterator<Item = (&str, Word)> {
+    split_list(field).into_iter().filter_map(|item| {
+        let item = item.trim_start();
         // Parameters follow the item's name (an sf-string, which may hold `;`).
-        let params = match item.trim_start().strip_prefix('"') {
-            Some(rest) => after_string(rest)?,
-            None => item.split_once(';').map_or("", |(_, p)| p),
+        let (name, params) = match item.strip_prefix('"') {
+            Some(rest) => {
+                let end = string_end(rest)?;
+                (&rest[..end], &rest[end + 1..])
+            }
+            None => item.split_once(';').unwrap_or((item, "")),
         };
+        let name = name.trim_end();
+        if name.is_empty() {
+            return None;
+        }
+        let (mut remaining, mut window) = (None, None);
         for param in params.split(';') {
-            let (name, value) = param.split_once('=').unwrap_or((param, ""));
-            match name.trim() {
+            let (key, value) = param.split_once('=').unwrap_or((param, ""));
+            match key.trim() {
                 "r" => remaining = value.trim().parse::<u64>().ok(),
                 "t" => window = value.trim().parse::<u64>().ok(),
                 _ => {}
             }
         }
-        if let (Some(0), Some(t)) = (remaining, window) {
-            longest = Some(longest.map_or(t, |l| l.max(t)));
-        }
-    }
-    longest.map(Duration::from_secs)
+        let word = match (remaining, window) {
+            (Some(0), Some(0)) => Word::Go,
+            (Some(0), Some(t)) => Word::wait(Some(Duration::from_secs(t))),
+            (Some(0), None) | (None, _) => Word::Nothing,
+            (Some(_), _) => Word::Go,
+        };
+        Some((name, word))
+    })
 }
 
 /// The items of a Structured Field list, split at the commas outside strings.
@@ -158,14 +215,15 @@ fn split_list(field: &str) -> Vec<&str> {
     items
 }
 
-/// What follows the sf-string that `rest` continues (after its opening quote).
-fn after_string(rest: &str) -> Option<&str> {
+/// Where the sf-string that `rest` continues (after its opening quote) ends: the index of
+/// its closing quote.
+fn string_end(rest: &str) -> Option<usize> {
     let mut escaped = false;
     for (i, c) in rest.char_indices() {
         match c {
             _ if escaped => escaped = false,
             '\\' => escaped = true,
-            '"' => return Some(&rest[i + 1..]),
+            '"' => return Some(i),
             _ => {}
         }
     }
@@ -300,20 +358,66 @@ mod tests {
         assert_eq!(imf_fixdate("Sun, 36 Nov 1994 08:49:37 GMT"), None);
     }
 
+    fn said(field: &str) -> Vec<(&str, Word)> {
+        policies(field).collect()
+    }
+
     #[test]
-    fn a_spent_policy_of_the_ratelimit_field() {
-        assert_eq!(spent_for(r#""a";r=0;t=12"#), Some(Duration::from_secs(12)));
+    fn the_policies_of_the_ratelimit_field_and_what_each_says() {
+        let wait = |s| Word::Wait(Duration::from_secs(s));
+        assert_eq!(said(r#""a";r=0;t=12"#), [("a", wait(12))]);
         assert_eq!(
-            spent_for(r#""a";r=3;t=12, "b";r=0;t=5"#),
-            Some(Duration::from_secs(5))
+            said(r#""a";r=3;t=12, "b";r=0;t=5"#),
+            [("a", Word::Go), ("b", wait(5))]
         );
-        assert_eq!(spent_for(r#""a;r=0";r=4;t=9"#), None);
+        // A `;` inside a name is the name's.
+        assert_eq!(said(r#""a;r=0";r=4;t=9"#), [("a;r=0", Word::Go)]);
         assert_eq!(
-            spent_for(r#""slots";r=0"#),
-            None,
+            said(r#""slots";r=0"#),
+            [("slots", Word::Nothing)],
             "no window: no time to wait"
         );
-        assert_eq!(spent_for("garbage"), None);
+        assert_eq!(said(r#""x";r=0;t=0"#), [("x", Word::Go)]);
+        assert_eq!(said("token;r=0;t=7"), [("token", wait(7))]);
+        assert_eq!(said("garbage"), [("garbage", Word::Nothing)]);
+        assert_eq!(said(r#""";r=0;t=5, "unclosed;r=0;t=5"#), []);
+        assert_eq!(
+            said(r#""big";r=0;t=99999999999"#),
+            [("big", Word::Wait(MAX_ANNOUNCED_WAIT))]
+        );
+    }
+
+    #[test]
+    fn what_a_head_says_of_its_target() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", "7".parse().unwrap());
+        let seven = Word::Wait(Duration::from_secs(7));
+        assert_eq!(
+            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            seven
+        );
+        assert_eq!(
+            said_by_head(StatusCode::SERVICE_UNAVAILABLE, &headers).0,
+            seven
+        );
+        assert_eq!(
+            said_by_head(StatusCode::OK, &headers).0,
+            Word::Go,
+            "Retry-After of a 200 asks no wait"
+        );
+        headers.remove("retry-after");
+        assert_eq!(
+            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            Word::Nothing
+        );
+        // A gRPC answer's status is in its head (trailers-only) or to come in its trailers.
+        headers.insert("content-type", "application/grpc".parse().unwrap());
+        assert_eq!(said_by_head(StatusCode::OK, &headers).0, Word::Nothing);
+        headers.insert("grpc-status", "0".parse().unwrap());
+        assert_eq!(said_by_head(StatusCode::OK, &headers).0, Word::Go);
+        headers.insert("grpc-status", "8".parse().unwrap());
+        headers.insert("grpc-retry-pushback-ms", "7000".parse().unwrap());
+        assert_eq!(said_by_head(StatusCode::OK, &headers).0, seven);
     }
 
     #[test]
@@ -321,7 +425,10 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("grpc-status", "8".parse().unwrap());
         headers.insert("grpc-retry-pushback-ms", "1500".parse().unwrap());
-        assert_eq!(wait_of_grpc(&headers), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            said_by_grpc(&headers),
+            Some(Word::Wait(Duration::from_millis(1500)))
+        );
         // A Status with RetryInfo of 3.5 s, as tollgate's answers carry it.
         let answer = crate::response::grpc_denied_for_tests(3_500_000);
         headers.remove("grpc-retry-pushback-ms");
@@ -329,9 +436,17 @@ mod tests {
             "grpc-status-details-bin",
             answer.headers()["grpc-status-details-bin"].clone(),
         );
-        assert_eq!(wait_of_grpc(&headers), Some(Duration::from_millis(3500)));
+        assert_eq!(
+            said_by_grpc(&headers),
+            Some(Word::Wait(Duration::from_millis(3500)))
+        );
         headers.insert("grpc-status", "0".parse().unwrap());
-        assert_eq!(wait_of_grpc(&headers), None, "OK asks no wait");
+        assert_eq!(said_by_grpc(&headers), Some(Word::Go), "OK asks no wait");
+        headers.insert("grpc-status", "14".parse().unwrap());
+        headers.remove("grpc-status-details-bin");
+        assert_eq!(said_by_grpc(&headers), Some(Word::Nothing));
+        headers.remove("grpc-status");
+        assert_eq!(said_by_grpc(&headers), None);
     }
 
     #[test]
@@ -362,9 +477,11 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("retry-after", "99999999999".parse().unwrap());
         assert_eq!(
-            wait_of_head(StatusCode::TOO_MANY_REQUESTS, &headers),
-            Some(MAX_ANNOUNCED_WAIT)
+            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            Word::Wait(MAX_ANNOUNCED_WAIT)
         );
-        assert_eq!(wait_of_head(StatusCode::OK, &headers), None);
+        headers.insert("grpc-status", "8".parse().unwrap());
+        headers.insert("grpc-retry-pushback-ms", "99999999999999".parse().unwrap());
+        assert_eq!(said_by_grpc(&headers), Some(Word::Wait(MAX_ANNOUNCED_WAIT)));
     }
 }
