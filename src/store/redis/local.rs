@@ -1829,7 +1829,13 @@ mod tests {
     fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
         let hot = Hot::new();
         // One leased key per shard.
-        let local = Arc::new(Local::new(Arc::new(hot.clock.clone()), 1000, SHARDS));
+        let local = Arc::new(Local::new(
+            Arc::new(hot.clock.clone()),
+            "t".into(),
+            1000,
+            std::time::Duration::from_secs(3600),
+            SHARDS,
+        ));
         let strict = RuleSpec::new(
             "strict",
             Algorithm::FixedWindow,
