@@ -694,6 +694,7 @@ fn the_memory_store_counts_its_keys_as_they_come_and_go() {
         // (A snapshot drains what it reads: one, at the end.)
         assert_eq!(keys(), Some(2.0), "three keys counted as they came, one reset");
     });
+}
 
 #[test]
 fn stacked_layers_count_a_request_once_each_under_their_names() {
