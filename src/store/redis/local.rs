@@ -1775,6 +1775,7 @@ mod tests {
             key: &key,
             cost: 1,
         }];
+        warm(&local, &rule, &key);
         let refill = local.plan(&charges);
         assert!(matches!(refill.charges[0].how, How::Refill { .. }));
         // The call's first node says 59 s into the window; the node that charged this key,
