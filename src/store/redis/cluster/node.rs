@@ -7,6 +7,8 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Value};
 
+use crate::store::redis::access;
+
 use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
@@ -17,7 +19,7 @@ use crate::store::redis::script::ServerForm;
 /// A node of the cluster, by address.
 pub(crate) struct Node {
     addr: String,
-    /// `redis://host:port`, to name it in errors.
+    /// `redis://host:port` (`rediss://` over TLS), to name it in errors.
     server: Arc<str>,
     client: Client,
     config: AsyncConnectionConfig,
@@ -32,7 +34,8 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// The node at `addr` (`host:port`), with the credentials of `template`.
+    /// The node at `addr` (`host:port`), with the credentials of `template`, over TLS when it
+    /// is (with its certificates).
     pub(super) fn new(
         addr: &str,
         template: &ConnectionInfo,
@@ -40,7 +43,11 @@ impl Node {
         response_timeout: Duration,
         breaker: CircuitBreaker,
     ) -> Result<Node, StoreError> {
-        let server: Arc<str> = format!("redis://{addr}").into();
+        let scheme = match template.addr() {
+            ConnectionAddr::TcpTls { .. } => "rediss",
+            _ => "redis",
+        };
+        let server: Arc<str> = format!("{scheme}://{addr}").into();
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
@@ -48,7 +55,7 @@ impl Node {
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let info = template
             .clone()
-            .set_addr(ConnectionAddr::Tcp(host.to_owned(), port));
+            .set_addr(access::node_addr(template, host, port));
         let client = Client::open(info).map_err(|e| store_error(&server, e))?;
         let breaker = Breaker::new(breaker, "redis_cluster", server.clone());
         Ok(Node {
@@ -103,7 +110,7 @@ impl Node {
             .get_multiplexed_async_connection_with_config(&self.config);
         let conn = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(store_error(&self.server, e)),
+            Ok(Err(e)) => return Err(access::connect_error(&self.server, e)),
             Err(_) => {
                 return Err(StoreError::Unavailable(Box::new(AtServer::new(
                     &self.server,
