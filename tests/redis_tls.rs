@@ -405,3 +405,93 @@ async fn cluster_store_refuses_nodes_whose_certificate_another_ca_signed() {
         "says the nodes' certificate was refused, and what to change: {message}"
     );
 }
+
+/// One command on a node's plain port (the test's own set-up).
+fn on_node<T: redis::FromRedisValue>(node: usize, cmd: &redis::Cmd) -> T {
+    cmd.query(&mut tls::cluster().nodes[node].server.conn())
+        .unwrap_or_else(|e| panic!("{cmd:?} on node {node}: {e}"))
+}
+
+/// The hash slot of `identity`'s keys.
+fn slot_of(identity: &str) -> u16 {
+    on_node(
+        0,
+        redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(format!("k:{{{identity}}}:r")),
+    )
+}
+
+/// A check of a key whose slot is being migrated goes where the `ASK` answer says, preceded by
+/// `ASKING`: the ACL user may send it.
+#[tokio::test]
+async fn cluster_store_follows_ask_during_a_slot_migration_as_the_acl_user() {
+    let cluster = tls::cluster();
+    let prefix = unique_prefix("tls-cluster-ask");
+    cluster_user(&prefix, FUNCTIONS);
+    let store = cluster_builder(&prefix)
+        .connect()
+        .await
+        .expect("connect to the cluster over TLS");
+    // A slot no other test of the cluster uses (their keys would move with it).
+    let others: Vec<u16> = Algorithm::ALL
+        .iter()
+        .map(|algorithm| format!("client-once-{algorithm}"))
+        .chain((0..8).map(|i| format!("caller-once-{i}")))
+        .map(|identity| slot_of(&identity))
+        .collect();
+    let identity = (0..)
+        .map(|i| format!("asked-{i}"))
+        .find(|identity| !others.contains(&slot_of(identity)))
+        .expect("a free slot");
+    let slot = slot_of(&identity);
+    let slots: redis::Value = on_node(0, redis::cmd("CLUSTER").arg("SLOTS"));
+    let source = cluster
+        .nodes
+        .iter()
+        .position(|node| {
+            support::owns(&slots, slot, node.server.port)
+                || support::owns(&slots, slot, node.tls_port)
+        })
+        .expect("a primary holds the slot");
+    let target = (source + 1) % cluster.nodes.len();
+    let id = |node: usize| -> String { on_node(node, redis::cmd("CLUSTER").arg("MYID")) };
+    let setslot = |node: usize, state: &str, other: Option<String>| {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SETSLOT").arg(slot).arg(state);
+        if let Some(other) = other {
+            cmd.arg(other);
+        }
+        let () = on_node(node, &cmd);
+    };
+    setslot(target, "IMPORTING", Some(id(source)));
+    setslot(source, "MIGRATING", Some(id(target)));
+
+    let rule = spec("asked", Algorithm::FixedWindow, 1);
+    let key = Key::text(&identity);
+    let charge = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    let first = store.check(&charge).await;
+    let second = store.check(&charge).await;
+    let name = store.key_name("asked", &key);
+    let moved: i64 = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("DEL")
+        .arg(&name)
+        .query::<(i64,)>(&mut cluster.nodes[target].server.conn())
+        .expect("DEL on the target")
+        .0;
+    setslot(source, "STABLE", None);
+    setslot(target, "STABLE", None);
+
+    assert!(first.expect("a check sent on by ASK").allowed());
+    assert!(!second.expect("a check sent on by ASK").allowed());
+    assert_eq!(moved, 1, "the key was made on the node the slot moves to");
+    for node in &cluster.nodes {
+        assert_nothing_needed_was_refused(&node.server, &user(&prefix), &[]);
+    }
+}

@@ -717,11 +717,8 @@ enum Redirection {
 }
 
 fn redirection(error: &RedisError) -> Option<Redirection> {
-    let target = || {
-        error
-            .redirect_node()
-            .map(|(host, port)| format!("{host}:{port}"))
-    };
+    // `MOVED 3999 127.0.0.1:6381`: the slot, then the node's `host:port`.
+    let target = || error.redirect_node().map(|(addr, _slot)| addr.to_owned());
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::Moved) => target().map(Redirection::Moved),
         ErrorKind::Server(ServerErrorKind::Ask) => target().map(Redirection::Ask),
