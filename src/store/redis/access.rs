@@ -51,6 +51,24 @@ impl Access {
         }
     }
 
+    /// `url` as it may be shown: without its password, and with the user of
+    /// [`credentials`](Access::credentials) in place of its own.
+    pub(super) fn shown(&self, url: &str) -> String {
+        let shown = redact(url);
+        let Some((user, _)) = &self.credentials else {
+            return shown;
+        };
+        let Some((scheme, rest)) = shown.split_once("://") else {
+            return shown;
+        };
+        let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        format!("{scheme}://{user}:***@{host}{path}")
+    }
+
     /// The connection settings of `url` (for errors, `store` names the builder), with the
     /// credentials and the TLS settings applied.
     pub(super) fn connection_info(
@@ -58,7 +76,7 @@ impl Access {
         store: &str,
         url: &str,
     ) -> Result<ConnectionInfo, ConfigError> {
-        let shown = redact(url);
+        let shown = self.shown(url);
         let tls = is_tls(url);
         let invalid = |why: &dyn fmt::Display| {
             ConfigError::new(format!(
@@ -162,6 +180,14 @@ pub(super) fn connect_error(server: &Arc<str>, error: RedisError) -> StoreError 
             StoreError::Unavailable(Box::new(AtServer::new(server, format!("{error}: {hint}"))))
         }
         None => store_error(server, error),
+    }
+}
+
+/// `error`, with what to change when it is a refused TLS certificate: for logs.
+pub(super) fn explained(error: &RedisError) -> String {
+    match tls_hint(error) {
+        Some(hint) => format!("{error}: {hint}"),
+        None => error.to_string(),
     }
 }
 
@@ -278,6 +304,14 @@ mod tests {
         assert_eq!(info.redis_settings().username(), Some("app"));
         assert_eq!(info.redis_settings().password(), Some("p/a?s#s@"));
         assert_eq!(info.redis_settings().db(), 2);
+        assert_eq!(
+            access.shown("redis://old:secret@127.0.0.1:7000/2"),
+            "redis://app:***@127.0.0.1:7000/2"
+        );
+        assert_eq!(
+            Access::default().shown("redis://old:secret@127.0.0.1:7000/2"),
+            "redis://old:***@127.0.0.1:7000/2"
+        );
     }
 
     #[test]

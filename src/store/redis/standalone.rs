@@ -247,7 +247,7 @@ impl RedisStoreBuilder {
                 self.max_batch
             )));
         }
-        let server: Arc<str> = redact(&self.url).into();
+        let server: Arc<str> = self.access.shown(&self.url).into();
         let info = self.access.connection_info("Redis store", &self.url)?;
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let store = RedisStore {
@@ -522,6 +522,7 @@ struct LogConnectErrors {
 impl bb8::ErrorSink<RedisError> for LogConnectErrors {
     fn sink(&self, error: RedisError) {
         if self.every.due(unix_micros(), 60_000_000) {
+            let error = access::explained(&error);
             tracing::warn!(
                 server = &*self.server,
                 %error,

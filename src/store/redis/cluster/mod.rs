@@ -193,7 +193,7 @@ impl RedisClusterStoreBuilder {
         let servers = self
             .nodes
             .iter()
-            .map(|url| redact(url))
+            .map(|url| self.access.shown(url))
             .collect::<Vec<_>>()
             .join(", ");
         let store = RedisClusterStore {
