@@ -20,6 +20,8 @@ use support::tls::{self, ClientCerts, TlsServer, certificates};
 use support::unique_prefix;
 
 const TEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room for TLS handshakes on a busy machine.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A password a URL could not carry unescaped.
 const PASSWORD: &str = "p/a?s#s@w:rd";
 
@@ -152,6 +154,7 @@ fn standalone_builder(server: &TlsServer, prefix: &str) -> tollgate::store::Redi
         .credentials(user(prefix), PASSWORD)
         .tls_ca(certificates().ca.clone())
         .response_timeout(TEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
         .deny_cache(0)
 }
 
@@ -288,6 +291,7 @@ async fn credentials_replace_those_of_the_url_and_a_wrong_password_is_named() {
     };
     let store = builder()
         .credentials(user(&prefix), PASSWORD)
+        .connect_timeout(CONNECT_TIMEOUT)
         .connect()
         .await
         .expect("the credentials given, not the URL's");
@@ -299,6 +303,10 @@ async fn credentials_replace_those_of_the_url_and_a_wrong_password_is_named() {
         .expect_err("a wrong password is refused")
         .to_string();
     assert!(error.contains("authentication failed"), "{error}");
+    assert!(
+        error.contains(&format!("{}:***@", user(&prefix))) && !error.contains("someone"),
+        "names the user that was refused: {error}"
+    );
     assert!(!error.contains("not the password"), "{error}");
 }
 
@@ -337,6 +345,7 @@ fn cluster_builder(prefix: &str) -> tollgate::store::RedisClusterStoreBuilder {
         .credentials(user(prefix), PASSWORD)
         .tls_ca(certificates().ca.clone())
         .response_timeout(TEST_TIMEOUT)
+        .connect_timeout(CONNECT_TIMEOUT)
         .deny_cache(0)
 }
 
