@@ -11,13 +11,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::{join_all, try_join_all};
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
-
-use super::access::{self, Access};
 use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use self::node::Node;
 use self::topology::Topology;
+use super::access::{self, Access};
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use super::local::Local;
 use super::outside::{self, Calls};

@@ -7,11 +7,10 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Value};
 
-use crate::store::redis::access;
-
 use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
+use crate::store::redis::access;
 use crate::store::redis::error::{AtServer, store_error};
 use crate::store::redis::health::Health;
 use crate::store::redis::script::ServerForm;
