@@ -10,6 +10,7 @@
 
 pub mod example;
 pub mod fault_proxy;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

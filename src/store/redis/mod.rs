@@ -1,7 +1,8 @@
 //! The Redis and Redis Cluster stores (feature `redis`). Their documentation is on
 //! [`store`](crate::store#redis-and-redis-cluster).
 
-/// The settings both store builders share: prefix, timeouts, circuit breaker, the test clock.
+/// The settings both store builders share: prefix, timeouts, circuit breaker, credentials and
+/// TLS, the test clock.
 macro_rules! settings_setters {
     () => {
         /// The first part of every key (default `tollgate`): give each application or region
@@ -51,6 +52,43 @@ macro_rules! settings_setters {
             self
         }
 
+        /// Signs in as the ACL user `username` with `password` (`AUTH username password`),
+        /// in place of a user and password in the URL, which would need any `/`, `?`, `#` or
+        /// `@` of the password escaped. For the password of the default user (`requirepass`),
+        /// `"default"`. The password is never shown in errors or `Debug`. See
+        /// [`RedisStore`](crate::store::RedisStore#tls-and-acl-users) for the commands it needs.
+        pub fn credentials(
+            mut self,
+            username: impl Into<String>,
+            password: impl Into<String>,
+        ) -> Self {
+            self.access.credentials = Some((username.into(), password.into()));
+            self
+        }
+
+        /// Trusts the CA certificates in `pem` (PEM text, one or more) for a `rediss://`
+        /// server (feature `tls`), in place of the system's roots: for a server whose
+        /// certificate a private CA signed (self-hosted Redis, Redis Cloud's CA). A server
+        /// whose certificate none of them signed is refused.
+        #[cfg(feature = "tls")]
+        pub fn tls_ca(mut self, pem: impl Into<Vec<u8>>) -> Self {
+            self.access.ca = Some(pem.into());
+            self
+        }
+
+        /// Presents this client certificate (PEM, the chain from the client's certificate up)
+        /// and its private key (PEM, unencrypted) to a `rediss://` server that asks for one
+        /// (`tls-auth-clients yes`; feature `tls`).
+        #[cfg(feature = "tls")]
+        pub fn tls_client_cert(
+            mut self,
+            cert_pem: impl Into<Vec<u8>>,
+            key_pem: impl Into<Vec<u8>>,
+        ) -> Self {
+            self.access.client_cert = Some((cert_pem.into(), key_pem.into()));
+            self
+        }
+
         /// Takes the time from `clock` instead of the server's `TIME` (feature `testing`):
         /// **for tests and simulations only**. Replicas with different clocks disagree, and keys
         /// still expire on the server's clock (with an hour of slack, so that they outlive
@@ -63,6 +101,7 @@ macro_rules! settings_setters {
     };
 }
 
+mod access;
 mod batch;
 mod cluster;
 mod error;

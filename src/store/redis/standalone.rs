@@ -5,11 +5,10 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{
-    AsyncConnectionConfig, Client, IntoConnectionInfo, RedisError, RedisResult, Value,
-};
+use ::redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult, Value};
 use tokio::sync::oneshot;
 
+use super::access::{self, Access};
 use super::batch::{Batcher, Turn};
 use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
 use super::forget;
@@ -55,6 +54,56 @@ use crate::{ConfigError, Decision};
 /// done so three times in a row, as one slow moment of a server times out every check in flight.
 /// See [`store`](crate::store#redis-and-redis-cluster) for what a check does, the keys and their
 /// values, and the failures. Clones share the pool.
+///
+/// # TLS and ACL users
+///
+/// With the feature `tls` (rustls and its ring provider: no system OpenSSL), a `rediss://` URL
+/// connects over TLS: to ElastiCache with in-transit encryption, Azure Cache for Redis (port
+/// 6380), Redis Cloud, or a server started with `tls-port`. The server's certificate is checked
+/// against the system's roots, or against the CA certificates given to
+/// [`tls_ca`](RedisStoreBuilder::tls_ca), and must name the host of the URL;
+/// [`tls_client_cert`](RedisStoreBuilder::tls_client_cert) presents a client certificate to a
+/// server that asks for one (`tls-auth-clients yes`). [`credentials`](RedisStoreBuilder::credentials)
+/// signs in as an ACL user (a URL's `user:password@` works too, escaped).
+///
+/// ```no_run
+/// # #[cfg(feature = "tls")]
+/// # fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tollgate::store::{RedisClusterStore, RedisStore};
+///
+/// let store = RedisStore::builder("rediss://redis.internal:6380")
+///     .credentials("tollgate", std::env::var("REDIS_PASSWORD")?)
+///     .tls_ca(std::fs::read("/etc/tollgate/redis-ca.pem")?)   // PEM; default: the system's roots
+///     .build()?;
+///
+/// // The same settings for a cluster: every node it learns is reached over TLS.
+/// let cluster = RedisClusterStore::builder(["rediss://cluster.internal:6379"])
+///     .credentials("tollgate", std::env::var("REDIS_PASSWORD")?)
+///     .tls_ca(std::fs::read("/etc/tollgate/redis-ca.pem")?)
+///     .build()?;
+/// # let _ = (store, cluster);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// The ACL user needs only these commands, on the keys of the store's prefix (the test suite
+/// runs both stores as this user, over TLS):
+///
+/// ```text
+/// ACL SETUSER tollgate on >PASSWORD ~tollgate:* resetchannels -@all
+///     +time +get +set +del +pexpire +type +rpush +lindex +linsert +llen +lrem +ltrim
+///     +evalsha +script|load
+///     +cluster|slots +asking
+/// ```
+///
+/// `~tollgate:*` is the default prefix: give yours. The last line is for a cluster only. With
+/// `+fcall +function|load` in place of `+evalsha +script|load`, a store runs its code as a
+/// function library (Redis 7 and later, Valkey); a user that may not load functions gets the
+/// script form, and `ACL LOG` shows the refused `FUNCTION LOAD`. A refused certificate fails
+/// with an error that says which side refused it and what to give.
+///
+/// rustls asks for a process-wide crypto provider: building a TLS store installs ring's unless
+/// the application installed one before (`rustls::crypto::CryptoProvider::install_default`).
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -63,8 +112,8 @@ pub struct RedisStore {
 struct Inner {
     /// The store itself, for the tasks it starts.
     me: Weak<Inner>,
-    /// The URL, to connect.
-    url: String,
+    /// The server's address, credentials and TLS settings, to connect.
+    info: ConnectionInfo,
     /// The URL without its password, to show.
     server: Arc<str>,
     pool_size: u32,
@@ -95,6 +144,7 @@ pub struct RedisStoreBuilder {
     pool_size: u32,
     max_batch: usize,
     settings: Settings,
+    access: Access,
 }
 
 /// The most checks one call carries, by default.
@@ -120,14 +170,15 @@ struct Job {
 }
 
 impl RedisStore {
-    /// Configures a store for the server at `url` (`redis://[user:password@]host:port[/db]`, or
-    /// `rediss://` for TLS when redis-rs is built with a TLS feature).
+    /// Configures a store for the server at `url`: `redis://[user:password@]host:port[/db]`, or
+    /// `rediss://` for TLS (feature `tls`; see [TLS and ACL users](#tls-and-acl-users)).
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             url: url.into(),
             pool_size: 2,
             max_batch: DEFAULT_MAX_BATCH,
             settings: Settings::default(),
+            access: Access::default(),
         }
     }
 
@@ -227,17 +278,13 @@ impl RedisStoreBuilder {
                 self.max_batch
             )));
         }
-        let server: Arc<str> = redact(&self.url).into();
-        self.url.as_str().into_connection_info().map_err(|e| {
-            ConfigError::new(format!(
-                "the Redis URL {server} is not valid ({e}); use redis://host:port or redis://host:port/db"
-            ))
-        })?;
+        let server: Arc<str> = self.access.shown(&self.url).into();
+        let info = self.access.connection_info("Redis store", &self.url)?;
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let store = RedisStore {
             inner: Arc::new_cyclic(|me| Inner {
                 me: me.clone(),
-                url: self.url,
+                info,
                 server,
                 pool_size: self.pool_size,
                 program: self.settings.program(),
@@ -293,7 +340,7 @@ impl Inner {
 
     fn manager(&self) -> Result<Manager, StoreError> {
         Manager::new(
-            &self.url,
+            self.info.clone(),
             self.settings.connect_timeout,
             self.settings.response_timeout,
         )
@@ -326,7 +373,7 @@ impl Inner {
             let manager = self.manager()?;
             let mut pooled = bb8::ManageConnection::connect(&manager)
                 .await
-                .map_err(|e| store_error(&self.server, e))?;
+                .map_err(|e| access::connect_error(&self.server, e))?;
             let form = self
                 .program
                 .load(&mut pooled.conn)
@@ -377,7 +424,7 @@ impl Inner {
         let manager = self.manager()?;
         let opened = bb8::ManageConnection::connect(&manager)
             .await
-            .map_err(|e| store_error(&self.server, e))?;
+            .map_err(|e| access::connect_error(&self.server, e))?;
         let handle = (opened.conn.clone(), opened.health.clone());
         // A full pool (it opened its own meanwhile) lets this one go with its last check.
         let _ = pool.add(opened);
@@ -588,6 +635,7 @@ struct LogConnectErrors {
 impl bb8::ErrorSink<RedisError> for LogConnectErrors {
     fn sink(&self, error: RedisError) {
         if self.every.due(unix_micros(), 60_000_000) {
+            let error = access::explained(&error);
             tracing::warn!(
                 server = &*self.server,
                 %error,
@@ -892,6 +940,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("server", &redact(&self.url))
             .field("prefix", &self.settings.prefix)
             .field("pool_size", &self.pool_size)
+            .field("access", &self.access)
             .finish_non_exhaustive()
     }
 }
@@ -906,8 +955,12 @@ struct Manager {
 }
 
 impl Manager {
-    fn new(url: &str, connect_timeout: Duration, response_timeout: Duration) -> RedisResult<Self> {
-        let info = health::resp3(url.into_connection_info()?);
+    fn new(
+        info: ConnectionInfo,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> RedisResult<Self> {
+        let info = health::resp3(info);
         Ok(Manager {
             client: Client::open(info)?,
             config: AsyncConnectionConfig::new()

@@ -10,15 +10,13 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use futures_util::future::{join_all, try_join_all};
-use redis::{
-    ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
-    Value,
-};
+use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, ServerErrorKind, Value};
 use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use self::node::Node;
 use self::topology::Topology;
+use super::access::{self, Access};
 use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use super::forget;
 use super::local::Local;
@@ -85,7 +83,8 @@ struct Inner {
     seeds: Vec<String>,
     /// The node URLs as given, without passwords, to show.
     servers: Arc<str>,
-    /// The credentials of the first URL, for every node.
+    /// The credentials of the first URL (or those given to the builder), and whether and how
+    /// to speak TLS, for every node.
     template: ConnectionInfo,
     settings: Settings,
     program: &'static Program,
@@ -115,12 +114,15 @@ impl Drop for Inner {
 pub struct RedisClusterStoreBuilder {
     nodes: Vec<String>,
     settings: Settings,
+    access: Access,
 }
 
 impl RedisClusterStore {
     /// Configures a store for the cluster that these nodes belong to (one is enough; the others
-    /// are found from it; more are tried in turn if the first is down). `redis://` URLs; the
-    /// credentials of the first are used for every node.
+    /// are found from it; more are tried in turn if the first is down). `redis://` URLs, or
+    /// `rediss://` for TLS to every node (feature `tls`; see
+    /// [TLS and ACL users](super::RedisStore#tls-and-acl-users)); the credentials of the first
+    /// are used for every node.
     pub fn builder<I, S>(nodes: I) -> RedisClusterStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -129,6 +131,7 @@ impl RedisClusterStore {
         RedisClusterStoreBuilder {
             nodes: nodes.into_iter().map(Into::into).collect(),
             settings: Settings::default(),
+            access: Access::default(),
         }
     }
 
@@ -177,35 +180,44 @@ impl RedisClusterStoreBuilder {
             ));
         }
         let mut seeds = Vec::new();
-        let mut template = None;
+        let first = &self.nodes[0];
+        let template = self.access.connection_info("Redis Cluster store", first)?;
         for url in &self.nodes {
-            let invalid = |why: &dyn fmt::Display| {
-                ConfigError::new(format!(
-                    "the Redis Cluster node URL {} is not valid ({why}); use redis://host:port",
+            if access::is_tls(url) != access::is_tls(first) {
+                return Err(ConfigError::new(format!(
+                    "Redis Cluster store: the node URLs {} and {} mix redis:// and rediss://; \
+                     every node is reached the same way, so give them all the same scheme",
+                    redact(first),
                     redact(url)
-                ))
+                )));
+            }
+            let info = if url == first {
+                template.clone()
+            } else {
+                self.access.connection_info("Redis Cluster store", url)?
             };
-            let info = url
-                .as_str()
-                .into_connection_info()
-                .map_err(|e| invalid(&e))?;
-            let ConnectionAddr::Tcp(host, port) = info.addr() else {
-                return Err(invalid(&"only redis:// TCP addresses are supported"));
+            let (ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. }) =
+                info.addr()
+            else {
+                return Err(ConfigError::new(format!(
+                    "Redis Cluster store: the node URL {} is not a TCP address; use \
+                     redis://host:port or rediss://host:port",
+                    redact(url)
+                )));
             };
             seeds.push(format!("{host}:{port}"));
-            template.get_or_insert(info);
         }
         let servers = self
             .nodes
             .iter()
-            .map(|url| redact(url))
+            .map(|url| self.access.shown(url))
             .collect::<Vec<_>>()
             .join(", ");
         let store = RedisClusterStore {
             inner: Arc::new(Inner {
                 seeds,
                 servers: format!("Redis Cluster ({servers})").into(),
-                template: template.unwrap_or_else(|| unreachable!("at least one node")),
+                template,
                 program: self.settings.program(),
                 local: self.settings.local(),
                 channel: forget::channel(&self.settings.prefix),
@@ -724,11 +736,8 @@ enum Redirection {
 }
 
 fn redirection(error: &RedisError) -> Option<Redirection> {
-    let target = || {
-        error
-            .redirect_node()
-            .map(|(host, port)| format!("{host}:{port}"))
-    };
+    // `MOVED 3999 127.0.0.1:6381`: the slot, then the node's `host:port`.
+    let target = || error.redirect_node().map(|(addr, _slot)| addr.to_owned());
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::Moved) => target().map(Redirection::Moved),
         ErrorKind::Server(ServerErrorKind::Ask) => target().map(Redirection::Ask),

@@ -10,6 +10,7 @@ use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, 
 use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
+use crate::store::redis::access;
 use crate::store::redis::error::{AtServer, store_error};
 use crate::store::redis::health::{self, Health};
 use crate::store::redis::script::ServerForm;
@@ -17,7 +18,7 @@ use crate::store::redis::script::ServerForm;
 /// A node of the cluster, by address.
 pub(crate) struct Node {
     addr: String,
-    /// `redis://host:port`, to name it in errors.
+    /// `redis://host:port` (`rediss://` over TLS), to name it in errors.
     server: Arc<str>,
     client: Client,
     config: AsyncConnectionConfig,
@@ -32,7 +33,8 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    /// The node at `addr` (`host:port`), with the credentials of `template`.
+    /// The node at `addr` (`host:port`), with the credentials of `template`, over TLS when it
+    /// is (with its certificates).
     pub(super) fn new(
         addr: &str,
         template: &ConnectionInfo,
@@ -40,7 +42,11 @@ impl Node {
         response_timeout: Duration,
         breaker: CircuitBreaker,
     ) -> Result<Node, StoreError> {
-        let server: Arc<str> = format!("redis://{addr}").into();
+        let scheme = match template.addr() {
+            ConnectionAddr::TcpTls { .. } => "rediss",
+            _ => "redis",
+        };
+        let server: Arc<str> = format!("{scheme}://{addr}").into();
         let (host, port) = addr
             .rsplit_once(':')
             .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
@@ -49,7 +55,7 @@ impl Node {
         let info = health::resp3(
             template
                 .clone()
-                .set_addr(ConnectionAddr::Tcp(host.to_owned(), port)),
+                .set_addr(access::node_addr(template, host, port)),
         );
         let client = Client::open(info).map_err(|e| store_error(&server, e))?;
         let breaker = Breaker::new(breaker, "redis_cluster", server.clone());
@@ -148,7 +154,7 @@ impl Node {
                 *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn, health));
                 Ok(())
             }
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(e)) => Err(access::explained(&e)),
             Err(_) => Err("connecting timed out".to_owned()),
         };
         *self.opening.lock().unwrap_or_else(|p| p.into_inner()) = None;
