@@ -333,6 +333,7 @@ pub fn acl_user(server: &RedisServer, name: &str, password: &str, prefix: &str, 
         .arg(format!(">{password}"))
         .arg(format!("~{prefix}:*"))
         .arg("resetchannels")
+        .arg(format!("&{prefix}:forget"))
         .arg("-@all");
     for command in commands {
         cmd.arg(*command);
