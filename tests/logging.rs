@@ -373,7 +373,10 @@ async fn a_redis_unreachable_at_start_is_said_once() {
         .build()
         .unwrap();
     let layer = RateLimitLayer::builder()
-        .rule(Rule::new("per-minute", Quota::per_minute(100)).on_store_error(tollgate::FailureMode::Open))
+        .rule(
+            Rule::new("per-minute", Quota::per_minute(100))
+                .on_store_error(tollgate::FailureMode::Open),
+        )
         .store(store)
         .build()
         .unwrap();
@@ -388,6 +391,10 @@ async fn a_redis_unreachable_at_start_is_said_once() {
         .into_iter()
         .flat_map(|level| events.at(level))
         .collect();
-    assert_eq!(said.len(), 1, "one line says Redis cannot be reached: {said:#?}");
+    assert_eq!(
+        said.len(),
+        1,
+        "one line says Redis cannot be reached: {said:#?}"
+    );
     assert!(said[0].contains("cannot reach Redis"), "{said:#?}");
 }

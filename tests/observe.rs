@@ -692,7 +692,11 @@ fn the_memory_store_counts_its_keys_as_they_come_and_go() {
         }];
         runtime.block_on(store.reset(&charge)).unwrap();
         // (A snapshot drains what it reads: one, at the end.)
-        assert_eq!(keys(), Some(2.0), "three keys counted as they came, one reset");
+        assert_eq!(
+            keys(),
+            Some(2.0),
+            "three keys counted as they came, one reset"
+        );
     });
 }
 

@@ -10,9 +10,9 @@ use support::fault_proxy::FaultProxy;
 use support::{RedisCluster, RedisServer, unique_prefix};
 use tollgate::Algorithm;
 use tollgate::CircuitBreaker;
+use tollgate::DecisionSource;
 use tollgate::algorithm::Limits;
 use tollgate::key::Key;
-use tollgate::DecisionSource;
 use tollgate::store::{
     Adjustment, Change, Charge, RedisClusterStore, RedisStore, RuleSpec, Store, StoreError,
 };
@@ -147,12 +147,15 @@ async fn a_refused_connection_fails_the_check_at_once() {
                     "check {i}: the error says why: {text}"
                 );
             }
-            other => panic!(
-                "check {i} with Redis stopped: expected the refusal at once, got {other:?}"
-            ),
+            other => {
+                panic!("check {i} with Redis stopped: expected the refusal at once, got {other:?}")
+            }
         }
     }
-    assert!(!store.is_reachable(), "a store whose server is down says so");
+    assert!(
+        !store.is_reachable(),
+        "a store whose server is down says so"
+    );
 }
 
 /// A cluster node reached through a slow network (each new connection waits one round trip
@@ -227,7 +230,11 @@ async fn b_after_a_forgets<S: Store>(a: &S, b: &S, forget: Forget, tries: usize)
     assert!(!b.check(&charge).await.unwrap().allowed());
     let cached = b.check(&charge).await.unwrap();
     assert!(!cached.allowed());
-    assert_eq!(cached.source(), DecisionSource::DenyCache, "B caches the denial");
+    assert_eq!(
+        cached.source(),
+        DecisionSource::DenyCache,
+        "B caches the denial"
+    );
     match forget {
         Forget::Reset => a.reset(&charge).await.unwrap(),
         Forget::Refund => {
@@ -408,7 +415,10 @@ async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
         assert!(direct.check(&narrow_only).await.unwrap().allowed());
     };
     let (gone, ()) = tokio::join!(check, race);
-    assert!(gone.is_err(), "the request went away during the charge phase");
+    assert!(
+        gone.is_err(),
+        "the request went away during the charge phase"
+    );
     proxies[narrow_owner].set_delay(Duration::ZERO);
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     let wide_now = direct.peek(&wide_only).await.unwrap();
@@ -524,5 +534,8 @@ async fn probes_do_not_ride_on_requests() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(answered, "a probe closed the breaker once the server answered");
+    assert!(
+        answered,
+        "a probe closed the breaker once the server answered"
+    );
 }

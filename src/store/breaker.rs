@@ -1,7 +1,7 @@
 //! The circuit breaker of a remote store: stop paying the time budget on every request while a
 //! server is down.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,8 +94,10 @@ pub(crate) struct Breaker {
     config: CircuitBreaker,
     origin: Instant,
     consecutive_failures: AtomicU32,
-    /// Whether the last call reported failed (to tell a health check).
-    failing: AtomicBool,
+    /// When the last call failed (microseconds since `origin`), until a call succeeds; 0: none.
+    /// A health check reads it for a cooldown (at least a second), then forgets it: with no
+    /// traffic, nothing would ever clear it.
+    failed_at: AtomicU64,
     /// Microseconds since `origin` until which the breaker is open; 0 when closed.
     open_until: AtomicU64,
     /// When the current probe started (microseconds since `origin`); 0 when none.
@@ -128,7 +130,7 @@ impl Breaker {
             config,
             origin: Instant::now(),
             consecutive_failures: AtomicU32::new(0),
-            failing: AtomicBool::new(false),
+            failed_at: AtomicU64::new(0),
             open_until: AtomicU64::new(0),
             probe_started: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
@@ -174,11 +176,15 @@ impl Breaker {
         self.admit_at(|| self.now(), 0)
     }
 
+    /// The cooldown.
+    pub(crate) fn cooldown(&self) -> Duration {
+        self.config.cooldown
+    }
+
     /// How long until the background probe may go; `None` when the breaker is closed.
     pub(crate) fn until_probe(&self) -> Option<Duration> {
         let open_until = self.open_until.load(Ordering::Relaxed);
-        (open_until != 0)
-            .then(|| Duration::from_micros(open_until.saturating_sub(self.now())))
+        (open_until != 0).then(|| Duration::from_micros(open_until.saturating_sub(self.now())))
     }
 
     fn admit_at(&self, now: impl FnOnce() -> u64, slack: u64) -> Option<Permit> {
@@ -202,9 +208,13 @@ impl Breaker {
         turn.then_some(Permit { epoch })
     }
 
-    /// Whether the last call to the server failed (it did not answer): for a health check.
+    /// Whether the breaker is open, or the last call to the server failed (it did not answer)
+    /// within the last cooldown (at least a second): for a health check.
     pub(crate) fn is_failing(&self) -> bool {
-        self.failing.load(Ordering::Relaxed) || self.is_open()
+        let failed_at = self.failed_at.load(Ordering::Relaxed);
+        self.is_open()
+            || failed_at != 0
+                && self.now().saturating_sub(failed_at) < self.cooldown_micros().max(1_000_000)
     }
 
     /// The server answered the check of `permit`. Closes the breaker, unless the check started
@@ -213,11 +223,11 @@ impl Breaker {
         // Closed with no failure counted: the common case, without a lock.
         if self.consecutive_failures.load(Ordering::Relaxed) == 0
             && self.open_until.load(Ordering::Relaxed) == 0
-            && !self.failing.load(Ordering::Relaxed)
+            && self.failed_at.load(Ordering::Relaxed) == 0
         {
             return;
         }
-        self.failing.store(false, Ordering::Relaxed);
+        self.failed_at.store(0, Ordering::Relaxed);
         let _changing = self.changing.lock().unwrap_or_else(|p| p.into_inner());
         if permit.epoch != self.epoch.load(Ordering::Acquire) {
             return;
@@ -242,7 +252,7 @@ impl Breaker {
     }
 
     fn failure_at(&self, permit: Permit, now: u64) -> bool {
-        self.failing.store(true, Ordering::Relaxed);
+        self.failed_at.store(now, Ordering::Relaxed);
         if self.config.failures == 0 || permit.epoch != self.epoch.load(Ordering::Acquire) {
             return false;
         }

@@ -60,39 +60,39 @@ impl FaultProxy {
                 );
                 let connect_delay = connect_delay.load(Ordering::SeqCst);
                 tokio::spawn(async move {
-                // A TCP handshake's round trip, where the network is slow.
-                if connect_delay > 0 {
-                    tokio::time::sleep(Duration::from_micros(connect_delay)).await;
-                }
-                let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
-                    return;
-                };
-                let (client_read, client_write) = client.into_split();
-                let (server_read, server_write) = server.into_split();
-                tokio::spawn(pump(
-                    client_read,
-                    server_write,
-                    Direction::ToServer,
-                    Link {
-                        delay: delay.clone(),
-                        count: count.clone(),
-                        cut: cut_rx.clone(),
-                        cutter: cutter.clone(),
-                        faults: fault.clone(),
-                    },
-                ));
-                tokio::spawn(pump(
-                    server_read,
-                    client_write,
-                    Direction::ToClient,
-                    Link {
-                        delay: delay.clone(),
-                        count: Arc::default(),
-                        cut: cut_rx.clone(),
-                        cutter: cutter.clone(),
-                        faults: fault.clone(),
-                    },
-                ));
+                    // A TCP handshake's round trip, where the network is slow.
+                    if connect_delay > 0 {
+                        tokio::time::sleep(Duration::from_micros(connect_delay)).await;
+                    }
+                    let Ok(server) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::spawn(pump(
+                        client_read,
+                        server_write,
+                        Direction::ToServer,
+                        Link {
+                            delay: delay.clone(),
+                            count: count.clone(),
+                            cut: cut_rx.clone(),
+                            cutter: cutter.clone(),
+                            faults: fault.clone(),
+                        },
+                    ));
+                    tokio::spawn(pump(
+                        server_read,
+                        client_write,
+                        Direction::ToClient,
+                        Link {
+                            delay: delay.clone(),
+                            count: Arc::default(),
+                            cut: cut_rx.clone(),
+                            cutter: cutter.clone(),
+                            faults: fault.clone(),
+                        },
+                    ));
                 });
             }
         });

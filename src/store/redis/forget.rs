@@ -118,4 +118,3 @@ pub(crate) fn listen(
         }
     });
 }
-

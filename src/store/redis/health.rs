@@ -35,18 +35,21 @@ pub(crate) fn resp3(info: ConnectionInfo) -> ConnectionInfo {
 /// `config` with a push channel that marks `health` broken as soon as the connection's stream
 /// ends: the server closed it or reset it, with no check in flight to find out. Without it, the
 /// next check sent on the connection would fail with a broken pipe.
-pub(crate) fn watched(config: &AsyncConnectionConfig, health: &Arc<Health>) -> AsyncConnectionConfig {
+pub(crate) fn watched(
+    config: &AsyncConnectionConfig,
+    health: &Arc<Health>,
+) -> AsyncConnectionConfig {
     let health = Arc::downgrade(health);
-    config
-        .clone()
-        .set_push_sender(move |info: PushInfo| -> Result<(), std::convert::Infallible> {
+    config.clone().set_push_sender(
+        move |info: PushInfo| -> Result<(), std::convert::Infallible> {
             if info.kind == PushKind::Disconnection
                 && let Some(health) = health.upgrade()
             {
                 health.broke();
             }
             Ok(())
-        })
+        },
+    )
 }
 
 /// The shortest silence after which a time-out replaces a connection.

@@ -107,6 +107,8 @@ pub(crate) struct Local {
     tombstones: Mutex<HashMap<u64, u64, foldhash::fast::RandomState>>,
     /// How many tombstones there are: none, the common case, is read without a lock.
     tombstone_count: AtomicUsize,
+    /// When the tombstones are next pruned (local microseconds).
+    next_prune: AtomicU64,
     leases: Table<Held>,
     /// Numbers the lease entries made: an entry's generations start at its number times
     /// 2³², so that one made again after its key's was evicted never counts a generation of
@@ -353,6 +355,7 @@ impl Local {
             denials: Table::new(denials),
             tombstones: Mutex::default(),
             tombstone_count: AtomicUsize::new(0),
+            next_prune: AtomicU64::new(0),
             parts: Table::new(leases),
             leases: Table::new(leases),
             entries: AtomicU64::new(0),
@@ -405,6 +408,12 @@ impl Local {
                 return;
             }
         }
+        // Those heard before the cap are no longer needed: every denial cached before them
+        // has ended (pruned now and then, not on every message).
+        if tombstones.len() % 1024 == 1023 {
+            let max_age = self.max_age;
+            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
+        }
         tombstones.insert(name_hash(name), now);
         self.tombstone_count
             .store(tombstones.len(), Ordering::Relaxed);
@@ -421,8 +430,11 @@ impl Local {
         let hash = name_hash(name.as_bytes());
         let mut tombstones = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
         let now = self.now();
-        let max_age = self.max_age;
-        if tombstones.len() > MAX_TOMBSTONES / 2 {
+        if now >= self.next_prune.load(Ordering::Relaxed) {
+            // At most once per cap: those heard before it are no longer needed.
+            self.next_prune
+                .store(now.saturating_add(self.max_age), Ordering::Relaxed);
+            let max_age = self.max_age;
             tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
             self.tombstone_count
                 .store(tombstones.len(), Ordering::Relaxed);

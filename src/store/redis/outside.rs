@@ -35,25 +35,37 @@ pub(crate) trait Calls: Send + Sync + 'static {
     ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
 }
 
-/// Tells the other replicas what `inner` forgot; a failure is logged (each replica's cap on a
-/// cached denial's life still holds), never the operation's error.
-async fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
+/// Tells the other replicas what `inner` forgot, in a task of its own (the operation's caller
+/// does not wait for it); a failure is logged (each replica's cap on a cached denial's life
+/// still holds), never the operation's error. Rules whose denials are never cached (concurrency
+/// limits) are not told.
+fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
     let prefix = &inner.settings().prefix;
     let names: Vec<String> = forgotten
         .iter()
+        .filter(|(rule, _)| !rule.algorithm().is_concurrency())
         .map(|(rule, key)| super::keys::key_name(prefix, key, rule.name()))
         .collect();
-    if let Err(error) = inner.clone().publish(names).await {
-        static WARNED: crate::warn::Every = crate::warn::Every::new();
-        if WARNED.due(crate::warn::unix_micros(), 60_000_000) {
-            tracing::warn!(
-                %error,
-                "tollgate: could not tell the other replicas of a reset or an adjustment; their \
-                 cached denials of those keys end by their cap (deny_cache_max_age) (reported at \
-                 most once a minute)"
-            );
-        }
+    if names.is_empty() {
+        return;
     }
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let inner = inner.clone();
+    runtime.spawn(async move {
+        if let Err(error) = inner.publish(names).await {
+            static WARNED: crate::warn::Every = crate::warn::Every::new();
+            if WARNED.due(crate::warn::unix_micros(), 60_000_000) {
+                tracing::warn!(
+                    %error,
+                    "tollgate: could not tell the other replicas of a reset or an adjustment; \
+                     their cached denials of those keys end by their cap (deny_cache_max_age) \
+                     (reported at most once a minute)"
+                );
+            }
+        }
+    });
 }
 
 /// The refusal of an operation that cannot be made: on one key of a rule split into sub-keys
@@ -98,8 +110,8 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
         for (rule, key) in &forget {
             inner.local().forget(rule, key, false);
         }
-        if !refunded.is_empty() {
-            tell_forgotten(&inner, &refunded).await;
+        if result.is_ok() && !refunded.is_empty() {
+            tell_forgotten(&inner, &refunded);
         }
         result
     })
@@ -123,7 +135,9 @@ pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFu
         for (rule, key) in &forget {
             inner.local().forget(rule, key, result.is_ok());
         }
-        tell_forgotten(&inner, &forget).await;
+        if result.is_ok() {
+            tell_forgotten(&inner, &forget);
+        }
         result
     })
 }

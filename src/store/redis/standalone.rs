@@ -1,7 +1,7 @@
 //! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
 
 use std::fmt;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -10,7 +10,9 @@ use tokio::sync::oneshot;
 
 use super::access::{self, Access};
 use super::batch::{Batcher, Turn};
-use super::error::{ConnectError, breaks_connection, is_demoted, is_server_answer, store_error};
+use super::error::{
+    AtServer, ConnectError, breaks_connection, is_demoted, is_server_answer, store_error,
+};
 use super::forget;
 use super::health::{self, Health};
 use super::local::Local;
@@ -129,8 +131,8 @@ struct Inner {
     batcher: Arc<Batcher<Job>>,
     /// Made by the background task (bb8 needs a runtime).
     pool: OnceLock<bb8::Pool<Manager>>,
-    /// One connection opened by a check at a time (when the pool has none).
-    opening: tokio::sync::Mutex<()>,
+    /// The connection being opened for checks (when the pool has none), if any.
+    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Opened>>>>,
     startup: Startup,
     breaker: Breaker,
     registry: RuleRegistry,
@@ -203,8 +205,8 @@ impl RedisStore {
         self.inner.startup.is_connected()
     }
 
-    /// Whether the store can decide with Redis now: it has connected, and its last call reached
-    /// the server (its circuit breaker is closed). For a readiness check (`/healthz`); while it
+    /// Whether the store can decide with Redis now: it has connected, its circuit breaker is
+    /// closed, and no call failed in the last cooldown (at least a second). For a readiness check (`/healthz`); while it
     /// is false, requests are decided by each rule's [`FailureMode`](crate::FailureMode).
     ///
     /// ```no_run
@@ -304,7 +306,7 @@ impl RedisStoreBuilder {
                 breaker,
                 settings: self.settings,
                 pool: OnceLock::new(),
-                opening: tokio::sync::Mutex::new(()),
+                opening: Mutex::new(None),
                 startup: Startup::default(),
                 registry: RuleRegistry::new(),
                 warned: Every::default(),
@@ -408,27 +410,41 @@ impl Inner {
         self.open(pool).await
     }
 
-    /// Opens a connection for a check when the pool has none, one check at a time (the others
-    /// wait for it, within their budgets), and gives it to the pool.
+    /// Opens a connection for a check when the pool has none, and gives it to the pool. One
+    /// attempt at a time, in a task of its own bounded by the connect timeout, not by a check's
+    /// budget (on a slow network an attempt that every check cut short would never end); the
+    /// checks that need it wait for it within their own budgets.
     async fn open(
         &self,
         pool: &bb8::Pool<Manager>,
     ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
-        let _one_at_a_time = self.opening.lock().await;
         if pool.state().idle_connections > 0
             && let Ok(pooled) = pool.get().await
             && !pooled.health.is_broken()
         {
             return Ok((pooled.conn.clone(), pooled.health.clone()));
         }
-        let manager = self.manager()?;
-        let opened = bb8::ManageConnection::connect(&manager)
+        let mut attempt = {
+            let mut opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
+            match &*opening {
+                // An attempt whose task went away (its runtime ended) tells nothing: another.
+                Some(attempt) if attempt.has_changed().is_ok() => attempt.clone(),
+                _ => {
+                    let (done, attempt) = tokio::sync::watch::channel(None);
+                    *opening = Some(attempt.clone());
+                    drop(tokio::spawn(open_for_checks(self.me.clone(), done)));
+                    attempt
+                }
+            }
+        };
+        attempt
+            .wait_for(Option::is_some)
             .await
-            .map_err(|e| access::connect_error(&self.server, e))?;
-        let handle = (opened.conn.clone(), opened.health.clone());
-        // A full pool (it opened its own meanwhile) lets this one go with its last check.
-        let _ = pool.add(opened);
-        Ok(handle)
+            .map(|outcome| outcome.clone())
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| Err("the connection attempt was dropped".to_owned()))
+            .map_err(|error| StoreError::Unavailable(Box::new(AtServer::new(&self.server, error))))
     }
 
     /// Sends `requests` in one call within the time budget of a check, and tells the
@@ -538,8 +554,7 @@ impl Inner {
         let me = self.me.clone();
         runtime.spawn(async move {
             loop {
-                let Some(wait) = me.upgrade().and_then(|inner| inner.breaker.until_probe())
-                else {
+                let Some(wait) = me.upgrade().and_then(|inner| inner.breaker.until_probe()) else {
                     return;
                 };
                 tokio::time::sleep(wait).await;
@@ -547,6 +562,10 @@ impl Inner {
                     return;
                 };
                 let Some(permit) = inner.breaker.admit_probe() else {
+                    // Another probe is out (or a request took the turn): its time first.
+                    let cooldown = inner.breaker.cooldown();
+                    drop(inner);
+                    tokio::time::sleep(cooldown).await;
                     continue;
                 };
                 let mut in_use = None;
@@ -555,12 +574,13 @@ impl Inner {
                     in_use = Some(health.clone());
                     let pong = ::redis::cmd("PING").query_async::<()>(&mut conn).await;
                     super::health::tell(&health, &pong);
-                    pong.map_err(|e| store_error(&inner.server, e))
+                    Ok::<_, StoreError>(pong)
                 };
-                let pong = tokio::time::timeout(inner.settings.response_timeout, ping).await;
-                match pong {
-                    Ok(Ok(())) => inner.breaker.success(permit),
-                    Ok(Err(_)) => {
+                match tokio::time::timeout(inner.settings.response_timeout, ping).await {
+                    // A server that answers, even with a refusal (`NOPERM`), is up.
+                    Ok(Ok(Ok(()))) => inner.breaker.success(permit),
+                    Ok(Ok(Err(e))) if is_server_answer(&e) => inner.breaker.success(permit),
+                    Ok(_) => {
                         inner.breaker.failure(permit);
                     }
                     Err(_) => {
@@ -608,7 +628,9 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
             }
             Err(error) => {
                 let first = inner.startup.failed(&error);
-                if first || inner.warned.due(unix_micros(), 60_000_000) {
+                // Both asked: the first attempt also starts the minute.
+                let due = inner.warned.due(unix_micros(), 60_000_000);
+                if first || due {
                     tracing::warn!(
                         server = &*inner.server,
                         %error,
@@ -622,6 +644,32 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(MAX_RETRY_DELAY);
     }
+}
+
+/// What an attempt to open a connection for checks brings: the connection, or why not.
+type Opened = Result<(MultiplexedConnection, Arc<Health>), String>;
+
+/// Opens a connection for the checks waiting (see `Inner::open`), gives it to the pool (a full
+/// pool lets it go with its last check), and tells them.
+async fn open_for_checks(store: Weak<Inner>, done: tokio::sync::watch::Sender<Option<Opened>>) {
+    let Some(inner) = store.upgrade() else {
+        return;
+    };
+    let opened = match inner.manager() {
+        Ok(manager) => match bb8::ManageConnection::connect(&manager).await {
+            Ok(opened) => {
+                let handle = (opened.conn.clone(), opened.health.clone());
+                if let Some(pool) = inner.pool.get() {
+                    let _ = pool.add(opened);
+                }
+                Ok(handle)
+            }
+            Err(e) => Err(access::explained(&e)),
+        },
+        Err(e) => Err(e.to_string()),
+    };
+    *inner.opening.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    done.send_replace(Some(opened));
 }
 
 /// Connection errors of the pool (bb8 keeps them from the caller, who sees a time-out): logged,
@@ -909,6 +957,9 @@ impl Calls for Inner {
         names: Vec<String>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
         Box::pin(async move {
+            if let Some(error) = self.refusal() {
+                return Err(error);
+            }
             let publish = async {
                 let (mut conn, _) = self.connection().await?;
                 forget::publish(&mut conn, &self.channel, &names)

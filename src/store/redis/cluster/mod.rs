@@ -151,8 +151,9 @@ impl RedisClusterStore {
         self.inner.startup.is_connected()
     }
 
-    /// Whether the store can decide with the cluster now: it has read the slot map, and the
-    /// last call to every primary reached it (no primary's circuit breaker is open). For a
+    /// Whether the store can decide with the cluster now: it has read the slot map, no
+    /// primary's circuit breaker is open, and no call to a primary failed in the last cooldown
+    /// (at least a second). For a
     /// readiness check (`/healthz`); while it is false, the rules whose primary is away are
     /// decided by their [`FailureMode`](crate::FailureMode).
     pub fn is_reachable(&self) -> bool {
@@ -787,7 +788,9 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
             }
             Err(error) => {
                 let first = inner.startup.failed(&error);
-                if first || inner.warned.due(unix_micros(), 60_000_000) {
+                // Both asked: the first attempt also starts the minute.
+                let due = inner.warned.due(unix_micros(), 60_000_000);
+                if first || due {
                     tracing::warn!(
                         servers = &*inner.servers,
                         %error,
@@ -840,6 +843,9 @@ impl Calls for Inner {
                 .topology()
                 .and_then(|topology| topology.primary(keys::slot(first.as_bytes())).cloned())
                 .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+            if node.breaker().is_open() {
+                return Err(StoreError::CircuitOpen);
+            }
             let publish = async {
                 let (mut conn, _) = node.connection().await?;
                 forget::publish(&mut conn, &self.channel, &names)

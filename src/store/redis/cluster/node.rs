@@ -11,7 +11,7 @@ use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access;
-use crate::store::redis::error::{AtServer, store_error};
+use crate::store::redis::error::{AtServer, is_server_answer, store_error};
 use crate::store::redis::health::{self, Health};
 use crate::store::redis::script::ServerForm;
 
@@ -113,8 +113,9 @@ impl Node {
         let mut attempt = {
             let mut opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
             match &*opening {
-                Some(attempt) => attempt.clone(),
-                None => {
+                // An attempt whose task went away (its runtime ended) tells nothing: another.
+                Some(attempt) if attempt.has_changed().is_ok() => attempt.clone(),
+                _ => {
                     let (done, attempt) = tokio::sync::watch::channel(None);
                     *opening = Some(attempt.clone());
                     drop(tokio::spawn(self.clone().open(done)));
@@ -148,7 +149,9 @@ impl Node {
     async fn open(self: Arc<Self>, done: tokio::sync::watch::Sender<Option<Result<(), String>>>) {
         let health = Arc::new(Health::new(self.response_timeout));
         let config = health::watched(&self.config, &health);
-        let connect = self.client.get_multiplexed_async_connection_with_config(&config);
+        let connect = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
         let outcome = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(conn)) => {
                 *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn, health));
@@ -178,6 +181,10 @@ impl Node {
                     return;
                 };
                 let Some(permit) = node.breaker.admit_probe() else {
+                    // Another probe is out (or a request took the turn): its time first.
+                    let cooldown = node.breaker.cooldown();
+                    drop(node);
+                    tokio::time::sleep(cooldown).await;
                     continue;
                 };
                 let mut in_use = None;
@@ -186,11 +193,13 @@ impl Node {
                     in_use = Some(health.clone());
                     let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
                     health::tell(&health, &pong);
-                    pong.map_err(|e| store_error(&node.server, e))
+                    Ok::<_, StoreError>(pong)
                 };
                 match tokio::time::timeout(node.response_timeout, ping).await {
-                    Ok(Ok(())) => node.breaker.success(permit),
-                    Ok(Err(_)) => {
+                    // A node that answers, even with a refusal (`NOPERM`), is up.
+                    Ok(Ok(Ok(()))) => node.breaker.success(permit),
+                    Ok(Ok(Err(e))) if is_server_answer(&e) => node.breaker.success(permit),
+                    Ok(_) => {
                         node.breaker.failure(permit);
                     }
                     Err(_) => {
