@@ -51,6 +51,7 @@ use tower_service::Service;
 pub use body::ClientBody;
 pub use retry::{Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
+#[cfg(feature = "tonic")]
 pub(crate) use signals::base64_decode;
 
 /// The most servers whose waits a layer remembers; past it, those whose wait is over are
