@@ -335,10 +335,7 @@
 //! feature to be answered right: a call over the limit gets `RESOURCE_EXHAUSTED`, never an HTTP
 //! 429. Minimum supported Rust version: 1.88.
 //!
-#![cfg_attr(
-    feature = "axum",
-    doc = "[`BodyKeyLayer`]: key::BodyKeyLayer"
-)]
+#![cfg_attr(feature = "axum", doc = "[`BodyKeyLayer`]: key::BodyKeyLayer")]
 #![cfg_attr(
     not(feature = "axum"),
     doc = "[`BodyKeyLayer`]: https://docs.rs/tollgate/latest/tollgate/key/struct.BodyKeyLayer.html"
