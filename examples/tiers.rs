@@ -9,6 +9,11 @@
 //!   `pro` (50 per minute), `acme-…` the tenant `acme` (tier `pro`, with an exception of 2 per
 //!   minute on `/search`). Without a key, a request gets the default tier, `free`, counted by
 //!   client IP.
+//! * Behind a proxy: the layer's key is `ClientIp`, trusting proxies on this machine
+//!   (127.0.0.0/8, `::1`), so anonymous requests are counted by the client address the proxy
+//!   wrote in `X-Forwarded-For`. Without `.key(..)` they would be keyed by the socket peer, the
+//!   proxy itself, and every anonymous client would share one budget. Trust your own proxies'
+//!   networks instead (or none, when clients connect directly).
 //! * Routes `/` and `/search`; `GET /policy` (never limited) answers the version of the policy
 //!   in force.
 //! * Rules come from `examples/tiers.toml`, or from the file in `TOLLGATE_RULES`; edit it while
@@ -27,6 +32,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use tollgate::RateLimitLayer;
+use tollgate::key::ClientIp;
 use tollgate::policy::{FileSource, Tenant, TenantFromHeader};
 
 #[tokio::main]
@@ -41,6 +47,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limits = RateLimitLayer::builder()
         .policy_source(FileSource::new(&rules).interval(Duration::from_secs(1)))
         .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of_api_key))
+        // Requests without a tenant are counted by the layer's key: behind a proxy, the client
+        // it saw, not the proxy's own address.
+        .key(ClientIp::new().parse_trusted_proxies(["127.0.0.0/8", "::1/128"])?)
         .build()?;
     let policy = limits
         .policy_handle()
@@ -72,6 +81,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  curl -i -H 'x-api-key: pro-1' http://{addr}/          # tier pro, 50/min");
     println!(
         "  curl -i -H 'x-api-key: acme-1' http://{addr}/search   # tenant acme: 2/min on /search"
+    );
+    println!(
+        "  curl -i -H 'x-forwarded-for: 203.0.113.7' http://{addr}/  # through a proxy: that client's 5/min"
     );
     println!("  curl http://{addr}/policy                             # the version in force");
     println!(

@@ -35,7 +35,15 @@
 //! work on at once. It is counted per `Shedding`: give clones of one to every layer that
 //! shares it (one `route_layer` per route, say). For a cap on a whole fleet's requests in flight, add a
 //! [concurrency rule](crate::Rule::concurrent) with a [`Global`](crate::key::Global) key on a
-//! shared store.
+//! shared store (and a per-client one, so that one client cannot hold them all).
+//!
+//! * [`Shedding::shares`]`(low, normal)` sets the two shares (in percent;
+//!   `0 < low <= normal < 100`); a capacity is at least 2, so that critical requests always keep
+//!   one place.
+//! * Read the priority from what a client cannot choose (the route, an identity your
+//!   authentication layer put in the extensions), never from a header it sends as it likes.
+//! * `cargo bench --bench shedding` measures it under a load that exceeds a server's capacity
+//!   (figures in `BENCHMARKS.md`).
 
 use std::fmt;
 use std::sync::Arc;

@@ -112,3 +112,98 @@ async fn the_quick_start_samples_are_what_the_layer_answers() {
     }
     compare(&app, &samples[1]).await; // the sixth
 }
+
+/// The README's first block is the two commands a newcomer runs first.
+#[test]
+fn the_readme_opens_with_the_quick_start_and_the_test_script() {
+    let readme = include_str!("../README.md");
+    let first = readme.split("```sh\n").nth(1).expect("a sh block");
+    let first = &first[..first.find("```").expect("a closed block")];
+    let commands: Vec<_> = first
+        .lines()
+        .map(|line| line.split('#').next().unwrap().trim())
+        .collect();
+    assert_eq!(
+        commands,
+        ["cargo run --example quickstart", "./scripts/test.sh"]
+    );
+}
+
+/// The version of a dependency line: `name = "1.2"` or `name = { version = "1.2", … }`.
+fn version_of<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|line| {
+        let rest = line
+            .trim()
+            .strip_prefix(name)?
+            .trim_start()
+            .strip_prefix('=')?;
+        let rest = rest.trim_start();
+        let rest = rest
+            .strip_prefix('"')
+            .or_else(|| Some(rest.split_once("version = \"")?.1))?;
+        rest.split('"').next()
+    })
+}
+
+/// The install lines say what Cargo.toml says: this crate's version, the metrics exporter the
+/// metrics section needs (the one the example and the tests are built with), and every feature
+/// with whether it is on by default.
+#[test]
+fn the_install_lines_match_cargo_toml() {
+    let readme = include_str!("../README.md");
+    let manifest = include_str!("../Cargo.toml");
+    let install: String = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|block| &block[..block.find("```").expect("a closed block")])
+        .filter(|block| block.contains("[dependencies]"))
+        .collect();
+    assert!(!install.is_empty(), "the README has [dependencies] lines");
+
+    let version = env!("CARGO_PKG_VERSION");
+    let tollgate = version_of(&install, "tollgate").expect("a tollgate line");
+    assert!(
+        version.starts_with(tollgate),
+        "README tollgate = {tollgate:?}, Cargo.toml {version}"
+    );
+    let dev = &manifest[manifest.find("[dev-dependencies]").unwrap()..];
+    assert_eq!(
+        version_of(&install, "metrics-exporter-prometheus"),
+        version_of(dev, "metrics-exporter-prometheus"),
+        "the exporter version of the README is the one tollgate is tested with"
+    );
+    for dependency in ["axum", "tokio"] {
+        assert_eq!(
+            version_of(&install, dependency),
+            version_of(manifest, dependency),
+            "{dependency}"
+        );
+    }
+
+    let features = &manifest[manifest.find("[features]").unwrap()..];
+    let features = &features[..features[1..].find("\n[").unwrap()];
+    let default = features
+        .lines()
+        .find_map(|line| line.strip_prefix("default = "))
+        .unwrap();
+    let mut named = Vec::new();
+    for line in features.lines() {
+        let Some((name, _)) = line.split_once(" = ") else {
+            continue;
+        };
+        if name == "default" || name.starts_with('#') {
+            continue;
+        }
+        named.push(name);
+        let row = readme
+            .lines()
+            .find(|row| row.starts_with(&format!("| `{name}` |")))
+            .unwrap_or_else(|| panic!("the README's feature table has no row for {name}"));
+        let on = default.contains(&format!("\"{name}\""));
+        assert!(
+            row.starts_with(&format!("| `{name}` | {} |", if on { "yes" } else { "no" })),
+            "{row}"
+        );
+    }
+    assert_eq!(named.len(), 6, "{named:?}");
+}

@@ -55,7 +55,36 @@
 //! `Server::builder().add_service(layer.layer(HealthServer::new(health)))` limits that service
 //! alone, with any store, and adds the budget fields to every response. Inside the server's
 //! router its calls' route is the service's pattern (`/package.Service/{*rest}`); with
-//! [`GrpcPathLayer`] on the server, their method path.
+//! [`GrpcPathLayer`] on the server, their method path (`/package.Service/Method`), for
+//! [`Route`](crate::key::Route) keys, policy routes and the `route` label.
+//!
+//! Both answer a limited call with `RESOURCE_EXHAUSTED`, a `google.rpc.Status` whose details
+//! hold a `google.rpc.RetryInfo`, and `grpc-retry-pushback-ms` (rounded up to the millisecond);
+//! `scripts/test.sh` checks this with a client of another implementation (Python's `grpcio`).
+//!
+//! **Streams**: the layer counts a call once, when it opens (a stream is one request).
+//! [`layer.per_message()`](crate::RateLimitLayer::per_message) makes a [`PerMessageLayer`] that
+//! counts each message a client sends on a client or bidirectional stream instead (its rules'
+//! cost each, on the same store; rules that act after a response are refused). A message is
+//! checked once it has fully arrived, before the service sees it; when one is refused, the
+//! service gets every message accepted before it, then the stream fails with
+//! `RESOURCE_EXHAUSTED` and a `RetryInfo`, which ends the call (a service that ends as if its
+//! client were done has its status replaced). Unary calls count their one message.
+//!
+//! ```
+//! # fn streams() -> Result<(), tollgate::ConfigError> {
+//! use tollgate::{Quota, RateLimitLayer, Rule};
+//! // 100 messages a minute per peer, over all its streams.
+//! let messages = RateLimitLayer::builder()
+//!     .rule(Rule::new("messages", Quota::per_minute(100)))
+//!     .build()?
+//!     .per_message()?;
+//! let (_reporter, health) = tonic_health::server::health_reporter();
+//! let _router = tonic::transport::Server::builder().layer(messages).add_service(health);
+//! # Ok(())
+//! # }
+//! # streams().unwrap();
+//! ```
 
 mod interceptor;
 mod path;

@@ -38,7 +38,150 @@
 //!
 //! Identities come from untrusted input, so every [`Key`] is bounded: IP keys are addresses
 //! (no allocation), text keys escape `{`, `}`, `%`, `|`, `~`, whitespace and control characters
-//! and are hashed to 71 bytes past [`MAX_TEXT_KEY_LEN`].
+//! and are hashed to 71 bytes past [`MAX_TEXT_KEY_LEN`]. IPv6 clients are grouped by /64, and
+//! IPv4-mapped addresses and NAT64 `64:ff9b::/96` addresses of global IPv4 clients are counted
+//! as those clients.
+//!
+//! **A request is never unlimited because its key is missing.** When a rule's extractor finds no
+//! key, the request is counted under [`Key::unidentified`], and the first such request is
+//! reported through `tracing` with the fix for the server in use (axum: serve with
+//! `into_make_service_with_connect_info::<SocketAddr>()`; tonic: `Server::builder()` records the
+//! peer, and tollgate reads it through its `tonic` feature, on by default). A client chooses to
+//! be unidentified by leaving out what the extractor reads (a header, a body field): it then
+//! spends the budget it shares with every other unidentified client. When unidentified clients
+//! must not affect one another, chain a fallback by client IP.
+//!
+//! # Client IP behind proxies: [`ClientIp`]
+//!
+//! ```
+//! use tollgate::ConfigError;
+//! use tollgate::key::{ClientIp, ProxyHeader};
+//!
+//! fn extractors(cloudflare_ranges: &[&str]) -> Result<Vec<ClientIp>, ConfigError> {
+//!     // The client is the rightmost X-Forwarded-For entry outside the trusted networks;
+//!     // headers from any other peer are ignored.
+//!     let client_ip = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8", "fd00::/8"])?;
+//!     let forwarded = ClientIp::new().parse_trusted_proxies(["10.0.0.0/8"])?.header(ProxyHeader::Forwarded);
+//!     let two_hops = ClientIp::new().trusted_hops(2);
+//!     let cloudflare = ClientIp::new().parse_trusted_proxies(cloudflare_ranges)?.header(ProxyHeader::CfConnectingIp);
+//!     Ok(vec![client_ip, forwarded, two_hops, cloudflare])
+//! }
+//! # extractors(&["173.245.48.0/20"]).unwrap();
+//! ```
+//!
+//! The peer address comes from axum's `ConnectInfo<SocketAddr>`, a `SocketAddr` extension, or
+//! tonic's `TcpConnectInfo`, so gRPC needs no interceptor. The key falls back to the socket peer
+//! when the client entry is `unknown`, obfuscated or malformed, when every hop is trusted, or
+//! when there are fewer entries than trusted hops. At most 32 entries are read per request.
+//! Misconfigurations (forwarding headers but no trusted proxy, every hop trusted) are reported
+//! once through `tracing`, never per request and never with client addresses. Behind a proxy,
+//! give the layer `ClientIp` as its key (`RateLimitLayerBuilder::key`) as well as its rules:
+//! requests that a policy counts by the layer's key (those without a tenant) are otherwise
+//! counted under the proxy's address.
+//!
+//! **Why the leftmost `X-Forwarded-For` entry is never used:** each proxy appends the address it
+//! saw to the right of whatever the request already carried, so only the entries your own
+//! proxies appended are true, and everything to their left was written by the client. Keying on
+//! the leftmost entry lets any client pick a fresh key per request (or someone else's), which
+//! turns the limit off; tollgate walks from the right and stops at the first address that is not
+//! a trusted proxy.
+//!
+//! # An authenticated user, an API key, a lookup
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tollgate::http::request::Parts;
+//! use tollgate::key::{ClientIp, FromExtension, FromHeader, Key, KeyExtractor, KeyExtractorExt, async_fn};
+//!
+//! #[derive(Clone)]
+//! struct User { id: u64 }          // inserted by your authentication layer
+//!
+//! struct Directory;                // your API-key directory
+//! impl Directory {
+//!     async fn tenant_of(&self, api_key: String) -> Option<String> { Some(format!("tenant-of-{api_key}")) }
+//! }
+//!
+//! fn extractors(directory: Arc<Directory>) -> (impl KeyExtractor, impl KeyExtractor, impl KeyExtractor) {
+//!     // Inserted by your auth layer (add it after the rate-limit layer so that it runs first).
+//!     let user = FromExtension::new(|user: &User| Some(Key::text(user.id.to_string())));
+//!     // A secret header, hashed; requests without it by client IP.
+//!     let api_key = FromHeader::new("x-api-key").hashed().or(ClientIp::new());
+//!     // A lookup: a closure returning a future.
+//!     let tenant = async_fn(move |parts: &Parts| {
+//!         let token = parts.headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+//!         let directory = directory.clone();
+//!         async move { directory.tenant_of(token?).await.map(Key::text) }
+//!     });
+//!     (user, api_key, tenant)
+//! }
+//! # let _ = extractors(Arc::new(Directory));
+//! ```
+//!
+//! A header is only as trustworthy as whoever writes it: key by a header only when its value is
+//! validated upstream or set by your own infrastructure.
+//!
+//! # A body field (login by email): `BodyKeyLayer` + `FromBody`
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use tollgate::http::request::Parts;
+//! use tollgate::key::{BodyKeyLayer, ClientIp, FromBody, Key, KeyExtractorExt};
+//! use tollgate::{ConfigError, Quota, RateLimitLayer, Rule};
+//!
+//! async fn login_handler(body: String) -> String { format!("{} bytes", body.len()) }
+//!
+//! fn login() -> Result<Router, ConfigError> {
+//!     // Bodies without a usable email share one budget, so padding a body cannot escape it.
+//!     let no_account = |_: &Parts| Some(Key::text("login-without-account"));
+//!     let limit = RateLimitLayer::builder()
+//!         .rule(Rule::new("per-account", Quota::per_minute(5)).key(FromBody.or(no_account)))
+//!         .rule(Rule::new("per-ip", Quota::per_minute(20)).key(ClientIp::new()))
+//!         .build()?;
+//!     Ok(Router::new()
+//!         .route("/login", post(login_handler))
+//!         .route_layer(limit)                        // inner
+//!         .route_layer(BodyKeyLayer::new("email")))  // outer: runs first
+//! }
+//! # login().unwrap();
+//! ```
+//!
+//! `BodyKeyLayer` (feature `axum`) works only on the routes where it is added. It reads JSON or
+//! form bodies up to 16 KiB (`.limit(n)`), finds the top-level field, trims, lowercases and
+//! hashes it, so rotating IPs buys no extra guesses and emails reach neither the store nor the
+//! logs. The handler always receives the identical body, however large, and a client that sends
+//! its body slowly holds none of the inner service's capacity meanwhile. A body over the limit,
+//! of another content type or without the field passes through after at most the limit is held,
+//! and `FromBody` finds no key: the chained fallback applies.
+//!
+//! The email is normalised by trimming and lowercasing only. If your application matches
+//! accounts more loosely (Unicode case folding, Gmail's dots and `+tags`, aliases), one account
+//! has several spellings here, and each spelling its own budget: normalise the field the way
+//! your account lookup does (`Normalize::Exact` and your own canonical form upstream), or key
+//! the rule by the account id your login handler resolves.
+//!
+//! # Per route, combined, with fallbacks
+//!
+//! ```
+//! use tollgate::key::{ClientIp, FromExtension, FromHeader, Key, KeyExtractor, KeyExtractorExt, Route, combine, first_of};
+//!
+//! #[derive(Clone)]
+//! struct User { id: u64 }
+//!
+//! fn extractors() -> Vec<Box<dyn KeyExtractor>> {
+//!     let user = FromExtension::new(|user: &User| Some(Key::text(user.id.to_string())));
+//!     let per_client_and_route = ClientIp::new().and(Route::new());   // 203.0.113.7 + /users/{id}
+//!     let per_method_and_route = Route::new().with_method();          // GET /users/{id}
+//!     let tenant_route = combine((FromHeader::new("x-tenant"), Route::new()));            // both, or no key
+//!     let who = first_of((user, FromHeader::new("x-api-key").hashed(), ClientIp::new())); // first found
+//!     vec![Box::new(per_client_and_route), Box::new(per_method_and_route), Box::new(tenant_route), Box::new(who)]
+//! }
+//! # assert_eq!(extractors().len(), 4);
+//! ```
+//!
+//! The route is axum's `MatchedPath` pattern, never the raw URI (a client could vary that); for
+//! a gRPC call it is the `/package.Service/Method` path. In a fallback chain, text keys from the
+//! second extractor onward are tagged with their position, so a client sending
+//! `X-Api-Key: alice` is not counted as the user `alice`.
 
 mod async_fn;
 #[cfg(feature = "axum")]

@@ -39,7 +39,7 @@ pub const MAX_GRPC_PATH_LEN: usize = 256;
 /// as they arrive; a client can name methods that do not exist, but each such key is short
 /// and expires with its window. A layer on one service of a tonic server sees the service's
 /// route pattern (`/package.Service/{*rest}`): one key per service, unless
-/// [`GrpcPathLayer`](crate::grpc::GrpcPathLayer) is on the server, which makes it per method.
+/// `tollgate::grpc::GrpcPathLayer` (feature `tonic`) is on the server, which makes it per method.
 ///
 /// [`with_method`](Route::with_method) puts the method first (`GET /users/{id}`); methods other
 /// than the nine standard ones share the name `OTHER`, so they cannot multiply keys either.

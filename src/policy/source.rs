@@ -56,7 +56,7 @@ use super::Policy;
 use super::snapshot::{Compiler, Snapshot};
 use crate::ConfigError;
 
-/// Where a live policy comes from: a file ([`FileSource`]), a configuration service, a
+/// Where a live policy comes from: a file (`FileSource`), a configuration service, a
 /// database. The layer asks it once when it is built, then every [`interval`](Self::interval)
 /// on a thread of its own (so a source may block), for as long as the layer lives.
 ///

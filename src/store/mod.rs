@@ -29,6 +29,33 @@
 //! * A denied request is charged nothing, and every rule's outcome describes the budget as it
 //!   stands ([`Algorithm::uncharged`](crate::Algorithm::uncharged)).
 //!
+//! # In process: `MemoryStore` (the default)
+//!
+//! ```
+//! use tollgate::store::MemoryStore;
+//! use tollgate::{ConfigError, Quota, RateLimitLayer, Rule};
+//!
+//! fn layers() -> Result<(RateLimitLayer, RateLimitLayer), ConfigError> {
+//!     let store = MemoryStore::builder().max_keys(500_000).build()?;
+//!     let api = RateLimitLayer::builder().rule(Rule::new("api", Quota::per_minute(100))).store(store.clone()).build()?;
+//!     let admin = RateLimitLayer::builder().rule(Rule::new("admin", Quota::per_minute(10))).store(store).build()?;
+//!     Ok((api, admin))
+//! }
+//! # layers().unwrap();
+//! ```
+//!
+//! Sharded and bounded (1,000,000 keys by default; a full shard evicts the keys whose budget
+//! will be full soonest, counted and logged). Keys expire once their budget is full again,
+//! without a background task. Clones share state: one store can serve several layers. Each
+//! replica has its own, though: behind a load balancer, use Redis.
+//!
+//! **A rule name is a budget.** Layers that share a store and a rule name share that budget, on
+//! purpose or by accident, so `build()` refuses a rule whose name a living layer of the same
+//! store uses with another quota or algorithm ("another layer of the same store uses this name
+//! with another quota"). Give each budget its own name. The check sees the layers that share one
+//! store value (and its clones): two stores built on the same Redis, or two replicas, are not
+//! compared, so give them the same rules through their configuration.
+//!
 //! # Redis and Redis Cluster
 //!
 //! With the feature `redis` (on by default), [`RedisStore`] and [`RedisClusterStore`] keep the
@@ -45,7 +72,9 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::builder("redis://127.0.0.1:6379")
 //!     .prefix("shop")                              // keys are shop:{client}:rule
-//!     .response_timeout(Duration::from_millis(50)) // the budget of one check
+//!     .pool_size(2)                                // multiplexed connections (default 2)
+//!     .connect_timeout(Duration::from_secs(1))     // default 1 s
+//!     .response_timeout(Duration::from_millis(50)) // the budget of one check (default 100 ms)
 //!     .build()?;                                   // connects in the background
 //! let layer = RateLimitLayer::builder()
 //!     .rule(Rule::new("burst", Quota::per_second(10).burst(20)))
@@ -61,8 +90,18 @@
 //! ```
 //!
 //! For a Redis Cluster, use [`RedisClusterStore::builder`] with the URLs of some of its nodes
-//! instead; everything else is the same. Valkey works as Redis does (Redis 6.2 or newer, or any
-//! Valkey).
+//! instead (`RedisClusterStore::builder(["redis://node1:6379", "redis://node2:6379"])`);
+//! everything else is the same. Valkey works as Redis does (Redis 6.2 or newer, or any Valkey).
+//!
+//! `cargo run --example replicas` shows why: three axum replicas behind a round-robin client,
+//! 300 requests of one client against "100 per hour" (`REDIS_URL`, default
+//! `redis://127.0.0.1:6379`):
+//!
+//! ```text
+//! store=memory replicas=3 limit=100 sent=300 admitted=300
+//! store=redis replicas=3 limit=100 sent=300 admitted=100
+//! store=redis-lease replicas=3 limit=100 lease=10 sent=300 admitted=100
+//! ```
 //!
 //! ## One atomic step per request
 //!
@@ -81,7 +120,7 @@
 //!
 //! **Batches.** Concurrent checks of a [`RedisStore`] go to Redis together: two calls per
 //! connection are out at a time, and the checks that arrive meanwhile leave in the next one (at
-//! most [`max_batch`](RedisStoreBuilder::max_batch), default 64), each still all or nothing by
+//! most [`max_batch`][max_batch], default 64), each still all or nothing by
 //! itself, decided in order with the server's time read once. A lone check leaves at once: no
 //! timer. A busy replica makes a tenth or less of the calls, and the server spends less per
 //! decision. A check whose caller stopped waiting is not sent. The cluster store pipelines its
@@ -90,7 +129,9 @@
 //!
 //! A check is sent **at most once** otherwise. A connection that drops after the code ran but
 //! before its reply arrived would, if sent again, charge twice (or refund twice, which would
-//! over-admit), so a check whose reply is lost fails, and its rules' failure modes decide.
+//! over-admit), so a check whose reply is lost fails, and its rules' failure modes decide. The
+//! cluster store routes checks itself (one multiplexed connection per primary, its own slot
+//! map) and follows `MOVED` / `ASK`, which say the script did not run.
 //!
 //! ## The deny cache
 //!
@@ -103,7 +144,7 @@
 //! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and
 //! a denial cached in that instant may last until its time. A rule with other numbers (a policy that
 //! changed) is a new rule to it, and an admitted request clears its keys. Bounded:
-//! [`deny_cache`](RedisStoreBuilder::deny_cache) keys (default 100,000; 0 turns it off). While
+//! [`deny_cache`][deny_cache] keys (default 100,000; 0 turns it off). While
 //! Redis is away, keys it denied stay denied until their time; other requests follow their
 //! rules' failure modes.
 //!
@@ -112,12 +153,48 @@
 //! For a hot key, [`Rule::lease`](crate::Rule::lease) lets each replica take up to `n` units in
 //! the call that checks one request and spend them itself, and
 //! [`Rule::split`](crate::Rule::split) spreads a key over `k` sub-keys in distinct hash tags
-//! (distinct cluster slots). Their precision, next to the deny cache's:
+//! (distinct cluster slots):
+//!
+//! ```
+//! use tollgate::store::RedisClusterStore;
+//! use tollgate::{ConfigError, Quota, RateLimitLayer, Rule};
+//!
+//! fn hot(store: RedisClusterStore) -> Result<RateLimitLayer<RedisClusterStore>, ConfigError> {
+//!     RateLimitLayer::builder()
+//!         // Each replica takes up to 20 units at a time and spends them itself (for 1 s at most).
+//!         .rule(Rule::new("search", Quota::per_second(1000)).lease(20))
+//!         // 8 sub-keys in 8 hash tags: one tenant's traffic spread over the cluster's primaries.
+//!         .rule(Rule::new("export", Quota::per_minute(800)).split(8))
+//!         .store(store)
+//!         .build()
+//! }
+//! ```
+//!
+//! * **Leases** ([`Rule::lease`](crate::Rule::lease)`(n)`, `.lease_ttl(..)`): the call that
+//!   checks one request takes every unit there is up to `n` (at least the request's cost), and
+//!   the replica spends the rest on the key's next requests; a refill is out one at a time per
+//!   key. About one call per `n` requests. A key spent by many requests at once is refilled
+//!   *ahead of need*: once fewer units are left than its requests asked for during the last
+//!   refill's round trip (and half as much again), a request paid from the lease is answered at
+//!   once and also asks Redis, in a task of its own on the Tokio runtime, for what the lease
+//!   lacks, so the units rarely run out. Size `n` to more than twice what one replica spends of
+//!   the key during a round trip (rate × round trip: 250 for 100,000 requests a second and
+//!   1 ms); a smaller lease is refilled when it runs out, a whole lease per call, and the
+//!   requests that find no unit while its refill is out go to Redis one by one. While Redis
+//!   cannot be asked, units held are spent all the same.
+//! * **Split keys** ([`Rule::split`](crate::Rule::split)`(k)`): each key becomes `k` sub-keys,
+//!   `prefix:{identity~i}:rule`, each with `1/k` of the quota and burst; a replica gives a key's
+//!   requests to its sub-keys in turn. Denials are cached per sub-key. An answer tells the
+//!   sub-key's budget for the whole key (its remaining × `k`, its reset and window): a client
+//!   may see `r=0` on a denial while other sub-keys still admit, and a `t` that is the
+//!   sub-key's (for 8 a minute split in 4, 2 a minute each: 30 s).
+//!
+//! Their precision, next to the deny cache's:
 //!
 //! | | calls to Redis | never admits more than | may refuse early by | answers' numbers |
 //! |---|---|---|---|---|
 //! | deny cache (default) | none for a denied key until its retry-after | the budget | nothing | Redis's, aged |
-//! | `lease(n)` | about one per `n` requests of the key | the budget, as counted when each unit was charged; a unit is spent at most the lease's time to live (1 s) after its charge, so over any period the fleet may spend up to the units held at its start on top | `(n − 1)` units per replica holding some | Redis's at the lease, with the units held |
+//! | `lease(n)` | about one per `n` requests of a key spent one request at a time; for a key spent `d` units per round trip with `n ≥ 2 d + 1`, one per round trip at most, about one per `n − 1.5 d` requests when that is more; with a smaller `n`, one per `n` plus the requests that find no unit, one by one | the budget, as counted when each unit was charged; a unit is spent at most the lease's time to live (1 s) after its charge, never across a fixed or sliding-counter window, so over any period the fleet may spend up to the units held at its start on top | `(n − 1)` units per replica holding some | Redis's at the lease, with the units held counted as remaining |
 //! | `split(k)` | one per request, spread over `k` slots | the budget (each sub-key has `1/k`, rounded down) | about `(k − 1) × R` requests' units with R replicas | the sub-key's, its remaining × `k` |
 //!
 //! Leased units left when their time to live ends (never past the end of a fixed or
@@ -170,7 +247,8 @@
 //! ## Starting, failing, and time
 //!
 //! Both stores start without waiting for Redis: `build()` returns at once, the store connects
-//! in the background and retries, and until it has connected every check fails at once, so each
+//! in the background and retries (every 100 ms at first, the wait doubling up to 2 s between
+//! attempts), and until it has connected every check fails at once, so each
 //! rule's [`FailureMode`](crate::FailureMode) decides (a replica starts and serves during a Redis
 //! outage). `connect().await` waits for Redis instead, for services that must not start without
 //! it. Connection errors name the server, without its password.
@@ -179,8 +257,58 @@
 //! with [`StoreError::Timeout`] (the script may still have run on the server). A refused or
 //! dropped connection, a cluster that is down or a read-only replica give
 //! [`StoreError::Unavailable`]. Errors are told apart by their kind, never by their text. A
-//! [`CircuitBreaker`](crate::CircuitBreaker) (one per server; one per node of a cluster) stops
-//! asking a server that keeps failing, so that requests do not each wait for the budget.
+//! [`CircuitBreaker`] (one per server; one per node of a cluster) stops asking a server that
+//! keeps failing, so that requests do not each wait for the budget.
+//!
+//! ```
+//! use tollgate::store::RedisStore;
+//! use tollgate::{ConfigError, FailureMode, Quota, RateLimitLayer, Rule};
+//!
+//! fn resilient(redis_store: RedisStore) -> Result<RateLimitLayer<RedisStore>, ConfigError> {
+//!     RateLimitLayer::builder()
+//!         // 503 + Retry-After: 1 (gRPC: UNAVAILABLE) while the store is away.
+//!         .rule(Rule::new("login", Quota::per_minute(5)).on_store_error(FailureMode::Closed))
+//!         // Checked in the layer's own in-process limiter while the store is away.
+//!         .rule(Rule::new("api", Quota::per_second(50)).on_store_error(FailureMode::Local))
+//!         .store(redis_store)
+//!         .on_store_error(FailureMode::Open) // the default for rules that say nothing
+//!         .build()
+//! }
+//! ```
+//!
+//! When a check fails, each rule's [`FailureMode`](crate::FailureMode) decides: `Open` (the
+//! default) skips the rule, `Closed` refuses the request, `Local` checks the rule in a local
+//! limiter of the layer, with the usual answers (per replica: behind K replicas a client may get
+//! K times the quota during the outage). A check that ran out of time may still run once a slow
+//! Redis catches up, so the requests let through meanwhile are counted there too (tested on a
+//! paused Redis Cluster). Failures are logged at most once a minute at `error` level.
+//!
+//! The breaker opens after 5 failures in a row (`CircuitBreaker::after_failures(n)`, given to
+//! the store builder with `.circuit_breaker(..)`); requests are then decided at once by their
+//! failure modes for a cooldown of 1 s (`.cooldown(..)`), then one request probes the server
+//! again; `CircuitBreaker::disabled()` turns it off. A server that answers at once, even with an
+//! error, is not a reason to open it; a connection is replaced when it fails, or after three
+//! time-outs in a row (one stall of the server times out every check in flight on it). On a
+//! cluster, while one primary is down or failing over, only the checks of its slots are
+//! decided without it. Run the cluster with `cluster-require-full-coverage no`, or Redis itself
+//! refuses every slot (`CLUSTERDOWN`) until the failover completes (tested with `kill -9` on a
+//! primary of a 3-primary, 3-replica cluster: the other slots answered every check).
+//!
+#![cfg_attr(
+    feature = "redis",
+    doc = "[max_batch]: RedisStoreBuilder::max_batch
+[deny_cache]: RedisStoreBuilder::deny_cache
+[`CircuitBreaker`]: crate::CircuitBreaker"
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`RedisStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStore.html
+[`RedisClusterStore`]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisClusterStore.html
+[`RedisClusterStore::builder`]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisClusterStore.html#method.builder
+[max_batch]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.max_batch
+[deny_cache]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.deny_cache
+[`CircuitBreaker`]: https://docs.rs/tollgate/latest/tollgate/struct.CircuitBreaker.html"
+)]
 
 #[cfg(feature = "redis")]
 pub(crate) mod breaker;
