@@ -78,16 +78,14 @@ SERVER_LIST=$(servers "$@")
 
 RUN_DIR="$PWD/target/servers-run"
 say "cargo test --all-features --no-run (built once, run against each server)"
-# The binaries are copied and run from the copy: the tests find the examples beside them
-# (../examples), and a build of another checkout in a shared CARGO_TARGET_DIR cannot swap them
-# during the run. A second `--no-run` that rebuilds nothing shows that the copy is of this
-# checkout (one that rebuilds means such a build came in between: copy again).
-copy_binaries() {
-    rm -rf "$RUN_DIR"
-    mkdir -p "$RUN_DIR/deps" "$RUN_DIR/examples" "$RUN_DIR/logs"
-    cargo test --all-features --no-run --message-format=json-render-diagnostics \
-        >"$RUN_DIR/build.json" || return 2
-    python3 - "$RUN_DIR" >"$RUN_DIR/tests.txt" <<'EOF' || return 2
+# The binaries are copied and run from the copy, so that every server runs the same build (a
+# build of another checkout into a shared CARGO_TARGET_DIR meanwhile changes nothing here); the
+# tests find the examples beside them (../examples).
+rm -rf "$RUN_DIR"
+mkdir -p "$RUN_DIR/deps" "$RUN_DIR/examples" "$RUN_DIR/logs"
+cargo test --all-features --no-run --message-format=json-render-diagnostics >"$RUN_DIR/build.json" ||
+    fail "cargo test --all-features --no-run failed (its errors are above)"
+python3 - "$RUN_DIR" >"$RUN_DIR/tests.txt" <<'EOF'
 import json, os, shutil, sys
 run = sys.argv[1]
 for line in open(os.path.join(run, "build.json")):
@@ -105,28 +103,18 @@ for line in open(os.path.join(run, "build.json")):
         shutil.copy2(executable, copy)
         print(message["target"]["name"], copy)
 EOF
-    cargo test --all-features --no-run --message-format=json-render-diagnostics 2>/dev/null |
-        python3 -c '
-import json, sys
-rebuilt = [m["target"]["name"] for m in map(json.loads, sys.stdin)
-           if m.get("reason") == "compiler-artifact" and not m.get("fresh", False)]
-sys.exit(1 if rebuilt else 0)'
-}
-copied=no
-for _ in 1 2 3; do
-    code=0
-    copy_binaries || code=$?
-    [ "$code" != 2 ] || fail "cargo test --all-features --no-run failed (its errors are above)"
-    if [ "$code" = 0 ]; then copied=yes; break; fi
-    echo "the target directory was rebuilt while the binaries were copied (a build of another checkout): copying again"
-done
-[ "$copied" = yes ] || fail "the test binaries could not be copied: the target directory keeps being rebuilt by another build"
 [ -s "$RUN_DIR/tests.txt" ] || fail "cargo built no test binary (see $RUN_DIR/build.json)"
 [ -n "$(ls "$RUN_DIR/examples")" ] || fail "cargo built no example: tests/examples.rs runs them"
 echo "$(wc -l <"$RUN_DIR/tests.txt") test binaries, $(ls "$RUN_DIR/examples" | wc -l) examples"
 
 SUMMARY=()
 status=0
+
+say "doc tests (no server): cargo test --all-features --doc"
+cargo test --all-features --doc 2>&1 | tee "$RUN_DIR/logs/doc.log" | grep -E '^test result:|FAILED' || true
+read -r doc_passed doc_failed < <(count "$RUN_DIR/logs/doc.log")
+[ "$doc_failed" = 0 ] && [ "$doc_passed" -gt 0 ] || status=1
+
 while read -r name server cli; do
     version=$("$server" --version | head -n 1 | sed 's/ sha=.*//')
     say "$name: $version ($server)"
@@ -155,11 +143,6 @@ while read -r name server cli; do
     SUMMARY+=("$(printf '%-8s %-44s %4d passed, %d failed (%d s)' "$name" "$version" "$passed" "$failed" $((SECONDS - started)))")
     [ "$failed" = 0 ] || status=1
 done <<<"$SERVER_LIST"
-
-say "doc tests (no server): cargo test --all-features --doc"
-cargo test --all-features --doc 2>&1 | tee "$RUN_DIR/logs/doc.log" | grep -E '^test result:|FAILED' || true
-read -r doc_passed doc_failed < <(count "$RUN_DIR/logs/doc.log")
-[ "$doc_failed" = 0 ] && [ "$doc_passed" -gt 0 ] || status=1
 
 say "summary (unit and integration tests per server; logs in target/servers-run/logs)"
 printf '%s\n' "${SUMMARY[@]}"

@@ -364,11 +364,18 @@ async fn survives_script_flush<S: Store>(store: &S, flush: impl Fn()) {
     }
 }
 
+// Each on a server of its own: a flush between another test's reload of the code and its call
+// would fail that test's check.
 #[tokio::test]
 async fn standalone_script_flush_is_recovered() {
-    let store = standalone_store(&unique_prefix("flush")).await;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .response_timeout(TEST_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
     survives_script_flush(&store, || {
-        let mut conn = support::standalone().conn();
+        let mut conn = server.conn();
         for flush in support::server().flush_code_commands() {
             let _: () = flush.query(&mut conn).unwrap();
         }
@@ -378,10 +385,17 @@ async fn standalone_script_flush_is_recovered() {
 
 #[tokio::test]
 async fn cluster_script_flush_is_recovered() {
-    let store = cluster_store(&unique_prefix("flush")).await;
+    let cluster = tokio::task::spawn_blocking(support::RedisCluster::start)
+        .await
+        .unwrap();
+    let store = RedisClusterStore::builder(cluster.urls())
+        .response_timeout(TEST_TIMEOUT)
+        .connect()
+        .await
+        .unwrap();
     survives_script_flush(&store, || {
         for flush in support::server().flush_code_commands() {
-            support::cluster().on_every_node(&flush);
+            cluster.on_every_node(&flush);
         }
     })
     .await;
