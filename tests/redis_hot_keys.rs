@@ -326,7 +326,7 @@ fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
 fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
     let server = support::RedisServer::start();
     let mut conn = server.conn();
-    let mut call = if support::server().has_functions() {
+    let call = if support::server().has_functions() {
         let (library, function) = RedisStore::function_library();
         let _: String = redis::cmd("FUNCTION")
             .arg("LOAD")
