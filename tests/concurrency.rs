@@ -520,17 +520,12 @@ fn cluster_calls() -> u64 {
                 .unwrap()
                 .get_connection()
                 .unwrap();
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query(&mut conn)
-                .unwrap();
-            info.lines()
-                .filter_map(|l| {
-                    l.strip_prefix("cmdstat_fcall:calls=")
-                        .or_else(|| l.strip_prefix("cmdstat_evalsha:calls="))
-                })
-                .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
-                .sum::<u64>()
+            let command = if support::server().has_functions() {
+                "fcall"
+            } else {
+                "evalsha"
+            };
+            support::command_calls(&mut conn, command)
         })
         .sum()
 }

@@ -392,17 +392,10 @@ async fn standalone_sliding_counter_rounds_like_the_model() {
     }
 }
 
-/// The `FCALL`s `server` has run.
-fn fcall_calls(server: &support::RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|v| v.split(',').next())
-        .and_then(|v| v.parse().ok())
-        .expect("INFO commandstats counts FCALL")
+/// The calls of tollgate's code `server` has run: `FCALL`s, or `EVALSHA`s on a server without
+/// functions.
+fn code_calls(server: &support::RedisServer) -> u64 {
+    support::server().code_calls(server)
 }
 
 /// Concurrent checks go to Redis in batches (one call decides many requests, each at its own
@@ -452,7 +445,7 @@ async fn standalone_batched_checks_match_the_model_one_by_one() {
             }
         }
     }
-    let calls = fcall_calls(&server);
+    let calls = code_calls(&server);
     let checks = 5 * 10 * 40;
     assert!(
         calls * 4 < checks,
@@ -536,7 +529,7 @@ async fn standalone_batches_on_the_server_clock_match_the_model() {
             }
         }
     }
-    let calls = fcall_calls(&server);
+    let calls = code_calls(&server);
     assert!(
         calls * 4 < checks_made,
         "{calls} calls for {checks_made} checks: batched"

@@ -288,21 +288,21 @@ async fn ratelimit(app: &mut Router, ip: [u8; 4]) -> String {
 /// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
 /// port, so that clients (and their redirections) never bypass it.
 async fn cluster_behind_proxies() -> (RedisCluster, Vec<FaultProxy>) {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap();
-    let mut proxies = Vec::new();
-    for node in &cluster.nodes {
-        proxies.push(FaultProxy::start(node.port).await);
-    }
-    let ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.announce_ports(&ports);
-        cluster
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut proxies = Vec::new();
+        // Called for each node as it starts (again for all of them if a start is retried).
+        let cluster = RedisCluster::start_announcing(|i, port| {
+            let proxy = runtime.block_on(FaultProxy::start(port));
+            let to = proxy.port;
+            proxies.truncate(i);
+            proxies.push(proxy);
+            to
+        });
+        (cluster, proxies)
     })
     .await
-    .unwrap();
-    (cluster, proxies)
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

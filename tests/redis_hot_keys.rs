@@ -18,19 +18,9 @@ use tollgate::key::Key;
 use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store};
 use tollgate::{Algorithm, Decision, DecisionSource};
 
-/// The calls of tollgate's code a server ran (`FCALL`, and `EVALSHA` where it has no functions).
+/// The calls of tollgate's code a server ran (`FCALL`, or `EVALSHA` where it has no functions).
 fn calls(server: &support::RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut server.conn())
-        .unwrap();
-    info.lines()
-        .filter_map(|l| {
-            l.strip_prefix("cmdstat_fcall:calls=")
-                .or_else(|| l.strip_prefix("cmdstat_evalsha:calls="))
-        })
-        .filter_map(|v| v.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    support::server().code_calls(server)
 }
 
 async fn check<S: Store>(store: &S, rule: &RuleSpec, key: &Key, cost: u64) -> Decision {
@@ -348,19 +338,34 @@ fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
 
 /// The code takes a lease as the reference model's `lease_take` does, at every cost: at least
 /// the cost, and at cost 0 (a refill ahead of need) every unit there is up to the lease,
-/// possibly none, always admitted. The library is called as `RedisStore::script_source`
-/// documents it, on the server's clock; the model runs at the time each call answers.
+/// possibly none, always admitted. The code is called as `RedisStore::script_source`
+/// documents it, on the server's clock: as a function (`FCALL`) where the server has them, as
+/// the script (`EVALSHA`) where it has not; the model runs at the time each call answers.
 #[test]
 fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
     let server = support::RedisServer::start();
     let mut conn = server.conn();
-    let (library, function) = RedisStore::function_library();
-    let _: String = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(library)
-        .query(&mut conn)
-        .unwrap();
+    let call = if support::server().has_functions() {
+        let (library, function) = RedisStore::function_library();
+        let _: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(library)
+            .query(&mut conn)
+            .unwrap();
+        let mut call = redis::cmd("FCALL");
+        call.arg(function);
+        call
+    } else {
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(RedisStore::script_source())
+            .query(&mut conn)
+            .unwrap();
+        let mut call = redis::cmd("EVALSHA");
+        call.arg(sha);
+        call
+    };
     let mut next = xorshift(0x00a4_ead5);
     let mut partial = 0;
     for algorithm in Algorithm::ALL {
@@ -386,8 +391,8 @@ fn the_code_takes_a_lease_as_the_model_does_at_every_cost() {
                 "{code}:{}:{}:{}:{}:{cost}:{lease}",
                 limits.limit, limits.period, limits.burst, limits.interval
             );
-            let reply: Vec<i64> = redis::cmd("FCALL")
-                .arg(function)
+            let reply: Vec<i64> = call
+                .clone()
                 .arg(1)
                 .arg(&key)
                 .arg("c")

@@ -199,9 +199,11 @@ async fn pump(
         if direction == Direction::ToClient && link.faults.swallowing.load(Ordering::SeqCst) {
             return; // the reply is lost with the link
         }
-        // A call of tollgate's code: `FCALL` of its function, or `EVALSHA` of its script.
-        let checks = buf[..n].windows(7).filter(|w| w == b"EVALSHA").count()
-            + buf[..n].windows(5).filter(|w| w == b"FCALL").count();
+        let checks = if direction == Direction::ToServer {
+            calls_of_code(&buf[..n])
+        } else {
+            0
+        };
         let strike = direction == Direction::ToServer
             && checks > 0
             && link
@@ -222,4 +224,19 @@ async fn pump(
             return;
         }
     }
+}
+
+/// The calls of tollgate's code in `bytes` sent to Redis: bulk strings `FCALL` (the call of its
+/// function) or `EVALSHA` (of its script), as RESP sends a command's name. The words inside a
+/// longer argument (the script's own source, which `SCRIPT LOAD` sends, names `EVALSHA`) are not
+/// calls.
+fn calls_of_code(bytes: &[u8]) -> usize {
+    let named = |name: &[u8]| {
+        let header = [format!("${}\r\n", name.len()).as_bytes(), name, b"\r\n"].concat();
+        bytes
+            .windows(header.len())
+            .filter(|window| *window == header.as_slice())
+            .count()
+    };
+    named(b"FCALL") + named(b"EVALSHA")
 }

@@ -1,6 +1,12 @@
 //! Real Redis servers for the tests: `redis-server` processes on free loopback ports, standalone
 //! or as a 3-primary Redis Cluster, stopped when dropped, when the test binary exits or dies.
 //!
+//! The server is `redis-server` on PATH (clusters are made with `redis-cli`), or the programs
+//! named by `TOLLGATE_REDIS_SERVER` and `TOLLGATE_REDIS_CLI` (another Redis, or Valkey:
+//! `./scripts/servers.sh` runs the suite on each). [`server`] says which server that is, from
+//! its `INFO server`; tests of what only some servers have (functions) check the equivalent on
+//! the others (scripts).
+//!
 //! Each process runs under a small `sh` watchdog that holds a pipe from the test process: when the
 //! test process goes away (normally, by a panic, or killed), the pipe closes and the watchdog stops
 //! the server and removes its directory. Shared servers ([`standalone`], [`cluster`]) live in
@@ -20,18 +26,36 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// Stops `redis-server` when its standard input (a pipe from the test process) closes.
+/// Stops the server when its standard input (a pipe from the test process) closes.
 const WATCHDOG: &str = r#"
 dir="$1"; shift
+program="$1"; shift
 exec 3<&0
-redis-server "$@" 3<&- </dev/null >/dev/null 2>&1 &
+"$program" "$@" 3<&- </dev/null >/dev/null 2>&1 &
 pid=$!
 ( read -r _ <&3; kill "$pid" 2>/dev/null ) 3<&3 &
 wait "$pid"
 rm -rf "$dir"
 "#;
 
-fn require(program: &str) {
+/// The server program: `$TOLLGATE_REDIS_SERVER`, or `redis-server` on PATH.
+pub fn server_program() -> String {
+    program("TOLLGATE_REDIS_SERVER", "redis-server")
+}
+
+/// The client program that makes clusters: `$TOLLGATE_REDIS_CLI`, or `redis-cli` on PATH.
+pub fn cli_program() -> String {
+    program("TOLLGATE_REDIS_CLI", "redis-cli")
+}
+
+fn program(variable: &str, default: &str) -> String {
+    match std::env::var(variable) {
+        Ok(path) if !path.is_empty() => path,
+        _ => default.to_owned(),
+    }
+}
+
+fn require(variable: &str, program: &str) {
     let found = Command::new(program)
         .arg("--version")
         .stdout(Stdio::null())
@@ -40,10 +64,112 @@ fn require(program: &str) {
         .is_ok();
     assert!(
         found,
-        "`{program}` was not found on PATH. The Redis tests start their own Redis servers: install \
-         Redis (Debian/Ubuntu: apt-get install redis-server redis-tools; macOS: brew install redis) \
-         or run ./scripts/test.sh, which installs it."
+        "`{program}` could not be run (it comes from ${variable}, or PATH when that is unset). \
+         The Redis tests start their own Redis servers: install Redis (Debian/Ubuntu: apt-get \
+         install redis-server redis-tools; macOS: brew install redis) or run ./scripts/test.sh, \
+         which installs it; or set ${variable} to the program's path."
     );
+}
+
+/// Which server the tests run, as its `INFO server` tells.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// `redis` or `valkey` (`server_name`, which Redis does not give).
+    pub name: String,
+    /// The version of that server (`valkey_version` on Valkey, `redis_version` on Redis).
+    pub version: (u32, u32, u32),
+}
+
+impl Server {
+    /// Whether the server has functions (`FUNCTION LOAD`, `FCALL`): Redis 7.0 and later, and
+    /// every Valkey. Without them, the stores run the same code as a script (`EVALSHA`).
+    pub fn has_functions(&self) -> bool {
+        self.name == "valkey" || self.version >= (7, 0, 0)
+    }
+
+    /// Whether a cluster node takes `--cluster-port` (Redis 7.0 and later, every Valkey); before,
+    /// its bus is always on its port + 10000.
+    pub fn has_cluster_port(&self) -> bool {
+        self.name == "valkey" || self.version >= (7, 0, 0)
+    }
+
+    /// The calls of tollgate's code that `server` ran: `FCALL`s where the server has functions,
+    /// `EVALSHA`s where it has not (`INFO commandstats`).
+    pub fn code_calls(&self, server: &RedisServer) -> u64 {
+        let command = if self.has_functions() {
+            "fcall"
+        } else {
+            "evalsha"
+        };
+        command_calls(&mut server.conn(), command)
+    }
+
+    /// The commands that make `server` lose tollgate's code, as a restart would: `SCRIPT FLUSH`,
+    /// and `FUNCTION FLUSH` where the server has functions.
+    pub fn flush_code_commands(&self) -> Vec<redis::Cmd> {
+        let mut commands = vec![redis::cmd("SCRIPT").arg("FLUSH").clone()];
+        if self.has_functions() {
+            commands.push(redis::cmd("FUNCTION").arg("FLUSH").clone());
+        }
+        commands
+    }
+}
+
+impl std::fmt::Display for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (major, minor, patch) = self.version;
+        write!(f, "{} {major}.{minor}.{patch}", self.name)
+    }
+}
+
+/// The calls of `command` (lower case) the server on `conn` ran, by `INFO commandstats`; 0 when
+/// it has run none.
+pub fn command_calls(conn: &mut redis::Connection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO commandstats");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The server the tests run (see [`server_program`]), asked once per test binary: a server of
+/// its own is started and its `INFO server` read.
+pub fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        let probe = RedisServer::start();
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut probe.conn())
+            .expect("INFO server");
+        parse_info_server(&info)
+            .unwrap_or_else(|| panic!("no server name and version in INFO server: {info}"))
+    })
+}
+
+/// The server's name and version from an `INFO server` reply.
+fn parse_info_server(info: &str) -> Option<Server> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let name = field("server_name").unwrap_or("redis").to_ascii_lowercase();
+    let version = match name.as_str() {
+        "valkey" => field("valkey_version")?,
+        _ => field("redis_version")?,
+    };
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().ok());
+    let mut next = || parts.next().flatten();
+    Some(Server {
+        name,
+        version: (next()?, next().unwrap_or(0), next().unwrap_or(0)),
+    })
 }
 
 /// A port nobody listens on now (and, for a cluster node, a second one for its bus).
@@ -52,6 +178,24 @@ pub fn free_ports<const N: usize>() -> [u16; N] {
         .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
         .collect();
     std::array::from_fn(|i| listeners[i].local_addr().unwrap().port())
+}
+
+/// A free port whose cluster bus (the port + 10000, on servers without `--cluster-port`) is
+/// free too.
+fn free_port_with_bus() -> u16 {
+    // Held until the end, so that no two candidates are the same port.
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().unwrap().port();
+        held.push(listener);
+        if let Some(bus) = port.checked_add(10_000)
+            && TcpListener::bind(("127.0.0.1", bus)).is_ok()
+        {
+            return port;
+        }
+    }
+    panic!("no free loopback port whose port + 10000 is free too (for the cluster bus)");
 }
 
 /// One `redis-server` process.
@@ -83,7 +227,8 @@ impl RedisServer {
 
     /// A server on `port` (for a restart on the same port).
     pub fn start_on(port: u16, extra: &[&str]) -> Result<RedisServer, String> {
-        require("redis-server");
+        let program = server_program();
+        require("TOLLGATE_REDIS_SERVER", &program);
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "tollgate-redis-{}-{}-{port}",
@@ -114,6 +259,7 @@ impl RedisServer {
             .arg(WATCHDOG)
             .arg("sh")
             .arg(&dir)
+            .arg(&program)
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -134,13 +280,11 @@ impl RedisServer {
             }
             if let Ok(Some(status)) = server.child.try_wait() {
                 let log = std::fs::read_to_string(&log).unwrap_or_default();
-                return Err(format!(
-                    "redis-server on port {port} exited ({status}): {log}"
-                ));
+                return Err(format!("{program} on port {port} exited ({status}): {log}"));
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "redis-server on port {port} did not answer PING in 10 s"
+                    "{program} on port {port} did not answer PING in 10 s"
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -221,10 +365,36 @@ impl RedisCluster {
     /// 3 primaries with `replicas` replicas each, the given node timeout (how long a primary
     /// may be unreachable before its replica takes over), and extra `redis-server` arguments.
     pub fn start_with(replicas: usize, node_timeout_ms: u32, extra: &[&str]) -> RedisCluster {
-        require("redis-cli");
+        Self::start_announcing_with(replicas, node_timeout_ms, extra, |_, _| None)
+    }
+
+    /// 3 primaries, no replicas, a node timeout of 5 s, each node announcing the client port
+    /// `announce(index, port)` gives it (a proxy in front of it, which must forward to `port`),
+    /// so that clients reach it only through that port. Set when each node starts, as every
+    /// server shows it (Redis before 7.0 shows a port changed at runtime to the other nodes
+    /// only); returns once every node tells every announced port.
+    pub fn start_announcing(mut announce: impl FnMut(usize, u16) -> u16) -> RedisCluster {
+        let mut announced = Vec::new();
+        let cluster = Self::start_announcing_with(0, 5000, &[], |i, port| {
+            let to = announce(i, port);
+            announced.truncate(i);
+            announced.push(to);
+            Some(to)
+        });
+        cluster.wait_announced(&announced);
+        cluster
+    }
+
+    fn start_announcing_with(
+        replicas: usize,
+        node_timeout_ms: u32,
+        extra: &[&str],
+        mut announce: impl FnMut(usize, u16) -> Option<u16>,
+    ) -> RedisCluster {
+        require("TOLLGATE_REDIS_CLI", &cli_program());
         let mut last_error = String::new();
         for _ in 0..3 {
-            match Self::try_start(replicas, node_timeout_ms, extra) {
+            match Self::try_start(replicas, node_timeout_ms, extra, &mut announce) {
                 Ok(cluster) => return cluster,
                 Err(e) => last_error = e,
             }
@@ -236,22 +406,33 @@ impl RedisCluster {
         replicas: usize,
         node_timeout_ms: u32,
         extra: &[&str],
+        announce: &mut dyn FnMut(usize, u16) -> Option<u16>,
     ) -> Result<RedisCluster, String> {
         let node_timeout = node_timeout_ms.to_string();
+        let cluster_port = server().has_cluster_port();
         let mut nodes = Vec::new();
-        for _ in 0..3 * (1 + replicas) {
-            let [port, bus] = free_ports::<2>();
-            let bus = bus.to_string();
+        for i in 0..3 * (1 + replicas) {
             let mut args = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
-                "--cluster-port",
-                &bus,
                 "--cluster-node-timeout",
                 &node_timeout,
             ];
+            let (port, bus) = if cluster_port {
+                let [port, bus] = free_ports::<2>();
+                (port, Some(bus.to_string()))
+            } else {
+                (free_port_with_bus(), None)
+            };
+            if let Some(bus) = &bus {
+                args.extend_from_slice(&["--cluster-port", bus]);
+            }
+            let announced = announce(i, port).map(|to| to.to_string());
+            if let Some(to) = &announced {
+                args.extend_from_slice(&["--cluster-announce-port", to]);
+            }
             args.extend_from_slice(extra);
             nodes.push(RedisServer::start_on(port, &args)?);
         }
@@ -259,7 +440,7 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let output = Command::new("redis-cli")
+        let output = Command::new(cli_program())
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
@@ -307,17 +488,8 @@ impl RedisCluster {
         })
     }
 
-    /// Makes node `i` announce `ports[i]` as its client port (a proxy in front of it), so that
-    /// clients reach it only through that proxy; waits until every node tells the new ports.
-    pub fn announce_ports(&self, ports: &[u16]) {
-        for (node, port) in self.nodes.iter().zip(ports) {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("cluster-announce-port")
-                .arg(port)
-                .query(&mut node.conn())
-                .expect("CONFIG SET cluster-announce-port");
-        }
+    /// Waits until every node tells every one of `ports` as a node's client port.
+    fn wait_announced(&self, ports: &[u16]) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let announced = self.nodes.iter().all(|node| {
