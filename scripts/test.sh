@@ -31,6 +31,25 @@ ensure_redis() {
     fi
 }
 
+# The TLS tests make their certificates with the openssl command.
+ensure_openssl() {
+    if command -v openssl >/dev/null 2>&1; then
+        return 0
+    fi
+    say "openssl not found: installing it (Debian package openssl)"
+    if command -v apt-get >/dev/null 2>&1; then
+        local sudo=""
+        if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+        $sudo apt-get update -qq || true
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null || true
+    fi
+    if ! command -v openssl >/dev/null 2>&1; then
+        echo "error: the TLS tests make their certificates with openssl; install it (Debian/Ubuntu:" >&2
+        echo "       apt-get install openssl; macOS: brew install openssl) and run again." >&2
+        exit 1
+    fi
+}
+
 ensure_promtool() {
     if command -v promtool >/dev/null 2>&1; then
         return 0
@@ -72,6 +91,7 @@ ensure_grpcio() {
 
 ensure_redis
 echo "using $(redis-server --version)"
+ensure_openssl
 ensure_promtool
 
 say "promtool check rules examples/metrics/alerts.yml"

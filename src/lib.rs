@@ -330,6 +330,9 @@
 //!   exporter, such as `metrics-exporter-prometheus`. See [`observe`].
 //! * `testing`: [`testing`] (answers in typed form) and `clock(..)` on the Redis store
 //!   builders, for tests and simulations.
+//! * `tls`: TLS to Redis (`rediss://`) for both Redis stores, with rustls and its ring
+//!   provider (no system OpenSSL): `tls_ca` and `tls_client_cert` on their builders. Enables
+//!   `redis`.
 //!
 //! `default-features = false` builds the layer with the memory store alone. gRPC needs no
 //! feature to be answered right: a call over the limit gets `RESOURCE_EXHAUSTED`, never an HTTP

@@ -285,26 +285,6 @@ async fn ratelimit(app: &mut Router, ip: [u8; 4]) -> String {
     field.to_str().unwrap().to_owned()
 }
 
-/// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
-/// port, so that clients (and their redirections) never bypass it.
-async fn cluster_behind_proxies() -> (RedisCluster, Vec<FaultProxy>) {
-    let runtime = tokio::runtime::Handle::current();
-    tokio::task::spawn_blocking(move || {
-        let mut proxies = Vec::new();
-        // Called for each node as it starts (again for all of them if a start is retried).
-        let cluster = RedisCluster::start_announcing(|i, port| {
-            let proxy = runtime.block_on(FaultProxy::start(port));
-            let to = proxy.port;
-            proxies.truncate(i);
-            proxies.push(proxy);
-            to
-        });
-        (cluster, proxies)
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_check_whose_reply_is_lost_is_charged_exactly_once() {
     use tollgate::Algorithm;
@@ -312,7 +292,7 @@ async fn a_cluster_check_whose_reply_is_lost_is_charged_exactly_once() {
     use tollgate::key::Key;
     use tollgate::store::{Charge, RuleSpec};
 
-    let (cluster, proxies) = cluster_behind_proxies().await;
+    let (cluster, proxies) = support::fault_proxy::cluster_behind_proxies().await;
     let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
     let store = RedisClusterStore::builder(urls)
         .prefix(unique_prefix("once"))

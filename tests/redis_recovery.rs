@@ -22,26 +22,6 @@ fn hourly(name: &str, limit: u64) -> RuleSpec {
     RuleSpec::new(name, Algorithm::FixedWindow, hour).unwrap()
 }
 
-/// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
-/// port, so that clients (and their redirections) never bypass it.
-async fn cluster_behind_proxies() -> (RedisCluster, Vec<FaultProxy>) {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
-        .await
-        .unwrap();
-    let mut proxies = Vec::new();
-    for node in &cluster.nodes {
-        proxies.push(FaultProxy::start(node.port).await);
-    }
-    let ports: Vec<u16> = proxies.iter().map(|p| p.port).collect();
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.announce_ports(&ports);
-        cluster
-    })
-    .await
-    .unwrap();
-    (cluster, proxies)
-}
-
 /// The index of the node (and of its proxy) that owns the slot of the Redis key `name`.
 fn owner_of(cluster: &RedisCluster, name: &str, proxies: &[FaultProxy]) -> usize {
     let mut conn = cluster.nodes[0].conn();
@@ -164,7 +144,7 @@ async fn a_refused_connection_fails_the_check_at_once() {
 /// off the check's budget, so the node's slots answer again soon after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_node_recovers_after_a_blip() {
-    let (cluster, proxies) = cluster_behind_proxies().await;
+    let (cluster, proxies) = support::fault_proxy::cluster_behind_proxies().await;
     let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
     let store = RedisClusterStore::builder(urls)
         .prefix(unique_prefix("slow-node"))
@@ -351,7 +331,7 @@ async fn a_cached_denial_lives_no_longer_than_its_cap() {
 /// went away in between: the check runs to its end on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
-    let (cluster, proxies) = cluster_behind_proxies().await;
+    let (cluster, proxies) = support::fault_proxy::cluster_behind_proxies().await;
     let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
     let prefix = unique_prefix("across");
     let store = RedisClusterStore::builder(urls)

@@ -142,7 +142,15 @@
 //! requests only spend), so the cache never denies what Redis would admit; its time is counted
 //! from when the check was sent, before Redis read its clock. The exceptions are units given
 //! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and
-//! a denial cached in that instant may last until its time. A rule with other numbers (a policy that
+//! a denial cached in that instant may last until its time; so may one of a key whose leased
+//! units another replica gives back. A reset or a refund made through any store is told to the
+//! others: it is published on `<prefix>:forget`, every store of the prefix listens on a
+//! connection of its own, and a denial cached before a key was heard forgotten is not answered
+//! again (the next request asks Redis), so another replica admits within one pub/sub hop after
+//! the reset or refund returns. A message can be lost (the listening connection was down, and
+//! then every cached denial is dropped when it is back): whatever Redis computed, a cached denial
+//! is answered at most [`deny_cache_max_age`][deny_cache_max_age] (default 5 s), the bound of
+//! its staleness then. A rule with other numbers (a policy that
 //! changed) is a new rule to it, and an admitted request clears its keys. Bounded:
 //! [`deny_cache`][deny_cache] keys (default 100,000; 0 turns it off). While
 //! Redis is away, keys it denied stay denied until their time; other requests follow their
@@ -198,7 +206,9 @@
 //! | `split(k)` | one per request, spread over `k` slots | the budget (each sub-key has `1/k`, rounded down) | about `(k − 1) × R` requests' units with R replicas | the sub-key's, its remaining × `k` |
 //!
 //! Leased units left when their time to live ends (never past the end of a fixed or
-//! sliding-counter window, as the leased key's node counts time) are dropped, not given back;
+//! sliding-counter window, as the leased key's node counts time) go back into the window they
+//! were charged in, for a fixed window or a sliding counter, with the key's next call from that
+//! replica; for the other algorithms they are dropped (see [`Rule::lease`](crate::Rule::lease));
 //! units a request took and did not spend go back only to the lease they came from, while it
 //! lives. A refill whose reply is lost (a time-out, a client that went away) loses what it took.
 //! A split key's request whose cost is more than a sub-key holds (possible only with a computed
@@ -298,6 +308,7 @@
     feature = "redis",
     doc = "[max_batch]: RedisStoreBuilder::max_batch
 [deny_cache]: RedisStoreBuilder::deny_cache
+[deny_cache_max_age]: RedisStoreBuilder::deny_cache_max_age
 [`CircuitBreaker`]: crate::CircuitBreaker"
 )]
 #![cfg_attr(
@@ -307,6 +318,7 @@
 [`RedisClusterStore::builder`]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisClusterStore.html#method.builder
 [max_batch]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.max_batch
 [deny_cache]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.deny_cache
+[deny_cache_max_age]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.deny_cache_max_age
 [`CircuitBreaker`]: https://docs.rs/tollgate/latest/tollgate/struct.CircuitBreaker.html"
 )]
 

@@ -240,3 +240,23 @@ fn calls_of_code(bytes: &[u8]) -> usize {
     };
     named(b"FCALL") + named(b"EVALSHA")
 }
+
+/// A cluster whose every node is reached through a fault proxy: each node announces its proxy's
+/// port, so that clients (and their redirections) never bypass it.
+pub async fn cluster_behind_proxies() -> (super::RedisCluster, Vec<FaultProxy>) {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        let mut proxies = Vec::new();
+        // Called for each node as it starts (again for all of them if a start is retried).
+        let cluster = super::RedisCluster::start_announcing(|i, port| {
+            let proxy = runtime.block_on(FaultProxy::start(port));
+            let to = proxy.port;
+            proxies.truncate(i);
+            proxies.push(proxy);
+            to
+        });
+        (cluster, proxies)
+    })
+    .await
+    .unwrap()
+}

@@ -92,13 +92,18 @@ use crate::{ConfigError, Decision};
 /// runs both stores as this user, over TLS):
 ///
 /// ```text
-/// ACL SETUSER tollgate on >PASSWORD ~tollgate:* resetchannels -@all
+/// ACL SETUSER tollgate on >PASSWORD ~tollgate:* resetchannels &tollgate:forget -@all
 ///     +time +get +set +del +pexpire +type +rpush +lindex +linsert +llen +lrem +ltrim
+///     +lrange +pttl
 ///     +evalsha +script|load
+///     +ping +publish +subscribe
 ///     +cluster|slots +asking
 /// ```
 ///
-/// `~tollgate:*` is the default prefix: give yours. The last line is for a cluster only. With
+/// `~tollgate:*` and `&tollgate:forget` are the default prefix's: give yours. `+ping` is the
+/// circuit breaker's probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
+/// other replicas of resets and refunds (their deny caches). The last line is for a cluster
+/// only. With
 /// `+fcall +function|load` in place of `+evalsha +script|load`, a store runs its code as a
 /// function library (Redis 7 and later, Valkey); a user that may not load functions gets the
 /// script form, and `ACL LOG` shows the refused `FUNCTION LOAD`. A refused certificate fails
@@ -256,7 +261,7 @@ impl RedisStoreBuilder {
     }
 
     /// The most checks sent to Redis in one call (default [`DEFAULT_MAX_BATCH`]; 1 sends each
-    /// check alone, pipelined). A few calls per connection are out at a time: checks that
+    /// check alone, pipelined). Two calls per connection are out at a time: checks that
     /// arrive meanwhile go together in the next, each still all or nothing by itself, so a busy
     /// server gets fewer, larger calls and an idle one gets each check at once, with no timer.
     pub fn max_batch(mut self, checks: usize) -> Self {

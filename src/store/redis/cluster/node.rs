@@ -15,6 +15,9 @@ use crate::store::redis::error::{AtServer, is_server_answer, store_error};
 use crate::store::redis::health::{self, Health};
 use crate::store::redis::script::ServerForm;
 
+/// How an attempt to open a node's connection went (the connection itself is kept in the node).
+type Opened = Result<(), String>;
+
 /// A node of the cluster, by address.
 pub(crate) struct Node {
     addr: String,
@@ -26,7 +29,7 @@ pub(crate) struct Node {
     response_timeout: Duration,
     conn: Mutex<Option<(MultiplexedConnection, Arc<Health>)>>,
     /// The connection attempt under way, if any: one at a time, shared by the checks waiting.
-    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Result<(), String>>>>>,
+    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Opened>>>>,
     breaker: Breaker,
     /// Whether the node runs functions or scripts.
     form: ServerForm,
@@ -146,7 +149,7 @@ impl Node {
 
     /// One attempt to open the node's connection, within the connect timeout; its outcome goes
     /// to every check waiting for it.
-    async fn open(self: Arc<Self>, done: tokio::sync::watch::Sender<Option<Result<(), String>>>) {
+    async fn open(self: Arc<Self>, done: tokio::sync::watch::Sender<Option<Opened>>) {
         let health = Arc::new(Health::new(self.response_timeout));
         let config = health::watched(&self.config, &health);
         let connect = self
