@@ -519,3 +519,59 @@ async fn probes_do_not_ride_on_requests() {
         "a probe closed the breaker once the server answered"
     );
 }
+
+/// Units a lease left unspent go back into their window with the key's next call; but not
+/// after another replica reset the key: given back into the window reset since, they would
+/// erase what was charged after the reset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_units_do_not_go_back_after_another_replica_reset_the_key() {
+    use tollgate::clock::ManualClock;
+
+    let server = support::standalone();
+    let prefix = unique_prefix("lease-reset");
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let replica = || {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .clock(clock.clone())
+            .response_timeout(Duration::from_secs(2))
+            .connect()
+    };
+    let (a, b) = (replica().await.unwrap(), replica().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(200)).await; // the listeners subscribe
+    let limits = Limits::new(100, 60_000_000, 100).unwrap();
+    let rule = RuleSpec::new("leased", Algorithm::FixedWindow, limits)
+        .unwrap()
+        .with_lease(10, tollgate::DEFAULT_LEASE_TTL)
+        .unwrap();
+    let key = Key::text("hot");
+    let one = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    // To a second into a window, then 20 requests 10 ms apart on A: its lease grows and
+    // leaves units unspent when it expires.
+    let now = tollgate::clock::Clock::now_micros(&clock);
+    clock.advance(Duration::from_micros(61_000_000 - now % 60_000_000));
+    for _ in 0..20 {
+        assert!(a.check(&one).await.unwrap().allowed());
+        clock.advance(Duration::from_millis(10));
+    }
+    clock.advance(Duration::from_secs(5));
+    // B resets the key and charges 50.
+    b.reset(&one).await.unwrap();
+    let fifty = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 50,
+    }];
+    assert!(b.check(&fifty).await.unwrap().allowed());
+    tokio::time::sleep(Duration::from_millis(200)).await; // A hears of the reset
+    assert!(a.check(&one).await.unwrap().allowed());
+    let left = b.peek(&one).await.unwrap().outcomes()[0].remaining;
+    assert_eq!(
+        left, 49,
+        "51 charged since the reset, none of them given back"
+    );
+}

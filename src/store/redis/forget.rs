@@ -83,7 +83,7 @@ pub(crate) fn listen(
             if heard_before {
                 // Messages sent while no connection listened are lost: what is cached may be.
                 match local.upgrade() {
-                    Some(local) => local.forget_every_denial(),
+                    Some(local) => local.forget_everything(),
                     None => return,
                 }
             }

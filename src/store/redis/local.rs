@@ -93,6 +93,9 @@ const SHARDS: usize = 16;
 /// at once, for the cap of a cached denial's life; past it, every cached denial is dropped.
 const MAX_TOMBSTONES: usize = 65_536;
 
+/// The shortest life of a tombstone (local microseconds): a minute.
+const TOMBSTONE_LIFE: u64 = 60_000_000;
+
 /// The local decisions of one store.
 pub(crate) struct Local {
     clock: Arc<dyn Clock>,
@@ -109,6 +112,8 @@ pub(crate) struct Local {
     tombstone_count: AtomicUsize,
     /// When the tombstones are next pruned (local microseconds).
     next_prune: AtomicU64,
+    /// When every key was last taken as forgotten (local microseconds; 0: never).
+    forgot_all_at: AtomicU64,
     leases: Table<Held>,
     /// Numbers the lease entries made: an entry's generations start at its number times
     /// 2³², so that one made again after its key's was evicted never counts a generation of
@@ -356,6 +361,7 @@ impl Local {
             tombstones: Mutex::default(),
             tombstone_count: AtomicUsize::new(0),
             next_prune: AtomicU64::new(0),
+            forgot_all_at: AtomicU64::new(0),
             parts: Table::new(leases),
             leases: Table::new(leases),
             entries: AtomicU64::new(0),
@@ -387,55 +393,72 @@ impl Local {
         }
     }
 
+    /// How long a tombstone is kept (local microseconds): the cap of a cached denial, and at
+    /// least a minute, for the leased units waiting to go back.
+    fn tombstone_life(&self) -> u64 {
+        self.max_age.max(TOMBSTONE_LIFE)
+    }
+
     /// A replica forgot the key of Redis name `name` (a reset or an adjustment): a denial
-    /// cached here before now is not answered again.
+    /// cached here before now is not answered again, and leased units charged before now are
+    /// not given back.
     pub(crate) fn forgotten(&self, name: &[u8]) {
-        // Kept even while no denial is cached: one may be on its way, from a check sent before.
-        if self.denials.max_per_shard == 0 {
-            return;
-        }
+        // Kept even while no denial is cached (one may be on its way, from a check sent before),
+        // and without a deny cache (leased units waiting to go back read them).
         let now = self.now();
+        let life = self.tombstone_life();
         let mut tombstones = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
-        if tombstones.len() >= MAX_TOMBSTONES {
-            let max_age = self.max_age;
-            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
-            if tombstones.len() >= MAX_TOMBSTONES {
-                // More keys forgotten at once than can be told apart: forget every denial.
-                tombstones.clear();
-                self.tombstone_count.store(0, Ordering::Relaxed);
-                drop(tombstones);
-                self.denials.clear();
-                return;
-            }
+        // Those heard before their life are no longer needed (pruned now and then, not on
+        // every message).
+        if tombstones.len() >= MAX_TOMBSTONES || tombstones.len() % 1024 == 1023 {
+            tombstones.retain(|_, heard| now.saturating_sub(*heard) < life);
         }
-        // Those heard before the cap are no longer needed: every denial cached before them
-        // has ended (pruned now and then, not on every message).
-        if tombstones.len() % 1024 == 1023 {
-            let max_age = self.max_age;
-            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
+        if tombstones.len() >= MAX_TOMBSTONES {
+            // More keys forgotten at once than can be told apart: every key, from now.
+            tombstones.clear();
+            self.tombstone_count.store(0, Ordering::Relaxed);
+            drop(tombstones);
+            self.forget_everything();
+            return;
         }
         tombstones.insert(name_hash(name), now);
         self.tombstone_count
             .store(tombstones.len(), Ordering::Relaxed);
     }
 
-    /// Drops every cached denial: the replica may have missed what others forgot.
-    pub(crate) fn forget_every_denial(&self) {
+    /// Forgets every cached denial, and every leased unit waiting to go back: the replica may
+    /// have missed what others forgot (its listening connection was down, or too many keys
+    /// were forgotten at once to tell apart).
+    pub(crate) fn forget_everything(&self) {
+        self.forgot_all_at.store(self.now(), Ordering::Relaxed);
         self.denials.clear();
+    }
+
+    /// Whether any key may have been forgotten by another replica (cheap: no lock).
+    fn may_be_forgotten(&self) -> bool {
+        self.tombstone_count.load(Ordering::Relaxed) > 0
+            || self.forgot_all_at.load(Ordering::Relaxed) != 0
     }
 
     /// Whether another replica forgot `charge`'s key after `at` (local microseconds).
     fn forgotten_since(&self, charge: &Charge<'_>, at: u64) -> bool {
+        let forgot_all_at = self.forgot_all_at.load(Ordering::Relaxed);
+        if forgot_all_at != 0 && forgot_all_at >= at {
+            return true;
+        }
+        if self.tombstone_count.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
         let name = super::keys::key_name(&self.prefix, charge.key, charge.rule.name());
         let hash = name_hash(name.as_bytes());
         let mut tombstones = self.tombstones.lock().unwrap_or_else(|p| p.into_inner());
         let now = self.now();
+        let life = self.tombstone_life();
         if now >= self.next_prune.load(Ordering::Relaxed) {
-            // At most once per cap: those heard before it are no longer needed.
+            // At most once per cap: those heard before their life are no longer needed.
             self.next_prune
                 .store(now.saturating_add(self.max_age), Ordering::Relaxed);
-            let max_age = self.max_age;
-            tombstones.retain(|_, heard| now.saturating_sub(*heard) < max_age);
+            tombstones.retain(|_, heard| now.saturating_sub(*heard) < life);
             self.tombstone_count
                 .store(tombstones.len(), Ordering::Relaxed);
         }
@@ -505,9 +528,7 @@ impl Local {
         if entry.cost != charge.cost || now >= entry.until {
             return None;
         }
-        if self.tombstone_count.load(Ordering::Relaxed) > 0
-            && self.forgotten_since(charge, entry.at)
-        {
+        if self.may_be_forgotten() && self.forgotten_since(charge, entry.at) {
             self.denials.remove(key);
             return None;
         }
@@ -667,6 +688,24 @@ impl Local {
         }
     }
 
+    /// The units of `held`'s expired lease to give back with this call, unless another
+    /// replica reset or refunded the key since they were charged (heard as a tombstone, kept a
+    /// minute at least): given back into a window reset since, they would erase charges made
+    /// after the reset. A reset heard longer ago than a tombstone lives is not seen: then up to
+    /// the units given back (at most `n − 1`) may be admitted once more than the budget.
+    fn expired_give_back(
+        &self,
+        charge: &Charge<'_>,
+        held: &mut Held,
+        ttl: u64,
+    ) -> Option<(u64, u64)> {
+        let give_back = held.returning.take()?;
+        // The expired lease was charged no earlier than this (local time).
+        let charged = held.until.saturating_sub(ttl);
+        let forgotten = self.may_be_forgotten() && self.forgotten_since(charge, charged);
+        (!forgotten).then_some(give_back)
+    }
+
     /// How a charge of a leased rule is paid: from the lease here, by a refill, or by Redis
     /// alone; with the units of the key's expired leases that its call gives back.
     fn lease_for(
@@ -709,11 +748,12 @@ impl Local {
                     generation: held.generation,
                     resets: held.resets,
                 };
-                return (how, held.returning.take());
+                let give_back = self.expired_give_back(charge, held, ttl);
+                return (how, give_back);
             }
             return (How::Leased(held.spent(now), held.generation), None);
         }
-        let give_back = held.returning.take();
+        let give_back = self.expired_give_back(charge, held, ttl);
         if held.refilling {
             // No unit here while the refill is out: counted, so that the next goes out sooner.
             held.demand = held.demand.saturating_add(charge.cost);
