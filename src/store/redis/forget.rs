@@ -15,11 +15,13 @@
 //! as the message reaches it (one hop through Redis: well under a millisecond on a LAN), and at
 //! the latest after the cap when it was lost.
 
-use std::sync::Weak;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, PushKind};
+use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind};
 
 use super::local::Local;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY};
@@ -45,8 +47,18 @@ pub(crate) async fn publish(
     pipe.query_async::<()>(conn).await
 }
 
+/// The most messages waiting to be read; past it, every cached denial is dropped (as if the
+/// listener had missed them).
+const WAITING: usize = 4096;
+
+/// A listening connection that broke sooner than this after it subscribed waits before the
+/// next (a server that drops subscribers at once is not asked in a loop).
+const SETTLED: Duration = Duration::from_secs(10);
+
 /// Listens on `channel` for as long as `local` lives, through the first of `clients` that
-/// answers (the next one when it goes away), and tells `local` each name it hears.
+/// answers (the next one when it goes away), and tells `local` each name it hears. The
+/// connection is pinged every 5 s (a link that vanished without a reset tells nothing else);
+/// one that does not answer within the connect timeout is replaced.
 pub(crate) fn listen(
     local: Weak<Local>,
     clients: Vec<Client>,
@@ -63,10 +75,17 @@ pub(crate) fn listen(
             if local.strong_count() == 0 {
                 return;
             }
-            let (pushes, mut heard) = tokio::sync::mpsc::unbounded_channel();
+            let (pushes, mut heard) = tokio::sync::mpsc::channel(WAITING);
+            let overflowed = Arc::new(AtomicBool::new(false));
+            let full = overflowed.clone();
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(connect_timeout))
-                .set_push_sender(pushes);
+                .set_push_sender(move |push: PushInfo| -> Result<(), Infallible> {
+                    if pushes.try_send(push).is_err() {
+                        full.store(true, Ordering::Relaxed);
+                    }
+                    Ok(())
+                });
             let subscribed = async {
                 let mut conn = client
                     .get_multiplexed_async_connection_with_config(&config)
@@ -74,12 +93,12 @@ pub(crate) fn listen(
                 conn.subscribe(&channel).await?;
                 Ok::<_, redis::RedisError>(conn)
             };
-            let Ok(Ok(conn)) = tokio::time::timeout(connect_timeout, subscribed).await else {
+            let Ok(Ok(mut conn)) = tokio::time::timeout(connect_timeout, subscribed).await else {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_RETRY_DELAY);
                 continue;
             };
-            delay = FIRST_RETRY_DELAY;
+            let since = tokio::time::Instant::now();
             if heard_before {
                 // Messages sent while no connection listened are lost: what is cached may be.
                 match local.upgrade() {
@@ -89,25 +108,30 @@ pub(crate) fn listen(
             }
             heard_before = true;
             loop {
-                let push = tokio::select! {
-                    push = heard.recv() => push,
-                    // Looks now and then whether the store is still there.
-                    () = tokio::time::sleep(Duration::from_secs(5)) => {
-                        if local.strong_count() == 0 {
-                            return;
-                        }
-                        continue;
+                let Ok(push) = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await
+                else {
+                    // Quiet for 5 s: the store still there, and the link still answering?
+                    if local.strong_count() == 0 {
+                        return;
+                    }
+                    let ping = redis::cmd("PING").query_async::<redis::Value>(&mut conn);
+                    match tokio::time::timeout(connect_timeout, ping).await {
+                        Ok(Ok(_)) => continue,
+                        _ => break,
                     }
                 };
                 let Some(push) = push else { break };
+                let Some(local) = local.upgrade() else {
+                    return;
+                };
+                if overflowed.swap(false, Ordering::Relaxed) {
+                    local.forget_everything();
+                }
                 match push.kind {
                     PushKind::Message => {
-                        let Some(local) = local.upgrade() else {
-                            return;
-                        };
                         // [channel, name]
                         if let Some(redis::Value::BulkString(name)) = push.data.get(1) {
-                            local.forgotten(name);
+                            local.forgotten(name.as_slice());
                         }
                     }
                     PushKind::Disconnection => break,
@@ -115,6 +139,12 @@ pub(crate) fn listen(
                 }
             }
             drop(conn);
+            if since.elapsed() < SETTLED {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY_DELAY);
+            } else {
+                delay = FIRST_RETRY_DELAY;
+            }
         }
     });
 }

@@ -106,28 +106,46 @@ function SlidingLog.refund(key, l, now, cost, at)
     return
   end
   -- Algorithm::refund: the newest `cost` entries charged at or before `at` (oldest first in
-  -- the list); the entries after `at` are another request's, and stay.
-  local entries = call('LRANGE', key, 0, -1)
-  local last = #entries
-  while last > 0 and tonumber(entries[last]) > at do
-    last = last - 1
+  -- the list); the entries after `at` are another request's, and stay. They are at the tail:
+  -- read from there, a chunk at a time (a refund is of a recent charge).
+  local after = 0
+  local chunk = 16
+  while true do
+    local stop = len - after - 1
+    local from = max(stop - chunk + 1, 0)
+    local part = call('LRANGE', key, from, stop)
+    local i = #part
+    while i > 0 and tonumber(part[i]) > at do
+      i = i - 1
+    end
+    after = after + (#part - i)
+    if i > 0 or from == 0 then
+      break
+    end
+    chunk = chunk * 2
   end
+  local last = len - after
   local first = max(last - cost + 1, 1)
   if last < first then
     return
   end
-  if first == 1 and last == #entries then
+  local entries = {}
+  if after > 0 then
+    entries = call('LRANGE', key, last, -1)
+  end
+  if first == 1 and after == 0 then
     call('DEL', key)
     return
   end
-  local ttl = call('PTTL', key)
-  -- Keep entries[1 .. first - 1], then put entries[last + 1 ..] back after them.
+  -- Keep the entries before `first`, then put the `after` ones back behind them.
+  local ttl = -1
   if first > 1 then
     call('LTRIM', key, 0, first - 2)
   else
+    ttl = call('PTTL', key)
     call('DEL', key)
   end
-  local i = last + 1
+  local i = 1
   while i <= #entries do
     local batch = {}
     for j = i, min(i + 999, #entries) do
@@ -136,7 +154,7 @@ function SlidingLog.refund(key, l, now, cost, at)
     call('RPUSH', key, unpack(batch))
     i = i + #batch
   end
-  if first == 1 and ttl > 0 then
+  if ttl > 0 then
     call('PEXPIRE', key, ttl)
   end
 end

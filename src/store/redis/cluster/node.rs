@@ -15,6 +15,10 @@ use crate::store::redis::error::{AtServer, is_server_answer, store_error};
 use crate::store::redis::health::{self, Health};
 use crate::store::redis::script::ServerForm;
 
+/// The most probes in a row a node's background probe makes before it leaves the node to
+/// requests (one cooldown each: 10 minutes at the default cooldown).
+const MAX_FAILED_PROBES: u32 = 600;
+
 /// How an attempt to open a node's connection went (the connection itself is kept in the node).
 type Opened = Result<(), String>;
 
@@ -175,7 +179,14 @@ impl Node {
         };
         let node = Arc::downgrade(self);
         runtime.spawn(async move {
+            let mut failed = 0;
             loop {
+                // A node that failed every probe for so long may be gone from the cluster (its
+                // address replaced): left to the requests of its slots, if any, which probe it a
+                // cooldown late.
+                if failed >= MAX_FAILED_PROBES {
+                    return;
+                }
                 let Some(wait) = node.upgrade().and_then(|node| node.breaker.until_probe()) else {
                     return;
                 };
@@ -203,6 +214,7 @@ impl Node {
                     Ok(Ok(Ok(()))) => node.breaker.success(permit),
                     Ok(Ok(Err(e))) if is_server_answer(&e) => node.breaker.success(permit),
                     Ok(_) => {
+                        failed += 1;
                         node.breaker.failure(permit);
                     }
                     Err(_) => {
@@ -210,6 +222,7 @@ impl Node {
                         if let Some(health) = in_use {
                             health.timed_out();
                         }
+                        failed += 1;
                         node.breaker.failure(permit);
                     }
                 }
