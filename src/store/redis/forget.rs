@@ -114,8 +114,9 @@ pub(crate) fn listen(
                     if local.strong_count() == 0 {
                         return;
                     }
-                    let ping = redis::cmd("PING").query_async::<redis::Value>(&mut conn);
-                    match tokio::time::timeout(connect_timeout, ping).await {
+                    let ping = redis::cmd("PING");
+                    let pong = ping.query_async::<redis::Value>(&mut conn);
+                    match tokio::time::timeout(connect_timeout, pong).await {
                         Ok(Ok(_)) => continue,
                         _ => break,
                     }

@@ -1,6 +1,7 @@
 //! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
@@ -136,6 +137,8 @@ struct Inner {
     batcher: Arc<Batcher<Job>>,
     /// Made by the background task (bb8 needs a runtime).
     pool: OnceLock<bb8::Pool<Manager>>,
+    /// Whether the pool has had a connection: an empty pool then means they broke.
+    pool_filled: AtomicBool,
     /// The connection being opened for checks (when the pool has none), if any.
     opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Opened>>>>,
     startup: Startup,
@@ -312,6 +315,7 @@ impl RedisStoreBuilder {
                 settings: self.settings,
                 pool: OnceLock::new(),
                 opening: Mutex::new(None),
+                pool_filled: AtomicBool::new(false),
                 startup: Startup::default(),
                 registry: RuleRegistry::new(),
                 warned: Every::default(),
@@ -396,12 +400,18 @@ impl Inner {
 
     /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
     /// that each connection pipelines every check that picks it. Broken connections are dropped
-    /// (the pool opens new ones). When none is open, the check opens one itself: a server that
-    /// refuses it is an answer at once, where waiting for the pool would cost the whole budget.
+    /// (the pool opens new ones). When none is open any more, the check opens one itself: a
+    /// server that refuses it is an answer at once, where waiting for the pool would cost the
+    /// whole budget.
     async fn connection(&self) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
         let pool = self.pool()?;
         for _ in 0..=self.pool_size {
-            if pool.state().connections == 0 {
+            // Until the pool has first filled, its connections are on their way: waited for
+            // (so that checks keep their order on one connection). After, none means they broke.
+            let open = pool.state().connections;
+            if open > 0 {
+                self.pool_filled.store(true, Ordering::Relaxed);
+            } else if self.pool_filled.load(Ordering::Relaxed) {
                 break;
             }
             let pooled = pool.get().await.map_err(|e| match e {
