@@ -64,8 +64,8 @@ use crate::{ConfigError, Decision};
 /// connects over TLS: to ElastiCache with in-transit encryption, Azure Cache for Redis (port
 /// 6380), Redis Cloud, or a server started with `tls-port`. The server's certificate is checked
 /// against the system's roots, or against the CA certificates given to
-/// [`tls_ca`](RedisStoreBuilder::tls_ca), and must name the host of the URL;
-/// [`tls_client_cert`](RedisStoreBuilder::tls_client_cert) presents a client certificate to a
+/// `tls_ca` (feature `tls`), and must name the host of the URL;
+/// `tls_client_cert` presents a client certificate to a
 /// server that asks for one (`tls-auth-clients yes`). [`credentials`](RedisStoreBuilder::credentials)
 /// signs in as an ACL user (a URL's `user:password@` works too, escaped).
 ///
