@@ -1124,22 +1124,6 @@ proptest! {
 }
 
 #[test]
-fn the_readme_rules_file_builds() {
-    let readme = include_str!("../README.md");
-    let start = readme
-        .find("```toml\n")
-        .expect("a TOML block in the README")
-        + "```toml\n".len();
-    let end = start + readme[start..].find("```").unwrap();
-    let policy = Policy::from_toml(&readme[start..end], "README.md").unwrap();
-    RateLimitLayer::builder()
-        .policy(policy)
-        .tenant(TenantFromExtension)
-        .build()
-        .unwrap();
-}
-
-#[test]
 fn ipv6_list_entries_longer_than_the_key_prefix_are_refused() {
     let policy = |entry: &str| {
         Policy::new("v")
