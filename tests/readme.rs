@@ -205,5 +205,5 @@ fn the_install_lines_match_cargo_toml() {
             "{row}"
         );
     }
-    assert_eq!(named.len(), 6, "{named:?}");
+    assert_eq!(named.len(), 7, "{named:?}");
 }
