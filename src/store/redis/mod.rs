@@ -110,6 +110,7 @@ mod health;
 mod keys;
 mod local;
 mod outside;
+mod probe;
 mod script;
 mod standalone;
 mod startup;

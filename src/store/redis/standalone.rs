@@ -18,6 +18,7 @@ use super::forget;
 use super::health::{self, Health};
 use super::local::Local;
 use super::outside::{self, Calls};
+use super::probe::{self, Probed};
 use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::unclaimed::Unclaimed;
@@ -560,54 +561,11 @@ impl Inner {
         }
     }
 
-    /// Probes the server once per cooldown while the breaker is open, off the request path,
-    /// until a probe succeeds (or the store is dropped).
+    /// Probes the server once per cooldown while the breaker is open (see [`probe`]).
     fn probe_in_background(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let me = self.me.clone();
-        runtime.spawn(async move {
-            loop {
-                let Some(wait) = me.upgrade().and_then(|inner| inner.breaker.until_probe()) else {
-                    return;
-                };
-                tokio::time::sleep(wait).await;
-                let Some(inner) = me.upgrade() else {
-                    return;
-                };
-                let Some(permit) = inner.breaker.admit_probe() else {
-                    // Another probe is out (or a request took the turn): its time first.
-                    let cooldown = inner.breaker.cooldown();
-                    drop(inner);
-                    tokio::time::sleep(cooldown).await;
-                    continue;
-                };
-                let mut in_use = None;
-                let ping = async {
-                    let (mut conn, health) = inner.connection().await?;
-                    in_use = Some(health.clone());
-                    let pong = ::redis::cmd("PING").query_async::<()>(&mut conn).await;
-                    super::health::tell(&health, &pong);
-                    Ok::<_, StoreError>(pong)
-                };
-                match tokio::time::timeout(inner.settings.response_timeout, ping).await {
-                    // A server that answers, even with a refusal (`NOPERM`), is up.
-                    Ok(Ok(Ok(()))) => inner.breaker.success(permit),
-                    Ok(Ok(Err(e))) if is_server_answer(&e) => inner.breaker.success(permit),
-                    Ok(_) => {
-                        inner.breaker.failure(permit);
-                    }
-                    Err(_) => {
-                        // A connection that stays silent is retired, as a check's would be.
-                        if let Some(health) = in_use {
-                            health.timed_out();
-                        }
-                        inner.breaker.failure(permit);
-                    }
-                }
-            }
-        });
+        if let Some(me) = self.me.upgrade() {
+            probe::in_background(&me, u32::MAX);
+        }
     }
 
     /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
@@ -985,6 +943,22 @@ impl Calls for Inner {
                 .await
                 .unwrap_or(Err(StoreError::Timeout))
         })
+    }
+}
+
+impl Probed for Inner {
+    fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    fn probe_timeout(&self) -> Duration {
+        self.settings.response_timeout
+    }
+
+    async fn probe_connection(
+        self: Arc<Self>,
+    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+        self.connection().await
     }
 }
 

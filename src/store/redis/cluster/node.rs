@@ -11,8 +11,9 @@ use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access;
-use crate::store::redis::error::{AtServer, is_server_answer, store_error};
+use crate::store::redis::error::{AtServer, store_error};
 use crate::store::redis::health::{self, Health};
+use crate::store::redis::probe::{self, Probed};
 use crate::store::redis::script::ServerForm;
 
 /// The most probes in a row a node's background probe makes before it leaves the node to
@@ -171,63 +172,11 @@ impl Node {
         done.send_replace(Some(outcome));
     }
 
-    /// Probes the node once per cooldown while its breaker is open, off the request path,
-    /// until a probe succeeds (or the node is dropped with the store).
+    /// Probes the node once per cooldown while its breaker is open (see [`probe`]); a node that
+    /// failed every probe for so long may be gone from the cluster (its address replaced), and
+    /// is left to the requests of its slots, if any.
     pub(super) fn probe_in_background(self: &Arc<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let node = Arc::downgrade(self);
-        runtime.spawn(async move {
-            let mut failed = 0;
-            loop {
-                // A node that failed every probe for so long may be gone from the cluster (its
-                // address replaced): left to the requests of its slots, if any, which probe it a
-                // cooldown late.
-                if failed >= MAX_FAILED_PROBES {
-                    return;
-                }
-                let Some(wait) = node.upgrade().and_then(|node| node.breaker.until_probe()) else {
-                    return;
-                };
-                tokio::time::sleep(wait).await;
-                let Some(node) = node.upgrade() else {
-                    return;
-                };
-                let Some(permit) = node.breaker.admit_probe() else {
-                    // Another probe is out (or a request took the turn): its time first.
-                    let cooldown = node.breaker.cooldown();
-                    drop(node);
-                    tokio::time::sleep(cooldown).await;
-                    continue;
-                };
-                let mut in_use = None;
-                let ping = async {
-                    let (mut conn, health) = node.connection().await?;
-                    in_use = Some(health.clone());
-                    let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
-                    health::tell(&health, &pong);
-                    Ok::<_, StoreError>(pong)
-                };
-                match tokio::time::timeout(node.response_timeout, ping).await {
-                    // A node that answers, even with a refusal (`NOPERM`), is up.
-                    Ok(Ok(Ok(()))) => node.breaker.success(permit),
-                    Ok(Ok(Err(e))) if is_server_answer(&e) => node.breaker.success(permit),
-                    Ok(_) => {
-                        failed += 1;
-                        node.breaker.failure(permit);
-                    }
-                    Err(_) => {
-                        // A connection that stays silent is retired, as a check's would be.
-                        if let Some(health) = in_use {
-                            health.timed_out();
-                        }
-                        failed += 1;
-                        node.breaker.failure(permit);
-                    }
-                }
-            }
-        });
+        probe::in_background(self, MAX_FAILED_PROBES);
     }
 
     /// The current connection, unless it broke (then it is dropped).
@@ -254,5 +203,21 @@ impl Node {
         values
             .pop()
             .ok_or_else(|| (redis::ErrorKind::UnexpectedReturnType, "no reply").into())
+    }
+}
+
+impl Probed for Node {
+    fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    fn probe_timeout(&self) -> Duration {
+        self.response_timeout
+    }
+
+    async fn probe_connection(
+        self: Arc<Self>,
+    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+        self.connection().await
     }
 }

@@ -1,0 +1,81 @@
+//! The circuit breaker's probe: while a server's breaker is open, the store itself sends a
+//! `PING` once per cooldown, in a task of its own, until one is answered; no request waits for
+//! it. The standalone store probes its server, the cluster store each node whose breaker opened.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+
+use super::error::is_server_answer;
+use super::health::{self, Health};
+use crate::store::StoreError;
+use crate::store::breaker::Breaker;
+
+/// A server whose breaker can be probed: a standalone store's, or a cluster node's.
+pub(crate) trait Probed: Send + Sync + 'static {
+    fn breaker(&self) -> &Breaker;
+
+    /// The time a probe may take (a check's budget).
+    fn probe_timeout(&self) -> Duration;
+
+    /// A connection to the server (opened when there is none).
+    fn probe_connection(
+        self: Arc<Self>,
+    ) -> impl Future<Output = Result<(MultiplexedConnection, Arc<Health>), StoreError>> + Send;
+}
+
+/// Probes `target` once per cooldown while its breaker is open, until a probe is answered, the
+/// target is dropped, or `max_failures` probes in a row failed (then requests probe, a cooldown
+/// late: `Breaker::admit`).
+pub(crate) fn in_background<P: Probed>(target: &Arc<P>, max_failures: u32) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let target: Weak<P> = Arc::downgrade(target);
+    runtime.spawn(async move {
+        let mut failed = 0;
+        while failed < max_failures {
+            let Some(wait) = target.upgrade().and_then(|t| t.breaker().until_probe()) else {
+                return;
+            };
+            tokio::time::sleep(wait).await;
+            let Some(probed) = target.upgrade() else {
+                return;
+            };
+            let Some(permit) = probed.breaker().admit_probe() else {
+                // Another probe is out (or a request took the turn): its time first.
+                let cooldown = probed.breaker().cooldown();
+                drop(probed);
+                tokio::time::sleep(cooldown).await;
+                continue;
+            };
+            let mut in_use = None;
+            let ping = async {
+                let (mut conn, health) = probed.clone().probe_connection().await?;
+                in_use = Some(health.clone());
+                let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
+                health::tell(&health, &pong);
+                Ok::<_, StoreError>(pong)
+            };
+            match tokio::time::timeout(probed.probe_timeout(), ping).await {
+                // A server that answers, even with a refusal (`NOPERM`), is up.
+                Ok(Ok(Ok(()))) => probed.breaker().success(permit),
+                Ok(Ok(Err(e))) if is_server_answer(&e) => probed.breaker().success(permit),
+                Ok(_) => {
+                    failed += 1;
+                    probed.breaker().failure(permit);
+                }
+                Err(_) => {
+                    // A connection that stays silent is retired, as a check's would be.
+                    if let Some(health) = in_use {
+                        health.timed_out();
+                    }
+                    failed += 1;
+                    probed.breaker().failure(permit);
+                }
+            }
+        }
+    });
+}
