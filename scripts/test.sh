@@ -97,6 +97,9 @@ ensure_promtool
 say "promtool check rules examples/metrics/alerts.yml"
 promtool check rules examples/metrics/alerts.yml
 
+say "the layering check: every module imports only from lower ranks, no import circles"
+python3 scripts/layering.py
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -14,6 +14,14 @@
 //! line up across the memory and Redis stores. The Redis store never uses a [`Clock`]: it reads
 //! the server's `TIME` inside its script, so every replica agrees.
 
+/// Wall-clock microseconds since the Unix epoch (0 if the clock is before it): the time of log
+/// throttling and of Unix-time header values, never of a decision.
+pub(crate) fn unix_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

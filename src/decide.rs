@@ -28,16 +28,17 @@ use http::request::Parts;
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;
 
+use crate::clock::unix_micros;
 use crate::held::{GiveBack, Held};
 use crate::key::{Extracted, Key, KeyFuture, SharedExtractor};
 use crate::observe::{Decided, Head, Observer, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant, TenantFuture};
 use crate::policy::{Live, Registrar, SharedTenantExtractor};
-use crate::response::is_grpc;
 use crate::shed::{Priority, Shedder};
 use crate::store::{Adjustment, Change, Charge, MemoryStore, Store, StoreError};
-use crate::warn::{Every, unix_micros};
+use crate::throttle::Every;
+use crate::wire::is_grpc;
 use crate::{ConfigError, Decision, DecisionSource, FailureMode, RuleMode};
 
 /// Indices of the rules that applied to one request, in rule order.
@@ -535,7 +536,7 @@ impl<St: Store> Shared<St> {
         let snapshot = self.snapshot();
         tracing::debug!(%priority, "tollgate: request shed");
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::shed(priority);
+        crate::telemetry::shed(priority.as_str());
         self.emit_listed(&snapshot, parts, span, Verdict::Shed);
         let start = Start::Decided {
             next: Next::Answer(
@@ -1060,7 +1061,7 @@ impl<St: Store> Shared<St> {
         // The clock is read only for a failure that may be logged: with the breaker open, every
         // request comes here.
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::store_error(
+        crate::telemetry::store_error(
             self.observer.id,
             self.observer.store,
             match error {
@@ -1320,7 +1321,7 @@ impl<'a> WaitSlot<'a> {
             })
             .ok()?;
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::waiting(true);
+        crate::telemetry::waiting(true);
         let _ = before;
         Some(WaitSlot(waiting))
     }
@@ -1330,7 +1331,7 @@ impl Drop for WaitSlot<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::waiting(false);
+        crate::telemetry::waiting(false);
     }
 }
 

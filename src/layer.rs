@@ -10,6 +10,7 @@ use tower_layer::Layer;
 use crate::decide::{Policies, Shared};
 use crate::key::{Extracted, FirstOfShared, Key, KeyExtractor, PeerIp, SharedExtractor};
 use crate::observe::{DecisionHook, DenialLog, Observer};
+use crate::policy::MAX_RULES;
 use crate::policy::snapshot::{Compiler, Snapshot};
 use crate::policy::{
     Live, Policy, PolicyHandle, PolicySource, Registrar, TenantExtractor, TenantKey, Tier,
@@ -18,18 +19,11 @@ use crate::response::{DeniedHandler, Headers, RateLimited};
 use crate::service::RateLimit;
 use crate::shed::Shedding;
 use crate::store::{MemoryStore, Store};
-use crate::warn::{Every, Once};
+use crate::throttle::{Every, Once};
 use crate::{ConfigError, FailureMode, Quota, Rule};
 
 /// How many requests of one layer may wait for a delay rule at once, by default.
 pub const DEFAULT_MAX_WAITING: usize = 1024;
-
-/// The most rules one layer may hold.
-///
-/// Every rule of a layer is checked in one atomic step: all charged or none. Layers stacked on
-/// one another are checked one after the other, so a request that an inner layer denies keeps
-/// the charges of the outer ones: put rules that must be all-or-nothing in one layer.
-pub const MAX_RULES: usize = 32;
 
 /// Applies rate limits to a service.
 ///
@@ -418,7 +412,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             StoreChoice::Default(make) => make(),
         };
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::describe();
+        crate::telemetry::describe();
         let observer = Observer::new(
             DenialLog::new(self.denial_log_per_second, self.log_raw_keys),
             self.hook,
@@ -442,7 +436,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         shared.register(&shared.snapshot())?;
         if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {
             #[cfg(feature = "metrics")]
-            crate::observe::metrics::reloads_start();
+            crate::telemetry::reloads_start();
             let registrar: Arc<dyn Registrar> = shared.clone();
             live.connect(Arc::downgrade(&registrar));
             if let Some(interval) = source.interval() {

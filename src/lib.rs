@@ -381,7 +381,6 @@ pub mod algorithm;
 pub mod client;
 pub mod clock;
 mod decide;
-mod decision;
 mod error;
 pub mod future;
 #[cfg(feature = "tonic")]
@@ -396,9 +395,12 @@ mod response;
 mod service;
 pub mod shed;
 pub mod store;
+#[cfg(feature = "metrics")]
+mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod warn;
+mod throttle;
+mod wire;
 
 /// The `http` crate, whose types the layer takes and returns (as axum re-exports it).
 pub use http;
@@ -408,11 +410,12 @@ pub use http;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+pub use algorithm::decision::{Decision, DecisionSource};
 pub use algorithm::kind::Algorithm;
-pub use decision::{Decision, DecisionSource};
 pub use error::ConfigError;
-pub use layer::{DEFAULT_MAX_WAITING, MAX_RULES, RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::{DEFAULT_MAX_WAITING, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Limiter, LimiterError};
+pub use policy::MAX_RULES;
 pub use policy::cost::Cost;
 pub use policy::failure::FailureMode;
 pub use policy::mode::RuleMode;

@@ -92,8 +92,6 @@ pub use body::ClientBody;
 pub use retry::{Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
 use signals::Word;
-#[cfg(feature = "tonic")]
-pub(crate) use signals::base64_decode;
 
 /// The most targets (authority, method and path) a layer remembers, and the most spent
 /// policies; past it, a quarter is forgotten (see [what a wait covers](self#what-a-wait-covers)).
@@ -307,7 +305,7 @@ fn forget_policies(spent: &mut HashMap<u128, Wait>, now: Instant) {
 
 /// Whether a request is a gRPC call.
 fn is_grpc<B>(request: &Request<B>) -> bool {
-    crate::response::is_grpc(request.headers())
+    crate::wire::is_grpc(request.headers())
 }
 
 /// A call not sent: the server asked to wait, and the wait is not over.
@@ -483,7 +481,7 @@ impl Watch {
     /// The answer, its head learned already; a gRPC answer whose status is still to come is
     /// watched for the trailers.
     pub(crate) fn answered<B>(self, response: Response<B>) -> Response<ClientBody<B>> {
-        let pending = crate::response::is_grpc(response.headers())
+        let pending = crate::wire::is_grpc(response.headers())
             && !response.headers().contains_key("grpc-status");
         response.map(|body| ClientBody::new(body, pending.then_some(self)))
     }

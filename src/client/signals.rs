@@ -50,7 +50,7 @@ pub(crate) fn said_by_head(status: StatusCode, headers: &HeaderMap) -> (Word, Ve
                     .and_then(|v| v.to_str().ok())
                     .and_then(retry_after),
             )
-        } else if crate::response::is_grpc(headers) {
+        } else if crate::wire::is_grpc(headers) {
             // Served over HTTP; the call's own status is in the head or the trailers.
             Word::Nothing
         } else {
@@ -90,7 +90,7 @@ pub(crate) fn wait_of_grpc(headers: &HeaderMap) -> Option<Duration> {
         .map(Duration::from_millis);
     let info = headers
         .get("grpc-status-details-bin")
-        .and_then(|v| base64_decode(v.as_bytes()))
+        .and_then(|v| crate::wire::base64_decode(v.as_bytes()))
         .and_then(|status| retry_info(&status));
     longest(pushback, info).map(|w| w.min(MAX_ANNOUNCED_WAIT))
 }
@@ -228,36 +228,6 @@ fn string_end(rest: &str) -> Option<usize> {
         }
     }
     None
-}
-
-/// Standard base64, with or without padding (gRPC's `-bin` metadata).
-pub(crate) fn base64_decode(text: &[u8]) -> Option<Vec<u8>> {
-    let value = |c: u8| -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' | b'-' => 62,
-            b'/' | b'_' => 63,
-            _ => return None,
-        } as u32)
-    };
-    let text: Vec<u8> = text.iter().copied().filter(|&c| c != b'=').collect();
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    for chunk in text.chunks(4) {
-        let mut n = 0u32;
-        for (i, &c) in chunk.iter().enumerate() {
-            n |= value(c)? << (18 - 6 * i);
-        }
-        let bytes = n.to_be_bytes();
-        match chunk.len() {
-            4 => out.extend_from_slice(&bytes[1..4]),
-            3 => out.extend_from_slice(&bytes[1..3]),
-            2 => out.push(bytes[1]),
-            _ => return None,
-        }
-    }
-    Some(out)
 }
 
 /// One protobuf field: its number and its value (a varint, or length-delimited bytes).

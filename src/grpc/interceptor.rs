@@ -12,7 +12,7 @@ use super::GrpcPath;
 use crate::decide::{Checked, Ctx, Next, Shared, Start};
 use crate::observe::Head;
 use crate::store::{MemoryStore, Store};
-use crate::warn::Once;
+use crate::throttle::Once;
 use crate::{ConfigError, RateLimitLayer};
 
 /// A store that decides every check at once, without waiting ([`Store::check_now`] always

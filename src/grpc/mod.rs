@@ -107,7 +107,7 @@ pub(crate) fn status_of(mut headers: http::HeaderMap) -> tonic::Status {
         .unwrap_or_default();
     let details = headers
         .remove("grpc-status-details-bin")
-        .and_then(|v| crate::client::base64_decode(v.as_bytes()))
+        .and_then(|v| crate::wire::base64_decode(v.as_bytes()))
         .map(bytes::Bytes::from)
         .unwrap_or_default();
     headers.remove(http::header::CONTENT_TYPE);

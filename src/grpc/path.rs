@@ -4,13 +4,10 @@
 use std::task::{Context, Poll};
 
 use http::Request;
-use http::uri::PathAndQuery;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// A gRPC call's path, `/package.Service/Method`, as [`GrpcPathLayer`] records it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GrpcPath(pub PathAndQuery);
+pub use crate::key::route::GrpcPath;
 
 /// Records each request's path in its extensions as a [`GrpcPath`], so that a
 /// [`RateLimitInterceptor`](super::RateLimitInterceptor) can limit per method. Put it on the

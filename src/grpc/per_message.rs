@@ -142,7 +142,7 @@ where
     }
 
     fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
-        if !crate::response::is_grpc(request.headers()) {
+        if !crate::wire::is_grpc(request.headers()) {
             return PerMessageFuture {
                 future: self.inner.call(request),
                 cut: None,

@@ -1,6 +1,6 @@
 //! [`ClientIp`]: the client's address, read through the proxies you trust and no others.
 
-use crate::warn::Once;
+use crate::throttle::Once;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;

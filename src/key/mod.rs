@@ -194,7 +194,7 @@ mod global;
 mod header;
 mod identity;
 mod peer_ip;
-mod route;
+pub(crate) mod route;
 
 pub use async_fn::{AsyncFn, async_fn};
 #[cfg(feature = "axum")]

@@ -2,7 +2,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::request::Parts;
 
-use crate::warn::Once;
+use crate::throttle::Once;
 
 use super::client_ip::hint_no_trust;
 use super::{Extracted, Key, KeyExtractor};

@@ -3,8 +3,8 @@
 use std::collections::HashMap;
 use std::sync::{OnceLock, RwLock};
 
+use http::Method;
 use http::request::Parts;
-use http::{Method, header::CONTENT_TYPE};
 
 use super::{Extracted, Key, KeyExtractor};
 
@@ -82,15 +82,13 @@ impl Route {
         headers: &'a http::HeaderMap,
         extensions: &'a http::Extensions,
     ) -> Option<&'a str> {
-        let grpc = headers
-            .get(CONTENT_TYPE)
-            .is_some_and(|ct| ct.as_bytes().starts_with(b"application/grpc"));
+        let grpc = crate::wire::is_grpc(headers);
         // Inside a tonic server (which routes with axum) the matched path is the service's
         // wildcard, the same for every method: the path `GrpcPathLayer` recorded before the
         // routing names the method. (A client cannot forge an extension, only a content type.)
         #[cfg(feature = "tonic")]
         if grpc
-            && let Some(crate::grpc::GrpcPath(path)) = extensions.get::<crate::grpc::GrpcPath>()
+            && let Some(GrpcPath(path)) = extensions.get::<GrpcPath>()
             && is_grpc_method_path(path.path())
         {
             return Some(path.path());
@@ -107,6 +105,12 @@ impl Route {
         None
     }
 }
+
+/// A gRPC call's path, `/package.Service/Method`, as
+/// [`GrpcPathLayer`](crate::grpc::GrpcPathLayer) records it.
+#[cfg(feature = "tonic")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GrpcPath(pub http::uri::PathAndQuery);
 
 /// `/package.Service/Method`: two non-empty segments of `A-Z a-z 0-9 _ .`.
 fn is_grpc_method_path(path: &str) -> bool {

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{Decided, Verdict, rule_outcome};
+use crate::clock::unix_micros;
 use crate::policy::Tenant;
-use crate::warn::unix_micros;
 
 /// The sending side of the decision channel, given to
 /// [`RateLimitLayerBuilder::decision_hook`](crate::RateLimitLayerBuilder::decision_hook).

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sha2::{Digest, Sha256};
 
 use super::{Decided, RuleNames};
+use crate::clock::unix_micros;
 use crate::policy::Tenant;
-use crate::warn::unix_micros;
 
 /// The rejection log of one layer.
 pub(crate) struct DenialLog {

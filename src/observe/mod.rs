@@ -231,7 +231,7 @@ impl<'a> Head<'a> {
     }
 
     pub(crate) fn is_grpc(&self) -> bool {
-        crate::response::is_grpc(self.headers)
+        crate::wire::is_grpc(self.headers)
     }
 
     /// The route label: axum's route pattern, or a gRPC method the policy names (a client
@@ -389,8 +389,8 @@ impl Observer {
             match result {
                 // Not asked: no latency to tell.
                 Err(crate::store::StoreError::CircuitOpen) => {}
-                Ok(_) => metrics::store_latency(self.id, self.store, "ok", latency),
-                Err(_) => metrics::store_latency(self.id, self.store, "error", latency),
+                Ok(_) => crate::telemetry::store_latency(self.id, self.store, "ok", latency),
+                Err(_) => crate::telemetry::store_latency(self.id, self.store, "error", latency),
             }
         }
         #[cfg(not(feature = "metrics"))]

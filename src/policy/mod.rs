@@ -263,6 +263,13 @@
 [`FileSource`]: https://docs.rs/tollgate/latest/tollgate/policy/struct.FileSource.html"
 )]
 
+/// The most rules one layer may hold.
+///
+/// Every rule of a layer is checked in one atomic step: all charged or none. Layers stacked on
+/// one another are checked one after the other, so a request that an inner layer denies keeps
+/// the charges of the outer ones: put rules that must be all-or-nothing in one layer.
+pub const MAX_RULES: usize = 32;
+
 pub(crate) mod cost;
 pub(crate) mod failure;
 #[cfg(feature = "toml")]

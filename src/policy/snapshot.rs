@@ -12,9 +12,9 @@ use ipnet::IpNet;
 use super::model::{Listed, Policy, Region, Subject};
 use super::{CompiledRule, Quota, Rule, RuleMode, Tenant};
 use crate::key::{Key, Route, SharedExtractor};
-use crate::layer::MAX_RULES;
+use crate::policy::MAX_RULES;
 use crate::response::{Answers, DeniedHandler, Headers};
-use crate::warn::Once;
+use crate::throttle::Once;
 use crate::{ConfigError, FailureMode};
 
 type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;

@@ -304,7 +304,7 @@ impl Live {
                 }
                 self.installed.fetch_add(1, Ordering::Relaxed);
                 #[cfg(feature = "metrics")]
-                crate::observe::metrics::reload("installed");
+                crate::telemetry::reload("installed");
                 *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 tracing::info!(
                     target: "tollgate::policy",
@@ -331,7 +331,7 @@ impl Live {
         if last.as_deref() != Some(error) {
             self.rejected.fetch_add(1, Ordering::Relaxed);
             #[cfg(feature = "metrics")]
-            crate::observe::metrics::reload("rejected");
+            crate::telemetry::reload("rejected");
             tracing::error!(
                 target: "tollgate::policy",
                 version_in_force = &*self.current.load().version,

@@ -12,12 +12,9 @@
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderValue};
 
-static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-static GRPC_PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-static GRPC_DETAILS: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+use crate::wire::{GRPC_DETAILS, GRPC_MESSAGE, GRPC_PUSHBACK, GRPC_STATUS, base64};
 
 /// `RESOURCE_EXHAUSTED`.
 const RESOURCE_EXHAUSTED: i32 = 8;
@@ -25,13 +22,6 @@ const RESOURCE_EXHAUSTED: i32 = 8;
 const UNAVAILABLE: i32 = 14;
 /// `PERMISSION_DENIED`.
 const PERMISSION_DENIED: i32 = 7;
-
-/// Whether a request is a gRPC call.
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
 
 /// The answer to a gRPC call over the limit; `retry_after_micros` is `None` when the call can
 /// never be admitted.
@@ -136,35 +126,9 @@ fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     out.push(n as u8);
 }
 
-/// Standard base64 without padding, as gRPC `-bin` metadata is sent.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
-        for i in 0..=chunk.len() {
-            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 0x3f) as usize]));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_the_standard_alphabet_without_padding() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg");
-        assert_eq!(base64(b"fo"), "Zm8");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-        assert_eq!(base64(&[0xff, 0xfe]), "//4");
-    }
 
     #[test]
     fn varints_and_the_retry_info_encoding() {

@@ -5,8 +5,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use super::buffer::Buffer;
 use crate::Decision;
 use crate::algorithm::{MICROS_PER_SECOND, Outcome};
+use crate::clock::unix_micros;
 use crate::policy::CompiledRule;
-use crate::warn::unix_micros;
 
 /// Which budget headers to send.
 ///

@@ -26,7 +26,6 @@ pub use denied::RateLimited;
 pub use headers::{Headers, ResetFormat};
 
 pub(crate) use answers::{Answers, DeniedHandler};
-pub(crate) use grpc::is_grpc;
 
 /// A `RESOURCE_EXHAUSTED` answer with this delay, for the client's tests.
 #[cfg(test)]

@@ -124,7 +124,7 @@ impl Breaker {
     pub(crate) fn new(config: CircuitBreaker, kind: &'static str, server: Arc<str>) -> Self {
         // The gauge exists, closed, from the start.
         #[cfg(feature = "metrics")]
-        crate::observe::metrics::breaker(kind, &server, false);
+        crate::telemetry::breaker(kind, &server, false);
         Breaker {
             label: (kind, server),
             config,
@@ -237,7 +237,7 @@ impl Breaker {
         self.probe_started.store(0, Ordering::Relaxed);
         if was_open {
             #[cfg(feature = "metrics")]
-            crate::observe::metrics::breaker(self.label.0, &self.label.1, false);
+            crate::telemetry::breaker(self.label.0, &self.label.1, false);
             tracing::info!(
                 server = &*self.label.1,
                 "tollgate: the store answers again; its circuit breaker closed"
@@ -278,7 +278,7 @@ impl Breaker {
         self.epoch.fetch_add(1, Ordering::AcqRel);
         #[cfg(feature = "metrics")]
         if !was_open {
-            crate::observe::metrics::breaker(self.label.0, &self.label.1, true);
+            crate::telemetry::breaker(self.label.0, &self.label.1, true);
         }
         !was_open
     }
@@ -289,7 +289,7 @@ impl Breaker {
 impl Drop for Breaker {
     fn drop(&mut self) {
         if self.open_until.load(Ordering::Relaxed) != 0 {
-            crate::observe::metrics::breaker(self.label.0, &self.label.1, false);
+            crate::telemetry::breaker(self.label.0, &self.label.1, false);
         }
     }
 }

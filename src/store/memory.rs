@@ -12,7 +12,7 @@ use super::{Adjustment, Change, Charge, RuleRegistry, Store, StoreError, StoreFu
 use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, Outcome, State};
 use crate::clock::{Clock, SystemClock};
 use crate::key::Key;
-use crate::warn::Every;
+use crate::throttle::Every;
 use crate::{ConfigError, Decision};
 
 /// How often each shard drops its expired keys, in microseconds.
@@ -91,7 +91,7 @@ impl Shard {
         if now != self.counted {
             let delta = now as i64 - self.counted as i64;
             self.counted = now;
-            crate::observe::metrics::memory_keys(delta);
+            crate::telemetry::memory_keys(delta);
         }
     }
 }
@@ -100,7 +100,7 @@ impl Shard {
 impl Drop for Shard {
     fn drop(&mut self) {
         if self.counted > 0 {
-            crate::observe::metrics::memory_keys(-(self.counted as i64));
+            crate::telemetry::memory_keys(-(self.counted as i64));
         }
     }
 }
@@ -610,7 +610,7 @@ impl MemoryStore {
         self.inner.evictions.fetch_add(evicted, Ordering::Relaxed);
         #[cfg(feature = "metrics")]
         {
-            crate::observe::metrics::evictions(evicted);
+            crate::telemetry::evictions(evicted);
             shard.count_keys();
         }
         if self.inner.eviction_warning.due(now, 60 * MICROS_PER_SECOND) {

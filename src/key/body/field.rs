@@ -9,8 +9,16 @@ use http::HeaderMap;
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
-use super::layer::Config;
 use crate::key::Key;
+
+/// What one [`BodyKeyLayer`](super::BodyKeyLayer) looks for.
+#[derive(Clone, Debug)]
+pub(super) struct Config {
+    pub(super) field: Box<str>,
+    pub(super) limit: usize,
+    pub(super) normalize: Normalize,
+    pub(super) hashed: bool,
+}
 
 /// How a field's value is normalised before it becomes a key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use http::request::Parts;
 #[cfg(doc)]
 use crate::key::BodyKeyLayer;
 use crate::key::{Extracted, Key, KeyExtractor};
-use crate::warn::Once;
+use crate::throttle::Once;
 
 /// The key [`BodyKeyLayer`] found in a request body; read by [`FromBody`].
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use http_body::Body as HttpBody;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::field::{Normalize, content_kind, declared_len, find};
+use super::field::{Config, Normalize, content_kind, declared_len, find};
 use super::from_body::{BodyFieldKey, BodyOutcome, BodyScan};
 use super::replay::{End, Held};
 #[cfg(doc)]
@@ -23,15 +23,6 @@ use crate::key::{FromBody, Key, KeyExtractor};
 
 /// The default most bytes of a body [`BodyKeyLayer`] holds: 16 KiB.
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
-
-/// What one [`BodyKeyLayer`] looks for.
-#[derive(Clone, Debug)]
-pub(super) struct Config {
-    pub(super) field: Box<str>,
-    pub(super) limit: usize,
-    pub(super) normalize: Normalize,
-    pub(super) hashed: bool,
-}
 
 /// Reads a field of JSON and form bodies (an email on a login route), up to a limit, so that
 /// [`FromBody`] can count by it.

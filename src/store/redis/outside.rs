@@ -55,8 +55,8 @@ fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
     let inner = inner.clone();
     runtime.spawn(async move {
         if let Err(error) = inner.publish(names).await {
-            static WARNED: crate::warn::Every = crate::warn::Every::new();
-            if WARNED.due(crate::warn::unix_micros(), 60_000_000) {
+            static WARNED: crate::throttle::Every = crate::throttle::Every::new();
+            if WARNED.due(crate::clock::unix_micros(), 60_000_000) {
                 tracing::warn!(
                     %error,
                     "tollgate: could not tell the other replicas of a reset or an adjustment; \

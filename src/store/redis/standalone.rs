@@ -23,10 +23,11 @@ use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::unclaimed::Unclaimed;
 use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
+use crate::clock::unix_micros;
 use crate::key::Key;
 use crate::store::breaker::{Breaker, Permit};
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
-use crate::warn::{Every, unix_micros};
+use crate::throttle::Every;
 use crate::{ConfigError, Decision};
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.

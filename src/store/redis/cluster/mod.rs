@@ -26,9 +26,10 @@ use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
 use super::unclaimed::Unclaimed;
 use super::{CheckFuture, Settings, keys, redact};
 use crate::algorithm::Outcome;
+use crate::clock::unix_micros;
 use crate::key::Key;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError};
-use crate::warn::{Every, unix_micros};
+use crate::throttle::Every;
 use crate::{ConfigError, Decision};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.

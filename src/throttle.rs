@@ -1,15 +1,7 @@
-//! Hints in the log without flooding it: once, or at most once per period.
+//! Log throttling: a hint given once, or at most once per period, so that a condition that
+//! comes back (a store outage) does not flood the log.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
-
-/// Wall-clock microseconds since the Unix epoch (0 if the clock is before it): the time of log
-/// throttling and of Unix-time header values, never of a decision.
-pub(crate) fn unix_micros() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
 
 /// A hint given the first time only.
 #[derive(Debug, Default)]

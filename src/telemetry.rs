@@ -1,0 +1,314 @@
+//! Metric functions over plain values (feature `metrics`): store latency and errors, circuit
+//! breakers, memory-store keys and evictions, reloads, waiting and shed requests, and the
+//! per-thread cache of metric handles that the decision metrics of `observe` record through.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use metrics::{
+    Counter, Histogram, Key, Label, Metadata, Recorder, Unit, counter, describe_counter,
+    describe_gauge, describe_histogram, gauge,
+};
+/// The metadata of tollgate's metrics.
+static METADATA: Metadata<'static> =
+    Metadata::new("tollgate", metrics::Level::INFO, Some(module_path!()));
+
+/// The most handles a thread keeps; past it, the cache starts again.
+const MAX_CACHED: usize = 65_536;
+
+/// What a cached handle counts: integers, so that a lookup hashes a few words.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// The recorder the handle was registered with (a recorder installed later gets its own).
+    pub(crate) recorder: usize,
+    /// The snapshot whose rule and tier indices follow, or for store metrics the layer (both
+    /// unique per process, unlike addresses: a handle of a recorder that was dropped is never
+    /// found for a new one at the same address).
+    pub(crate) snapshot: u64,
+    pub(crate) metric: Metric,
+    pub(crate) rule: u16,
+    pub(crate) tier: u16,
+    /// The outcome label, by address: a static text (two call sites with the same text may get
+    /// two handles of the same series, which count as one).
+    pub(crate) outcome: Outcome,
+    /// The route label, by address and length (a MatchedPath's, or the policy's own copy):
+    /// checked against the stored text on a hit.
+    pub(crate) route: (usize, usize),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Metric {
+    Requests,
+    RuleDecisions,
+    StoreLatency,
+    StoreErrors,
+}
+
+/// A static outcome label, compared and hashed by address.
+#[derive(Clone, Copy)]
+pub(crate) struct Outcome(pub(crate) &'static str);
+
+impl PartialEq for Outcome {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.0, other.0) && self.0.len() == other.0.len()
+    }
+}
+
+impl Eq for Outcome {}
+
+impl std::hash::Hash for Slot {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.recorder);
+        state.write_u64(self.snapshot);
+        state.write_u64(
+            (self.metric as u64) << 32 | u64::from(self.rule) << 16 | u64::from(self.tier),
+        );
+        state.write_usize(self.outcome.0.as_ptr() as usize);
+        state.write_usize(self.route.0 ^ self.route.1.rotate_left(48));
+    }
+}
+
+pub(crate) enum Handle {
+    Counter(Counter),
+    Histogram(Histogram),
+}
+
+struct Cached {
+    route: Box<str>,
+    handle: Handle,
+}
+
+thread_local! {
+    /// Registered handles, per thread: a request records through a lookup and an atomic add,
+    /// never through the recorder's registry (or an allocation).
+    static HANDLES: RefCell<HashMap<Slot, Cached, foldhash::fast::FixedState>> =
+        const { RefCell::new(HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11))) };
+}
+
+/// The current recorder's address.
+pub(crate) fn recorder() -> usize {
+    metrics::with_recorder(|recorder| (recorder as *const dyn Recorder).cast::<()>() as usize)
+}
+
+/// Records through the handle of `slot`, registering it with `labels` the first time.
+pub(crate) fn record(
+    slot: Slot,
+    route: &str,
+    labels: impl FnOnce() -> (&'static str, Vec<Label>),
+    use_handle: impl FnOnce(&Handle),
+) {
+    let _ = HANDLES.try_with(|handles| {
+        // A recorder that records tollgate's metrics from inside a recording: not counted.
+        let Ok(mut handles) = handles.try_borrow_mut() else {
+            return;
+        };
+        if let Some(cached) = handles.get(&slot)
+            && *cached.route == *route
+        {
+            use_handle(&cached.handle);
+            return;
+        }
+        if handles.len() >= MAX_CACHED {
+            handles.clear();
+        }
+        let (name, labels) = labels();
+        let key = Key::from_parts(name, labels);
+        let handle = metrics::with_recorder(|recorder| match slot.metric {
+            Metric::StoreLatency => Handle::Histogram(recorder.register_histogram(&key, &METADATA)),
+            _ => Handle::Counter(recorder.register_counter(&key, &METADATA)),
+        });
+        use_handle(&handle);
+        handles.insert(
+            slot,
+            Cached {
+                route: route.into(),
+                handle,
+            },
+        );
+    });
+}
+
+pub(crate) fn count(slot: Slot, route: &str, labels: impl FnOnce() -> (&'static str, Vec<Label>)) {
+    record(slot, route, labels, |handle| {
+        if let Handle::Counter(counter) = handle {
+            counter.increment(1);
+        }
+    });
+}
+
+pub(crate) fn label(key: &'static str, value: &str) -> Label {
+    Label::new(key, value.to_owned())
+}
+
+/// Describes every metric once, for exporters that print help and units.
+pub(crate) fn describe() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        describe_counter!(
+            "tollgate_requests_total",
+            "Requests checked by a tollgate layer, by route pattern, tier and outcome (and layer, \
+             when named): stacked layers count a request once each."
+        );
+        describe_counter!(
+            "tollgate_rule_decisions_total",
+            "What each rule made of each checked request, by rule, route pattern, tier and outcome \
+             (and layer, when named)."
+        );
+        describe_histogram!(
+            "tollgate_store_check_duration_seconds",
+            Unit::Seconds,
+            "How long one check of the rate-limit store took, by store and result."
+        );
+        describe_counter!(
+            "tollgate_store_errors_total",
+            "Failed checks of the rate-limit store, by store and kind."
+        );
+        describe_gauge!(
+            "tollgate_circuit_breaker_open",
+            "1 while the circuit breaker of a store's server is open, else 0."
+        );
+        describe_gauge!(
+            "tollgate_memory_store_keys",
+            "Keys held by the memory stores of the process (counted at their sweeps)."
+        );
+        describe_counter!(
+            "tollgate_memory_store_evictions_total",
+            "Keys evicted because a memory store was full."
+        );
+        describe_counter!(
+            "tollgate_policy_reloads_total",
+            "Policies offered to live layers, by result: installed or rejected."
+        );
+        describe_gauge!(
+            "tollgate_delayed_requests",
+            "Requests waiting for the budget of a delay rule."
+        );
+        describe_counter!(
+            "tollgate_shed_requests_total",
+            "Requests shed because the process had too many in flight, by priority."
+        );
+        describe_counter!(
+            "tollgate_decision_events_dropped_total",
+            "Decision events dropped because the hook's channel was full."
+        );
+        describe_counter!(
+            "tollgate_denial_log_suppressed_total",
+            "Denials not logged because the rejection log's lines of the second were spent."
+        );
+    });
+}
+
+/// One store check that took `latency`: `ok` or `error`.
+pub(crate) fn store_latency(
+    layer: u64,
+    store: &'static str,
+    result: &'static str,
+    latency: std::time::Duration,
+) {
+    let slot = Slot {
+        recorder: recorder(),
+        snapshot: layer,
+        metric: Metric::StoreLatency,
+        rule: 0,
+        tier: 0,
+        outcome: Outcome(result),
+        route: (store.as_ptr() as usize, store.len()),
+    };
+    record(
+        slot,
+        store,
+        || {
+            (
+                "tollgate_store_check_duration_seconds",
+                vec![
+                    Label::from_static_parts("store", store),
+                    Label::from_static_parts("result", result),
+                ],
+            )
+        },
+        |handle| {
+            if let Handle::Histogram(histogram) = handle {
+                histogram.record(latency.as_secs_f64());
+            }
+        },
+    );
+}
+
+/// A failed store check, by kind: `timeout`, `unavailable`, `protocol`, `circuit_open`.
+pub(crate) fn store_error(layer: u64, store: &'static str, kind: &'static str) {
+    count(
+        Slot {
+            recorder: recorder(),
+            snapshot: layer,
+            metric: Metric::StoreErrors,
+            rule: 0,
+            tier: 0,
+            outcome: Outcome(kind),
+            route: (store.as_ptr() as usize, store.len()),
+        },
+        store,
+        || {
+            (
+                "tollgate_store_errors_total",
+                vec![
+                    Label::from_static_parts("store", store),
+                    Label::from_static_parts("kind", kind),
+                ],
+            )
+        },
+    );
+}
+
+/// A circuit breaker opened or closed.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn breaker(store: &'static str, server: &Arc<str>, open: bool) {
+    gauge!(
+        "tollgate_circuit_breaker_open",
+        "store" => store,
+        "server" => metrics::SharedString::from(server.clone()),
+    )
+    .set(if open { 1.0 } else { 0.0 });
+}
+
+/// Keys added to (or, negative, removed from) the process's memory stores.
+pub(crate) fn memory_keys(delta: i64) {
+    let gauge = gauge!("tollgate_memory_store_keys");
+    if delta >= 0 {
+        gauge.increment(delta as f64);
+    } else {
+        gauge.decrement(-delta as f64);
+    }
+}
+
+/// Keys evicted from a full memory store.
+pub(crate) fn evictions(count: u64) {
+    counter!("tollgate_memory_store_evictions_total").increment(count);
+}
+
+/// A policy offered to a live layer: `installed` or `rejected`.
+pub(crate) fn reload(result: &'static str) {
+    counter!("tollgate_policy_reloads_total", "result" => result).increment(1);
+}
+
+/// A request starts (`true`) or stops waiting for a delay rule.
+pub(crate) fn waiting(starts: bool) {
+    let gauge = gauge!("tollgate_delayed_requests");
+    if starts {
+        gauge.increment(1.0);
+    } else {
+        gauge.decrement(1.0);
+    }
+}
+
+/// A request shed by load shedding, by its priority.
+pub(crate) fn shed(priority: &'static str) {
+    counter!("tollgate_shed_requests_total", "priority" => priority).increment(1);
+}
+
+/// Makes the reload counters exist at 0 for a live layer, so that the first rejection is an
+/// increase.
+pub(crate) fn reloads_start() {
+    counter!("tollgate_policy_reloads_total", "result" => "installed").increment(0);
+    counter!("tollgate_policy_reloads_total", "result" => "rejected").increment(0);
+}
