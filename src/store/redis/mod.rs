@@ -109,12 +109,11 @@ mod forget;
 mod health;
 mod keys;
 mod local;
-mod outside;
 mod probe;
+mod remote;
 mod script;
 mod standalone;
 mod startup;
-mod unclaimed;
 
 /// How long a call that takes concurrency slots waits for its reply, past its checks' time
 /// budget (`response_timeout`): four budgets, at least a second. A reply that comes after its
@@ -237,53 +236,6 @@ impl Settings {
     /// The time to pass to the script: only with an injected clock.
     fn now(&self) -> Option<u64> {
         self.clock.as_ref().map(|c| c.now_micros())
-    }
-}
-
-/// The error of a check that charges one rule for one key twice: one call checks each charge
-/// against the state before the request, so the two would not add up. Layers never do (their
-/// rule names are unique); merge the costs.
-pub(crate) fn repeated(charges: &[crate::store::Charge<'_>]) -> Option<StoreError> {
-    for (i, a) in charges.iter().enumerate() {
-        if let Some(b) = charges[i + 1..]
-            .iter()
-            .find(|b| b.rule.name() == a.rule.name() && b.key == a.key)
-        {
-            return Some(StoreError::Protocol(format!(
-                "a check charges rule \"{}\" for key {} twice; charge it once with the sum \
-                 of the costs",
-                b.rule.name(),
-                b.key
-            )));
-        }
-    }
-    None
-}
-
-/// The runtime a call runs on, or the error of one where no Tokio runtime runs (another
-/// executor): a call's tasks and timers are the runtime's (which must enable its timers).
-pub(crate) fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
-    tokio::runtime::Handle::try_current()
-        .map_err(|_| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
-}
-
-/// The future of a check whose plan sends a call (`call` makes it): the call itself, or, for a
-/// request paid from this replica's leases that only refills them ahead of need, on a Tokio
-/// runtime, its decision at once, with the call going on in a task of its own.
-pub(crate) fn sent<F>(mut plan: local::Plan, call: impl FnOnce(local::Plan) -> F) -> CheckFuture
-where
-    F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
-{
-    let detached = tokio::runtime::Handle::try_current()
-        .ok()
-        .and_then(|runtime| Some((plan.detach()?, runtime)));
-    let call = call(plan);
-    match detached {
-        Some((decision, runtime)) => {
-            drop(runtime.spawn(call));
-            Box::pin(std::future::ready(Ok(decision)))
-        }
-        None => Box::pin(call),
     }
 }
 

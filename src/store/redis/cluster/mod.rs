@@ -16,21 +16,20 @@ use tokio::sync::Notify;
 
 use self::node::Node;
 use self::topology::Topology;
-use super::access::{self, Access};
-use super::error::{ConnectError, breaks_connection, is_server_answer, store_error};
-use super::forget;
-use super::local::Local;
-use super::outside::{self, Calls};
-use super::script::{self, Mode, Prepared, Program, Reply, Request};
-use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
-use super::unclaimed::Unclaimed;
-use super::{CheckFuture, Settings, keys, redact};
+use crate::ConfigError;
 use crate::algorithm::Outcome;
 use crate::clock::unix_micros;
-use crate::key::Key;
-use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError};
+use crate::store::redis::access::{self, Access};
+use crate::store::redis::error::{ConnectError, breaks_connection, is_server_answer, store_error};
+use crate::store::redis::forget;
+use crate::store::redis::keys;
+use crate::store::redis::local::Local;
+use crate::store::redis::remote::{self, Remote, Transport, store_by_remote};
+use crate::store::redis::script::{self, Mode, Prepared, Program, Reply, Request};
+use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use crate::store::redis::{Settings, late_reply_wait, redact};
+use crate::store::{Charge, RuleRegistry, StoreError};
 use crate::throttle::Every;
-use crate::{ConfigError, Decision};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
 const MAX_REDIRECTIONS: usize = 5;
@@ -76,10 +75,11 @@ const MAX_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 /// [`connect`](RedisClusterStoreBuilder::connect) to wait). Clones share the connections.
 #[derive(Clone)]
 pub struct RedisClusterStore {
-    inner: Arc<Inner>,
+    remote: Remote<Cluster>,
 }
 
-struct Inner {
+/// A cluster: the [`Transport`] of a [`RedisClusterStore`].
+pub(crate) struct Cluster {
     /// The `host:port` of each node given to the builder.
     seeds: Vec<String>,
     /// The node URLs as given, without passwords, to show.
@@ -103,7 +103,7 @@ struct Inner {
     warned: Every,
 }
 
-impl Drop for Inner {
+impl Drop for Cluster {
     fn drop(&mut self) {
         // Wakes the background reader, which then finds the store gone and ends.
         self.refresh.notify_one();
@@ -136,20 +136,10 @@ impl RedisClusterStore {
         }
     }
 
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.inner.settings.prefix
-    }
-
-    /// The Redis key that holds `rule`'s state for `identity`: `prefix:{identity}:rule`.
-    pub fn key_name(&self, rule: &str, identity: &Key) -> String {
-        keys::key_name(&self.inner.settings.prefix, identity, rule)
-    }
-
     /// Whether the store has read the cluster's slot map since it was built. It stays true
     /// during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
-        self.inner.startup.is_connected()
+        self.remote.transport().startup.is_connected()
     }
 
     /// Whether the store can decide with the cluster now: it has read the slot map, no
@@ -158,8 +148,8 @@ impl RedisClusterStore {
     /// readiness check (`/healthz`); while it is false, the rules whose primary is away are
     /// decided by their [`FailureMode`](crate::FailureMode).
     pub fn is_reachable(&self) -> bool {
-        self.inner.startup.is_connected()
-            && self.inner.topology().is_some_and(|topology| {
+        self.remote.transport().startup.is_connected()
+            && self.remote.transport().topology().is_some_and(|topology| {
                 topology
                     .primaries()
                     .iter()
@@ -215,25 +205,25 @@ impl RedisClusterStoreBuilder {
             .map(|url| self.access.shown(url))
             .collect::<Vec<_>>()
             .join(", ");
-        let store = RedisClusterStore {
-            inner: Arc::new(Inner {
-                seeds,
-                servers: format!("Redis Cluster ({servers})").into(),
-                template,
-                program: self.settings.program(),
-                local: self.settings.local(),
-                channel: forget::channel(&self.settings.prefix),
-                settings: self.settings,
-                topology: RwLock::new(None),
-                nodes: Mutex::new(HashMap::new()),
-                refresh: Arc::new(Notify::new()),
-                startup: Startup::default(),
-                registry: RuleRegistry::new(),
-                warned: Every::default(),
-            }),
-        };
-        store.inner.start();
-        Ok(store)
+        let transport = Arc::new(Cluster {
+            seeds,
+            servers: format!("Redis Cluster ({servers})").into(),
+            template,
+            program: self.settings.program(),
+            local: self.settings.local(),
+            channel: forget::channel(&self.settings.prefix),
+            settings: self.settings,
+            topology: RwLock::new(None),
+            nodes: Mutex::new(HashMap::new()),
+            refresh: Arc::new(Notify::new()),
+            startup: Startup::default(),
+            registry: RuleRegistry::new(),
+            warned: Every::default(),
+        });
+        transport.start();
+        Ok(RedisClusterStore {
+            remote: Remote::new(transport),
+        })
     }
 
     /// Builds the store and waits until it has read the slot map and loaded its script on every
@@ -241,7 +231,7 @@ impl RedisClusterStoreBuilder {
     /// cluster. The error names the nodes (without passwords).
     pub async fn connect(self) -> Result<RedisClusterStore, ConnectError> {
         let store = self.build()?;
-        let inner = &store.inner;
+        let inner = store.remote.transport();
         let budget = inner.settings.connect_timeout * 2;
         let started = Instant::now();
         if !inner.startup.wait(budget).await {
@@ -266,7 +256,7 @@ impl RedisClusterStoreBuilder {
     }
 }
 
-impl Inner {
+impl Cluster {
     /// Starts the background reader of the slot map, if there is a runtime to run it (again,
     /// if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
@@ -536,7 +526,7 @@ impl Inner {
             .ok_or_else(|| StoreError::Protocol("the rate-limit code answered no request".into()))
     }
 
-    async fn check(
+    async fn check_slots(
         &self,
         prepared: &[Prepared],
         now: Option<u64>,
@@ -674,7 +664,7 @@ impl Inner {
     }
 }
 
-impl Inner {
+impl Cluster {
     /// One call of `mode` per slot of `charges` (each stands alone: adjustments, resets).
     async fn each_slot(
         &self,
@@ -751,7 +741,11 @@ fn redirection(error: &RedisError) -> Option<Redirection> {
 /// The background task: reads the slot map until it has one, then again whenever a check asks
 /// (a redirection, a failure): at most every 100 ms while the map changes, spacing out to every
 /// 500 ms while it does not. Ends when the store is dropped.
-async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _running: Running) {
+async fn read_slot_map_in_background(
+    store: Weak<Cluster>,
+    refresh: Arc<Notify>,
+    _running: Running,
+) {
     let mut delay = FIRST_RETRY_DELAY;
     let mut pace = REFRESH_INTERVAL;
     loop {
@@ -813,53 +807,6 @@ async fn read_slot_map_in_background(store: Weak<Inner>, refresh: Arc<Notify>, _
     }
 }
 
-impl Calls for Inner {
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    fn local(&self) -> &Local {
-        &self.local
-    }
-
-    fn call(
-        self: Arc<Self>,
-        mode: Mode,
-        now: Option<u64>,
-        charges: Vec<Prepared>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
-        Box::pin(async move { self.each_slot(mode, now, &charges).await })
-    }
-
-    fn publish(
-        self: Arc<Self>,
-        names: Vec<String>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
-        Box::pin(async move {
-            // Any node: classic pub/sub reaches every node of the cluster.
-            let Some(first) = names.first() else {
-                return Ok(());
-            };
-            let node = self
-                .topology()
-                .and_then(|topology| topology.primary(keys::slot(first.as_bytes())).cloned())
-                .ok_or_else(|| self.startup.not_connected(&self.servers))?;
-            if node.breaker().is_open() {
-                return Err(StoreError::CircuitOpen);
-            }
-            let publish = async {
-                let (mut conn, _) = node.connection().await?;
-                forget::publish(&mut conn, &self.channel, &names)
-                    .await
-                    .map_err(|e| store_error(node.server(), e))
-            };
-            tokio::time::timeout(self.settings.response_timeout, publish)
-                .await
-                .unwrap_or(Err(StoreError::Timeout))
-        })
-    }
-}
-
 /// When a call gives up: `late` for its answer; `budget`, the check's own time, for sending
 /// anything (a first call, a redirection, a second phase) and for the breaker (an answer after
 /// it is a time-out). The same for every call but those that take concurrency slots.
@@ -914,172 +861,51 @@ fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Reply
     }
 }
 
-impl Store for RedisClusterStore {
-    type Future = CheckFuture;
+store_by_remote!(RedisClusterStore);
 
-    fn check(&self, charges: &[Charge<'_>]) -> CheckFuture {
-        let inner = self.inner.clone();
-        if charges.is_empty() {
-            return Box::pin(async { Ok(Decision::default()) });
-        }
-        if let Some(error) = super::repeated(charges) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let plan = inner.local.plan(charges);
-        if !plan.sends() {
-            return Box::pin(std::future::ready(plan.settle(None)));
-        }
-        inner.start();
-        if !inner.startup.is_connected() {
-            // Units held here are spent all the same.
-            let error = inner.startup.not_connected(&inner.servers);
-            return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
-        }
-        let prepared = plan.prepared(&inner.settings.prefix, charges);
-        let now = inner.settings.now();
-        // A check that takes concurrency slots runs to its end on its own: one whose request
-        // goes away meanwhile gives them back, instead of holding them for the longest hold.
-        // So does one across slots: a request that goes away after some slots were charged
-        // still gives them back when another slot denied.
-        let concurrency = prepared.iter().any(|p| p.algorithm.is_concurrency());
-        let across_slots = prepared
-            .first()
-            .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()));
-        if (concurrency || across_slots)
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let (answer, answered) = tokio::sync::oneshot::channel();
-            let checking = inner.clone();
-            let deadline = Instant::now() + inner.settings.response_timeout;
-            // The request waits until its deadline; a call that takes slots, a while longer
-            // for its reply.
-            let late = if concurrency {
-                Instant::now() + super::late_reply_wait(inner.settings.response_timeout)
-            } else {
-                deadline
-            };
-            runtime.spawn(async move {
-                let reply = checking
-                    .check(
-                        &prepared,
-                        now,
-                        Deadline {
-                            budget: deadline,
-                            late,
-                        },
-                    )
-                    .await;
-                let reply = reply.map(|reply| {
-                    Unclaimed::new(reply, prepared, || {
-                        let inner = checking.clone();
-                        Box::new(move |refunds| outside::give_back_orphan(inner, now, refunds))
-                    })
-                });
-                // Not read: dropped here, and its slots go back.
-                let _ = answer.send(reply);
-            });
-            return Box::pin(async move {
-                // Waited for with the runtime's timers, wherever it is polled.
-                if let Err(error) = super::runtime() {
-                    return plan.settle(Some(Err(error)));
-                }
-                let reply = match tokio::time::timeout_at(deadline.into(), answered).await {
-                    Ok(Ok(reply)) => reply.map(Unclaimed::claim),
-                    Ok(Err(_)) => Err(StoreError::Unavailable(
-                        "the check's task ended without an answer".into(),
-                    )),
-                    Err(_) => Err(StoreError::Timeout),
-                };
-                plan.settle(Some(reply))
-            });
-        }
-        super::sent(plan, |plan| async move {
-            // Its calls are waited for with the runtime's timers.
-            if let Err(error) = super::runtime() {
-                return plan.settle(Some(Err(error)));
-            }
-            let deadline = Instant::now() + inner.settings.response_timeout;
-            let reply = inner.check(&prepared, now, deadline.into()).await;
-            plan.settle(Some(reply))
-        })
+impl Transport for Cluster {
+    const KIND: &'static str = "redis_cluster";
+
+    fn settings(&self) -> &Settings {
+        &self.settings
     }
 
-    /// Answers at once a check decided here (a denial the cluster made moments ago, units
-    /// leased to this replica), or one that cannot be sent: the store has not read the slot
-    /// map yet, or the breaker of the node that holds every key of the check is open.
-    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
-        if let Some(decision) = self.inner.local.answer(charges, true) {
-            return Some(Ok(decision));
-        }
-        let error = self.refusal(charges)?;
-        // The cluster cannot be asked: units held here are spent all the same.
-        Some(self.inner.local.answer(charges, false).ok_or(error))
+    fn replica(&self) -> &Arc<Local> {
+        &self.local
     }
 
-    fn registry(&self) -> Option<&RuleRegistry> {
-        Some(&self.inner.registry)
+    fn registry(&self) -> &RuleRegistry {
+        &self.registry
     }
 
-    fn kind(&self) -> &'static str {
-        "redis_cluster"
+    fn start(self: &Arc<Self>) {
+        Cluster::start(self);
     }
 
-    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> CheckFuture<()> {
-        outside::adjust(&self.inner, adjustments)
+    fn unsendable(&self) -> Option<StoreError> {
+        (!self.startup.is_connected()).then(|| self.startup.not_connected(&self.servers))
     }
 
-    fn peek(&self, charges: &[Charge<'_>]) -> CheckFuture<Decision> {
-        if let Some(error) = outside::peek_refusal(charges) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let prepared = outside::prepared(&inner.settings.prefix, charges);
-        let now = inner.settings.now();
-        Box::pin(async move {
-            super::runtime()?;
-            let deadline = Instant::now() + inner.settings.response_timeout;
-            let groups = groups(&prepared);
-            let mut replies = Vec::with_capacity(groups.len());
-            for (slot, indices) in &groups {
-                let charges: Vec<&Prepared> = indices.iter().map(|&i| &prepared[i]).collect();
-                replies.push(
-                    inner
-                        .reply(*slot, Mode::Peek, now, &charges, deadline.into())
-                        .await?,
-                );
-            }
-            let reply = scatter(prepared.len(), &groups, &replies);
-            Ok(Decision::from_outcomes(reply.outcomes).made_at_time(reply.now))
-        })
-    }
-
-    fn reset(&self, charges: &[Charge<'_>]) -> CheckFuture<()> {
-        outside::reset(&self.inner, charges)
-    }
-}
-
-impl RedisClusterStore {
     /// Why a check cannot be sent now, if it cannot: the store has not read the slot map yet,
     /// or the breaker of the node that holds every key of the check is open.
-    fn refusal(&self, charges: &[Charge<'_>]) -> Option<StoreError> {
-        let inner = &self.inner;
+    fn refusal(self: &Arc<Self>, charges: &[Charge<'_>]) -> Option<StoreError> {
         let first = charges.first()?;
-        inner.start();
-        if !inner.startup.is_connected() {
-            return Some(inner.startup.not_connected(&inner.servers));
+        self.start();
+        if !self.startup.is_connected() {
+            return Some(self.startup.not_connected(&self.servers));
         }
         // A split key's sub-key (and so its node) is chosen when the check is planned.
         if charges.iter().any(|c| c.rule.parts() > 1) {
             return None;
         }
-        let topology = inner.topology()?;
+        let topology = self.topology()?;
         // The common case, every breaker closed, costs a load per primary.
         if !topology.primaries().iter().any(|n| n.breaker().is_open()) {
             return None;
         }
         let slot_of = |c: &Charge<'_>| {
             let mut key = String::with_capacity(64);
-            keys::write_key(&mut key, &inner.settings.prefix, c.key, c.rule.name());
+            keys::write_key(&mut key, &self.settings.prefix, c.key, c.rule.name());
             keys::slot(key.as_bytes())
         };
         let node = topology.primary(slot_of(first))?;
@@ -1089,19 +915,115 @@ impl RedisClusterStore {
                 .is_some_and(|n| Arc::ptr_eq(n, node))
         });
         (one_node && node.breaker().is_open()).then(|| {
-            inner.refresh_soon();
+            self.refresh_soon();
             StoreError::CircuitOpen
         })
+    }
+
+    /// A check that takes concurrency slots runs to its end on its own: one whose request
+    /// goes away meanwhile gives them back, instead of holding them for the longest hold.
+    /// So does one across slots: a request that goes away after some slots were charged
+    /// still gives them back when another slot denied.
+    fn runs_alone(&self, prepared: &[Prepared]) -> bool {
+        prepared.iter().any(|p| p.algorithm.is_concurrency())
+            || prepared
+                .first()
+                .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()))
+    }
+
+    async fn decide(
+        self: Arc<Self>,
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+    ) -> Result<Reply, StoreError> {
+        let deadline = Instant::now() + self.settings.response_timeout;
+        if !self.runs_alone(&prepared) {
+            return self.check_slots(&prepared, now, deadline.into()).await;
+        }
+        // The request waits until its deadline; a call that takes slots, a while longer for
+        // its reply.
+        let late = if prepared.iter().any(|p| p.algorithm.is_concurrency()) {
+            Instant::now() + late_reply_wait(self.settings.response_timeout)
+        } else {
+            deadline
+        };
+        let (answer, answered) = remote::channel(now);
+        let checking = self.clone();
+        drop(tokio::spawn(async move {
+            let budget = Deadline {
+                budget: deadline,
+                late,
+            };
+            let reply = checking.check_slots(&prepared, now, budget).await;
+            answer.send(&checking, reply, prepared);
+        }));
+        remote::wait(answered, deadline.into(), || {
+            StoreError::Unavailable("the check's task ended without an answer".into())
+        })
+        .await
+    }
+
+    async fn peek(
+        self: Arc<Self>,
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+    ) -> Result<Reply, StoreError> {
+        let deadline = Instant::now() + self.settings.response_timeout;
+        let groups = groups(&prepared);
+        let mut replies = Vec::with_capacity(groups.len());
+        for (slot, indices) in &groups {
+            let charges: Vec<&Prepared> = indices.iter().map(|&i| &prepared[i]).collect();
+            replies.push(
+                self.reply(*slot, Mode::Peek, now, &charges, deadline.into())
+                    .await?,
+            );
+        }
+        Ok(scatter(prepared.len(), &groups, &replies))
+    }
+
+    async fn call(
+        self: Arc<Self>,
+        mode: Mode,
+        now: Option<u64>,
+        charges: Vec<Prepared>,
+    ) -> Result<(), StoreError> {
+        self.each_slot(mode, now, &charges).await
+    }
+
+    async fn publish(self: Arc<Self>, names: Vec<String>) -> Result<(), StoreError> {
+        // Any node: classic pub/sub reaches every node of the cluster.
+        let Some(first) = names.first() else {
+            return Ok(());
+        };
+        let node = self
+            .topology()
+            .and_then(|topology| topology.primary(keys::slot(first.as_bytes())).cloned())
+            .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+        if node.breaker().is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let publish = async {
+            let (mut conn, _) = node.connection().await?;
+            forget::publish(&mut conn, &self.channel, &names)
+                .await
+                .map_err(|e| store_error(node.server(), e))
+        };
+        tokio::time::timeout(self.settings.response_timeout, publish)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
     }
 }
 
 impl fmt::Debug for RedisClusterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisClusterStore")
-            .field("servers", &self.inner.servers)
-            .field("prefix", &self.inner.settings.prefix)
-            .field("response_timeout", &self.inner.settings.response_timeout)
-            .field("connected", &self.inner.startup.is_connected())
+            .field("servers", &self.remote.transport().servers)
+            .field("prefix", &self.remote.transport().settings.prefix)
+            .field(
+                "response_timeout",
+                &self.remote.transport().settings.response_timeout,
+            )
+            .field("connected", &self.remote.transport().startup.is_connected())
             .finish_non_exhaustive()
     }
 }

@@ -3,7 +3,7 @@
 //! stopped waiting at its time budget while the call still ran) gives those slots back, since
 //! no request will: nothing is held for the longest hold by a request that is gone.
 
-use super::script::{Prepared, Reply};
+use crate::store::redis::script::{Prepared, Reply};
 
 /// Gives back the slots of a reply no one read: each refund, with the time its slots were
 /// taken on the store's clock.

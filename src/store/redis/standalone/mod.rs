@@ -7,28 +7,25 @@ use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult, Value};
-use tokio::sync::oneshot;
 
-use super::access::{self, Access};
-use super::batch::{Batcher, Turn};
-use super::error::{
+use crate::ConfigError;
+use crate::clock::unix_micros;
+use crate::store::breaker::{Breaker, Permit};
+use crate::store::redis::access::{self, Access};
+use crate::store::redis::batch::{Batcher, Turn};
+use crate::store::redis::error::{
     AtServer, ConnectError, breaks_connection, is_demoted, is_server_answer, store_error,
 };
-use super::forget;
-use super::health::{self, Health};
-use super::local::Local;
-use super::outside::{self, Calls};
-use super::probe::{self, Probed};
-use super::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
-use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
-use super::unclaimed::Unclaimed;
-use super::{CheckFuture, MAX_BATCH, Settings, keys, redact};
-use crate::clock::unix_micros;
-use crate::key::Key;
-use crate::store::breaker::{Breaker, Permit};
-use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
+use crate::store::redis::forget;
+use crate::store::redis::health::{self, Health};
+use crate::store::redis::local::Local;
+use crate::store::redis::probe::{self, Probed};
+use crate::store::redis::remote::{self, Answer, Remote, Transport, store_by_remote};
+use crate::store::redis::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
+use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use crate::store::redis::{MAX_BATCH, Settings, late_reply_wait, redact};
+use crate::store::{Charge, RuleRegistry, StoreError};
 use crate::throttle::Every;
-use crate::{ConfigError, Decision};
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
 ///
@@ -116,12 +113,13 @@ use crate::{ConfigError, Decision};
 /// the application installed one before (`rustls::crypto::CryptoProvider::install_default`).
 #[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    remote: Remote<Standalone>,
 }
 
-struct Inner {
+/// One server: the [`Transport`] of a [`RedisStore`].
+pub(crate) struct Standalone {
     /// The store itself, for the tasks it starts.
-    me: Weak<Inner>,
+    me: Weak<Standalone>,
     /// The server's address, credentials and TLS settings, to connect.
     info: ConnectionInfo,
     /// The URL without its password, to show.
@@ -178,7 +176,7 @@ struct Job {
     permit: Permit,
     /// When its caller stops waiting: it is not sent after that, and its call ends by then.
     deadline: tokio::time::Instant,
-    reply: oneshot::Sender<Result<Unclaimed, StoreError>>,
+    answer: Answer,
 }
 
 impl RedisStore {
@@ -199,20 +197,10 @@ impl RedisStore {
         Self::builder(url).connect().await
     }
 
-    /// The key prefix.
-    pub fn prefix(&self) -> &str {
-        &self.inner.settings.prefix
-    }
-
-    /// The Redis key that holds `rule`'s state for `identity`: `prefix:{identity}:rule`.
-    pub fn key_name(&self, rule: &str, identity: &Key) -> String {
-        keys::key_name(&self.inner.settings.prefix, identity, rule)
-    }
-
     /// Whether the store has reached Redis (and loaded its script) since it was built. It stays
     /// true during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
-        self.inner.startup.is_connected()
+        self.remote.transport().startup.is_connected()
     }
 
     /// Whether the store can decide with Redis now: it has connected, its circuit breaker is
@@ -236,7 +224,8 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn is_reachable(&self) -> bool {
-        self.inner.startup.is_connected() && !self.inner.breaker.is_failing()
+        self.remote.transport().startup.is_connected()
+            && !self.remote.transport().breaker.is_failing()
     }
 
     /// The Lua source of the script form of the code (with the server's `TIME` as its clock),
@@ -293,38 +282,38 @@ impl RedisStoreBuilder {
         let server: Arc<str> = self.access.shown(&self.url).into();
         let info = self.access.connection_info("Redis store", &self.url)?;
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
-        let store = RedisStore {
-            inner: Arc::new_cyclic(|me| Inner {
-                me: me.clone(),
-                info,
-                server,
-                pool_size: self.pool_size,
-                program: self.settings.program(),
-                local: self.settings.local(),
-                channel: forget::channel(&self.settings.prefix),
-                form: ServerForm::default(),
-                batcher: Arc::new(Batcher::new(
-                    // A few batches out per connection; without batching, every check is its
-                    // own call, pipelined on the connections.
-                    if self.max_batch == 1 {
-                        MAX_PIPELINED
-                    } else {
-                        CALLS_PER_CONNECTION * self.pool_size as usize
-                    },
-                    self.max_batch,
-                )),
-                breaker,
-                settings: self.settings,
-                pool: OnceLock::new(),
-                opening: Mutex::new(None),
-                pool_filled: AtomicBool::new(false),
-                startup: Startup::default(),
-                registry: RuleRegistry::new(),
-                warned: Every::default(),
-            }),
-        };
-        store.inner.start();
-        Ok(store)
+        let transport = Arc::new_cyclic(|me| Standalone {
+            me: me.clone(),
+            info,
+            server,
+            pool_size: self.pool_size,
+            program: self.settings.program(),
+            local: self.settings.local(),
+            channel: forget::channel(&self.settings.prefix),
+            form: ServerForm::default(),
+            batcher: Arc::new(Batcher::new(
+                // A few batches out per connection; without batching, every check is its
+                // own call, pipelined on the connections.
+                if self.max_batch == 1 {
+                    MAX_PIPELINED
+                } else {
+                    CALLS_PER_CONNECTION * self.pool_size as usize
+                },
+                self.max_batch,
+            )),
+            breaker,
+            settings: self.settings,
+            pool: OnceLock::new(),
+            opening: Mutex::new(None),
+            pool_filled: AtomicBool::new(false),
+            startup: Startup::default(),
+            registry: RuleRegistry::new(),
+            warned: Every::default(),
+        });
+        transport.start();
+        Ok(RedisStore {
+            remote: Remote::new(transport),
+        })
     }
 
     /// Builds the store and waits until it has connected and loaded its script, at most the
@@ -332,7 +321,7 @@ impl RedisStoreBuilder {
     /// server (without its password).
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let store = self.build()?;
-        let inner = &store.inner;
+        let inner = store.remote.transport();
         if !inner.startup.wait(inner.settings.connect_timeout).await {
             return Err(inner.startup.not_connected(&inner.server).into());
         }
@@ -340,7 +329,7 @@ impl RedisStoreBuilder {
     }
 }
 
-impl Inner {
+impl Standalone {
     /// Starts the background connection until it has connected, if there is a runtime to run
     /// it (again, if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
@@ -570,7 +559,7 @@ impl Inner {
     }
 
     /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
-    fn refusal(&self) -> Option<StoreError> {
+    fn unsendable(&self) -> Option<StoreError> {
         if !self.startup.is_connected() {
             return Some(self.startup.not_connected(&self.server));
         }
@@ -580,7 +569,7 @@ impl Inner {
 
 /// The background task: connects and loads the script, retrying until it succeeds or the store
 /// is dropped.
-async fn connect_in_background(store: Weak<Inner>, _running: Running) {
+async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
     let mut delay = FIRST_RETRY_DELAY;
     loop {
         let Some(inner) = store.upgrade() else {
@@ -623,9 +612,12 @@ async fn connect_in_background(store: Weak<Inner>, _running: Running) {
 /// What an attempt to open a connection for checks brings: the connection, or why not.
 type Opened = Result<(MultiplexedConnection, Arc<Health>), String>;
 
-/// Opens a connection for the checks waiting (see `Inner::open`), gives it to the pool (a full
+/// Opens a connection for the checks waiting (see `Standalone::open`), gives it to the pool (a full
 /// pool lets it go with its last check), and tells them.
-async fn open_for_checks(store: Weak<Inner>, done: tokio::sync::watch::Sender<Option<Opened>>) {
+async fn open_for_checks(
+    store: Weak<Standalone>,
+    done: tokio::sync::watch::Sender<Option<Opened>>,
+) {
     let Some(inner) = store.upgrade() else {
         return;
     };
@@ -671,36 +663,35 @@ impl bb8::ErrorSink<RedisError> for LogConnectErrors {
     }
 }
 
-impl Inner {
+impl Standalone {
     /// Decides one check: queued for the next call to Redis (sent at once when no call is
     /// out), within the check's time budget. Polled on a Tokio runtime.
-    async fn decide(
+    async fn batched(
         self: &Arc<Self>,
         charges: Vec<Prepared>,
         now: Option<u64>,
         permit: Permit,
     ) -> Result<Reply, StoreError> {
-        let (reply, answer) = oneshot::channel();
+        let (answer, answered) = remote::channel(now);
         let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
         let job = Job {
             charges,
             now,
             permit,
             deadline,
-            reply,
+            answer,
         };
         if let Some((batch, turn)) = self.batcher.push(job) {
             // Sent from a task of its own, so that a client that goes away cancels no one
             // else's check of the batch.
             drop(tokio::spawn(send_batches(self.clone(), batch, turn)));
         }
-        match tokio::time::timeout_at(deadline, answer).await {
-            Ok(Ok(result)) => result.map(Unclaimed::claim),
-            Ok(Err(_)) => Err(StoreError::Unavailable(
+        remote::wait(answered, deadline, || {
+            StoreError::Unavailable(
                 format!("{}: the check was dropped before it was sent", self.server).into(),
-            )),
-            Err(_) => Err(StoreError::Timeout),
-        }
+            )
+        })
+        .await
     }
 
     /// One call for `batch`, within the time its earliest check has left; each check gets its
@@ -715,10 +706,8 @@ impl Inner {
             .iter()
             .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
         {
-            budget.max(
-                tokio::time::Instant::now()
-                    + super::late_reply_wait(self.settings.response_timeout),
-            )
+            budget
+                .max(tokio::time::Instant::now() + late_reply_wait(self.settings.response_timeout))
         } else {
             budget
         };
@@ -760,25 +749,19 @@ impl Inner {
         match result {
             Ok(replies) => {
                 for (job, reply) in batch.into_iter().zip(replies) {
-                    let now = job.now;
-                    let reply = Unclaimed::new(reply, job.charges, || {
-                        let inner = self.clone();
-                        Box::new(move |refunds| outside::give_back_orphan(inner, now, refunds))
-                    });
-                    // Not sent: dropped here, and its slots go back.
-                    let _ = job.reply.send(Ok(reply));
+                    job.answer.send(&self, Ok(reply), job.charges);
                 }
             }
             Err(error) => {
                 for job in batch {
-                    let _ = job.reply.send(Err(error.duplicate()));
+                    job.answer.send(&self, Err(error.duplicate()), job.charges);
                 }
             }
         }
     }
 }
 
-impl Inner {
+impl Standalone {
     /// One call of `charges` outside the batches (peeks, adjustments, resets), within a
     /// check's time budget.
     async fn direct(
@@ -788,7 +771,7 @@ impl Inner {
         charges: &[Prepared],
     ) -> Result<Value, StoreError> {
         self.start();
-        if let Some(error) = self.refusal() {
+        if let Some(error) = self.unsendable() {
             return Err(error);
         }
         let Some(permit) = self.breaker.admit() else {
@@ -802,10 +785,10 @@ impl Inner {
 
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
 /// went away (its client left) or has no time left is not sent.
-async fn send_batches(inner: Arc<Inner>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
+async fn send_batches(inner: Arc<Standalone>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
     loop {
         let now = tokio::time::Instant::now();
-        batch.retain(|job| !job.reply.is_closed() && job.deadline > now);
+        batch.retain(|job| !job.answer.is_closed() && job.deadline > now);
         if !batch.is_empty() {
             inner.send(batch).await;
         }
@@ -816,138 +799,96 @@ async fn send_batches(inner: Arc<Inner>, mut batch: Vec<Job>, mut turn: Turn<Job
     }
 }
 
-impl Store for RedisStore {
-    type Future = CheckFuture;
+store_by_remote!(RedisStore);
 
-    fn check(&self, charges: &[Charge<'_>]) -> CheckFuture {
-        let inner = self.inner.clone();
-        if charges.is_empty() {
-            return Box::pin(async { Ok(Decision::default()) });
-        }
-        if let Some(error) = super::repeated(charges) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let plan = inner.local.plan(charges);
-        if !plan.sends() {
-            return Box::pin(std::future::ready(plan.settle(None)));
-        }
-        inner.start();
-        if let Some(error) = inner.refusal() {
-            // Units held here are spent all the same.
-            return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
-        }
-        let prepared = plan.prepared(&inner.settings.prefix, charges);
-        let now = inner.settings.now();
-        super::sent(plan, |plan| async move {
-            let reply = async {
-                // Polled where no runtime runs, refused before it takes the breaker's probe.
-                super::runtime()?;
-                let permit = inner.breaker.admit().ok_or(StoreError::CircuitOpen)?;
-                inner.decide(prepared, now, permit).await
-            };
-            plan.settle(Some(reply.await))
-        })
+impl Transport for Standalone {
+    const KIND: &'static str = "redis";
+
+    fn settings(&self) -> &Settings {
+        &self.settings
     }
 
-    /// Answers at once a check decided here (a denial Redis made moments ago, units leased to
-    /// this replica), or one that cannot be sent: the store has not connected yet, or its
-    /// circuit breaker is open.
-    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
-        if charges.is_empty() {
-            return None;
-        }
-        if let Some(decision) = self.inner.local.answer(charges, true) {
-            return Some(Ok(decision));
-        }
+    fn replica(&self) -> &Arc<Local> {
+        &self.local
+    }
+
+    fn registry(&self) -> &RuleRegistry {
+        &self.registry
+    }
+
+    fn start(self: &Arc<Self>) {
+        Standalone::start(self);
+    }
+
+    fn unsendable(&self) -> Option<StoreError> {
+        Standalone::unsendable(self)
+    }
+
+    fn refusal(self: &Arc<Self>, charges: &[Charge<'_>]) -> Option<StoreError> {
         // A split key's sub-key is chosen when the check is planned: its cached denial answers
         // there, Redis asked or not.
         if charges.iter().any(|c| c.rule.parts() > 1) {
             return None;
         }
-        self.inner.start();
-        let error = self.inner.refusal()?;
-        // Redis cannot be asked: units held here are spent all the same.
-        Some(self.inner.local.answer(charges, false).ok_or(error))
+        self.start();
+        self.unsendable()
     }
 
-    fn registry(&self) -> Option<&RuleRegistry> {
-        Some(&self.inner.registry)
+    fn runs_alone(&self, _prepared: &[Prepared]) -> bool {
+        // A batch that takes concurrency slots waits for its reply itself.
+        false
     }
 
-    fn kind(&self) -> &'static str {
-        "redis"
+    async fn decide(
+        self: Arc<Self>,
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+    ) -> Result<Reply, StoreError> {
+        let permit = self.breaker.admit().ok_or(StoreError::CircuitOpen)?;
+        self.batched(prepared, now, permit).await
     }
 
-    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
-        outside::adjust(&self.inner, adjustments)
+    async fn peek(
+        self: Arc<Self>,
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+    ) -> Result<Reply, StoreError> {
+        let value = self.direct(Mode::Peek, now, &prepared).await?;
+        let requests = [Request {
+            now,
+            charges: &prepared[..],
+        }];
+        script::decode(value, &requests)?
+            .pop()
+            .ok_or_else(|| StoreError::Protocol("no reply to a peek".into()))
     }
 
-    fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
-        if let Some(error) = outside::peek_refusal(charges) {
-            return Box::pin(std::future::ready(Err(error)));
-        }
-        let inner = self.inner.clone();
-        let prepared = outside::prepared(&inner.settings.prefix, charges);
-        let now = inner.settings.now();
-        Box::pin(async move {
-            super::runtime()?;
-            let value = inner.direct(Mode::Peek, now, &prepared).await?;
-            let requests = [Request {
-                now,
-                charges: &prepared[..],
-            }];
-            let reply = script::decode(value, &requests)?
-                .pop()
-                .ok_or_else(|| StoreError::Protocol("no reply to a peek".into()))?;
-            Ok(Decision::from_outcomes(reply.outcomes).made_at_time(reply.now))
-        })
-    }
-
-    fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
-        outside::reset(&self.inner, charges)
-    }
-}
-
-impl Calls for Inner {
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    fn local(&self) -> &Local {
-        &self.local
-    }
-
-    fn call(
+    async fn call(
         self: Arc<Self>,
         mode: Mode,
         now: Option<u64>,
         charges: Vec<Prepared>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
-        Box::pin(async move { self.direct(mode, now, &charges).await.map(drop) })
+    ) -> Result<(), StoreError> {
+        self.direct(mode, now, &charges).await.map(drop)
     }
 
-    fn publish(
-        self: Arc<Self>,
-        names: Vec<String>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send>> {
-        Box::pin(async move {
-            if let Some(error) = self.refusal() {
-                return Err(error);
-            }
-            let publish = async {
-                let (mut conn, _) = self.connection().await?;
-                forget::publish(&mut conn, &self.channel, &names)
-                    .await
-                    .map_err(|e| store_error(&self.server, e))
-            };
-            tokio::time::timeout(self.settings.response_timeout, publish)
+    async fn publish(self: Arc<Self>, names: Vec<String>) -> Result<(), StoreError> {
+        if let Some(error) = self.unsendable() {
+            return Err(error);
+        }
+        let publish = async {
+            let (mut conn, _) = self.connection().await?;
+            forget::publish(&mut conn, &self.channel, &names)
                 .await
-                .unwrap_or(Err(StoreError::Timeout))
-        })
+                .map_err(|e| store_error(&self.server, e))
+        };
+        tokio::time::timeout(self.settings.response_timeout, publish)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
     }
 }
 
-impl Probed for Inner {
+impl Probed for Standalone {
     fn breaker(&self) -> &Breaker {
         &self.breaker
     }
@@ -966,11 +907,14 @@ impl Probed for Inner {
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
-            .field("server", &self.inner.server)
-            .field("prefix", &self.inner.settings.prefix)
-            .field("pool_size", &self.inner.pool_size)
-            .field("response_timeout", &self.inner.settings.response_timeout)
-            .field("connected", &self.inner.startup.is_connected())
+            .field("server", &self.remote.transport().server)
+            .field("prefix", &self.remote.transport().settings.prefix)
+            .field("pool_size", &self.remote.transport().pool_size)
+            .field(
+                "response_timeout",
+                &self.remote.transport().settings.response_timeout,
+            )
+            .field("connected", &self.remote.transport().startup.is_connected())
             .finish_non_exhaustive()
     }
 }
@@ -1009,7 +953,7 @@ impl Manager {
                 // Each call has its own deadline (`run`); this one only bounds a reply the
                 // connection still waits for, as long as a call that takes concurrency slots
                 // waits for its own.
-                .set_response_timeout(Some(super::late_reply_wait(response_timeout))),
+                .set_response_timeout(Some(late_reply_wait(response_timeout))),
             response_timeout,
         })
     }

@@ -1,50 +1,28 @@
-//! What the two Redis stores do outside the request path, the same way: adjustments, resets,
-//! and giving back the slots of a reply no request read. Each store brings its own call (one
-//! server, or one call per slot of a cluster) through [`Calls`].
+//! The changes a Redis store makes outside its checks: adjustments, resets (and telling the
+//! other replicas of them), and giving back the slots of a reply no request read. Each
+//! [`Transport`] brings its own call (one server, or one call per slot of a cluster).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
-use super::Settings;
-use super::local::Local;
-use super::script::{self, Mode, Prepared};
+use super::Transport;
+use super::runtime;
+use crate::clock::unix_micros;
 use crate::key::Key;
+use crate::store::redis::keys;
+use crate::store::redis::script::{self, Mode, Prepared};
 use crate::store::{Adjustment, Change, Charge, RuleSpec, StoreError, StoreFuture};
-
-/// A Redis store's calls outside the batches.
-pub(crate) trait Calls: Send + Sync + 'static {
-    fn settings(&self) -> &Settings;
-
-    fn local(&self) -> &Local;
-
-    /// One call of `charges` in `mode` (on a cluster, one per slot), within a check's time
-    /// budget.
-    fn call(
-        self: Arc<Self>,
-        mode: Mode,
-        now: Option<u64>,
-        charges: Vec<Prepared>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
-
-    /// Tells every replica that the keys of Redis names `names` were forgotten (a `PUBLISH` on
-    /// the prefix's channel: [`forget`](super::forget)), within a check's time budget.
-    fn publish(
-        self: Arc<Self>,
-        names: Vec<String>,
-    ) -> Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
-}
+use crate::throttle::Every;
 
 /// Tells the other replicas what `inner` forgot, in a task of its own (the operation's caller
 /// does not wait for it); a failure is logged (each replica's cap on a cached denial's life
 /// still holds), never the operation's error. Rules whose denials are never cached (concurrency
 /// limits) are not told.
-fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
+fn tell_forgotten<T: Transport>(inner: &Arc<T>, forgotten: &[(RuleSpec, Key)]) {
     let prefix = &inner.settings().prefix;
     let names: Vec<String> = forgotten
         .iter()
         .filter(|(rule, _)| !rule.algorithm().is_concurrency())
-        .map(|(rule, key)| super::keys::key_name(prefix, key, rule.name()))
+        .map(|(rule, key)| keys::key_name(prefix, key, rule.name()))
         .collect();
     if names.is_empty() {
         return;
@@ -55,8 +33,8 @@ fn tell_forgotten<I: Calls>(inner: &Arc<I>, forgotten: &[(RuleSpec, Key)]) {
     let inner = inner.clone();
     runtime.spawn(async move {
         if let Err(error) = inner.publish(names).await {
-            static WARNED: crate::throttle::Every = crate::throttle::Every::new();
-            if WARNED.due(crate::clock::unix_micros(), 60_000_000) {
+            static WARNED: Every = Every::new();
+            if WARNED.due(unix_micros(), 60_000_000) {
                 tracing::warn!(
                     %error,
                     "tollgate: could not tell the other replicas of a reset or an adjustment; \
@@ -81,7 +59,10 @@ fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreErr
 
 /// [`Store::adjust`](crate::store::Store::adjust): one call per time the units were charged;
 /// one that fails does not stop the others.
-pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+pub(crate) fn adjust<T: Transport>(
+    inner: &Arc<T>,
+    adjustments: &[Adjustment<'_>],
+) -> StoreFuture<()> {
     if let Some(error) = refusal(adjustments.iter().map(|a| a.rule)) {
         return Box::pin(std::future::ready(Err(error)));
     }
@@ -99,7 +80,7 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
     let calls = script::adjustments(&inner.settings().prefix, adjustments);
     let now = inner.settings().now();
     Box::pin(async move {
-        super::runtime()?;
+        runtime()?;
         let mut result = Ok(());
         for (at, charges) in calls {
             if let Err(error) = inner.clone().call(Mode::Adjust(at), now, charges).await {
@@ -108,7 +89,7 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
         }
         // Forgotten once the store changed: a denial cached meanwhile goes too.
         for (rule, key) in &forget {
-            inner.local().forget(rule, key, false);
+            inner.replica().forget(rule, key, false);
         }
         if result.is_ok() && !refunded.is_empty() {
             tell_forgotten(&inner, &refunded);
@@ -118,7 +99,7 @@ pub(crate) fn adjust<I: Calls>(inner: &Arc<I>, adjustments: &[Adjustment<'_>]) -
 }
 
 /// [`Store::reset`](crate::store::Store::reset).
-pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFuture<()> {
+pub(crate) fn reset<T: Transport>(inner: &Arc<T>, charges: &[Charge<'_>]) -> StoreFuture<()> {
     if let Some(error) = refusal(charges.iter().map(|c| c.rule)) {
         return Box::pin(std::future::ready(Err(error)));
     }
@@ -130,10 +111,10 @@ pub(crate) fn reset<I: Calls>(inner: &Arc<I>, charges: &[Charge<'_>]) -> StoreFu
     let prepared = prepared(&inner.settings().prefix, charges);
     let now = inner.settings().now();
     Box::pin(async move {
-        super::runtime()?;
+        runtime()?;
         let result = inner.clone().call(Mode::Reset, now, prepared).await;
         for (rule, key) in &forget {
-            inner.local().forget(rule, key, result.is_ok());
+            inner.replica().forget(rule, key, result.is_ok());
         }
         if result.is_ok() {
             tell_forgotten(&inner, &forget);
@@ -154,8 +135,8 @@ pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
 
 /// Gives back, on the runtime, the slots of a reply whose request went away: each refund at
 /// the time its slots were taken.
-pub(crate) fn give_back_orphan<I: Calls>(
-    inner: Arc<I>,
+pub(crate) fn give_back_orphan<T: Transport>(
+    inner: Arc<T>,
     now: Option<u64>,
     refunds: Vec<(u64, Prepared)>,
 ) {
@@ -168,7 +149,22 @@ pub(crate) fn give_back_orphan<I: Calls>(
                 .clone()
                 .call(Mode::Adjust(at), now, vec![refund])
                 .await;
-            crate::decide::report_give_back(result);
+            report_give_back(result);
         }
     });
+}
+
+/// Says when slots could not be given back (at most once every 10 s: an outage would say it
+/// for every reply): they are free when their hold expires.
+fn report_give_back(result: Result<(), StoreError>) {
+    static WARNED: Every = Every::new();
+    if let Err(error) = result
+        && WARNED.due(unix_micros(), 10_000_000)
+    {
+        tracing::warn!(
+            %error,
+            "tollgate: could not give concurrency slots back; they are free when their hold \
+             expires (said at most every 10 s)"
+        );
+    }
 }

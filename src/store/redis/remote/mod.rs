@@ -1,0 +1,236 @@
+//! [`Remote`]: a Redis store whatever its [`Transport`]: the [`Store`] methods (checks, peeks,
+//! adjustments, resets) and the replies no request read, written once for both.
+
+mod changes;
+mod late_reply;
+mod transport;
+mod unclaimed;
+
+use std::future::Future;
+use std::sync::Arc;
+
+pub(crate) use late_reply::{Answer, channel, wait};
+pub(crate) use transport::Transport;
+
+use super::CheckFuture;
+use super::local::Plan;
+use crate::Decision;
+use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
+
+/// A Redis store over the transport `T`; clones share it.
+pub(crate) struct Remote<T>(Arc<T>);
+
+impl<T> Clone for Remote<T> {
+    fn clone(&self) -> Self {
+        Remote(self.0.clone())
+    }
+}
+
+impl<T: Transport> Remote<T> {
+    /// The store over `transport`.
+    pub(crate) fn new(transport: Arc<T>) -> Self {
+        Remote(transport)
+    }
+
+    /// The transport.
+    pub(crate) fn transport(&self) -> &Arc<T> {
+        &self.0
+    }
+}
+
+impl<T: Transport> Store for Remote<T> {
+    type Future = CheckFuture;
+
+    fn check(&self, charges: &[Charge<'_>]) -> CheckFuture {
+        if charges.is_empty() {
+            return Box::pin(async { Ok(Decision::default()) });
+        }
+        if let Some(error) = repeated(charges) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let transport = &self.0;
+        let plan = transport.replica().plan(charges);
+        if !plan.sends() {
+            return Box::pin(std::future::ready(plan.settle(None)));
+        }
+        transport.start();
+        if let Some(error) = transport.unsendable() {
+            // Units held here are spent all the same.
+            return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
+        }
+        let prepared = plan.prepared(&transport.settings().prefix, charges);
+        let now = transport.settings().now();
+        let alone = transport.runs_alone(&prepared);
+        let transport = transport.clone();
+        let decide = move |plan: Plan| async move {
+            // Polled where no runtime runs, refused before it takes a breaker's probe.
+            let reply = match runtime() {
+                Ok(_) => transport.decide(prepared, now).await,
+                Err(error) => Err(error),
+            };
+            plan.settle(Some(reply))
+        };
+        if alone {
+            Box::pin(decide(plan))
+        } else {
+            sent(plan, decide)
+        }
+    }
+
+    /// Answers at once a check decided here (a denial Redis made moments ago, units leased to
+    /// this replica), or one that cannot be sent: the store has not connected yet, or the
+    /// circuit breaker of the server that holds every key of the check is open.
+    fn check_now(&self, charges: &[Charge<'_>]) -> Option<Result<Decision, StoreError>> {
+        if charges.is_empty() {
+            return None;
+        }
+        let replica = self.0.replica();
+        if let Some(decision) = replica.answer(charges, true) {
+            return Some(Ok(decision));
+        }
+        let error = self.0.refusal(charges)?;
+        // Redis cannot be asked: units held here are spent all the same.
+        Some(replica.answer(charges, false).ok_or(error))
+    }
+
+    fn registry(&self) -> Option<&RuleRegistry> {
+        Some(self.0.registry())
+    }
+
+    fn kind(&self) -> &'static str {
+        T::KIND
+    }
+
+    fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
+        changes::adjust(&self.0, adjustments)
+    }
+
+    fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
+        if let Some(error) = changes::peek_refusal(charges) {
+            return Box::pin(std::future::ready(Err(error)));
+        }
+        let transport = self.0.clone();
+        let prepared = changes::prepared(&transport.settings().prefix, charges);
+        let now = transport.settings().now();
+        Box::pin(async move {
+            runtime()?;
+            let reply = transport.peek(prepared, now).await?;
+            Ok(Decision::from_outcomes(reply.outcomes).made_at_time(reply.now))
+        })
+    }
+
+    fn reset(&self, charges: &[Charge<'_>]) -> StoreFuture<()> {
+        changes::reset(&self.0, charges)
+    }
+}
+
+/// The [`Store`] of a public Redis store type whose field `remote` is its [`Remote`], and its
+/// `prefix` and `key_name`.
+macro_rules! store_by_remote {
+    ($store:ty) => {
+        impl $store {
+            /// The key prefix.
+            pub fn prefix(&self) -> &str {
+                &$crate::store::redis::remote::Transport::settings(&**self.remote.transport())
+                    .prefix
+            }
+
+            /// The Redis key that holds `rule`'s state for `identity`: `prefix:{identity}:rule`.
+            pub fn key_name(&self, rule: &str, identity: &$crate::key::Key) -> String {
+                $crate::store::redis::keys::key_name(self.prefix(), identity, rule)
+            }
+        }
+
+        impl $crate::store::Store for $store {
+            type Future = $crate::store::redis::CheckFuture;
+
+            fn check(&self, charges: &[$crate::store::Charge<'_>]) -> Self::Future {
+                self.remote.check(charges)
+            }
+
+            fn check_now(
+                &self,
+                charges: &[$crate::store::Charge<'_>],
+            ) -> Option<Result<$crate::Decision, $crate::store::StoreError>> {
+                self.remote.check_now(charges)
+            }
+
+            fn registry(&self) -> Option<&$crate::store::RuleRegistry> {
+                self.remote.registry()
+            }
+
+            fn kind(&self) -> &'static str {
+                self.remote.kind()
+            }
+
+            fn adjust(
+                &self,
+                adjustments: &[$crate::store::Adjustment<'_>],
+            ) -> $crate::store::StoreFuture<()> {
+                self.remote.adjust(adjustments)
+            }
+
+            fn peek(
+                &self,
+                charges: &[$crate::store::Charge<'_>],
+            ) -> $crate::store::StoreFuture<$crate::Decision> {
+                self.remote.peek(charges)
+            }
+
+            fn reset(
+                &self,
+                charges: &[$crate::store::Charge<'_>],
+            ) -> $crate::store::StoreFuture<()> {
+                self.remote.reset(charges)
+            }
+        }
+    };
+}
+pub(crate) use store_by_remote;
+
+/// The error of a check that charges one rule for one key twice: one call checks each charge
+/// against the state before the request, so the two would not add up. Layers never do (their
+/// rule names are unique); merge the costs.
+fn repeated(charges: &[Charge<'_>]) -> Option<StoreError> {
+    for (i, a) in charges.iter().enumerate() {
+        if let Some(b) = charges[i + 1..]
+            .iter()
+            .find(|b| b.rule.name() == a.rule.name() && b.key == a.key)
+        {
+            return Some(StoreError::Protocol(format!(
+                "a check charges rule \"{}\" for key {} twice; charge it once with the sum \
+                 of the costs",
+                b.rule.name(),
+                b.key
+            )));
+        }
+    }
+    None
+}
+
+/// The runtime a call runs on, or the error of one where no Tokio runtime runs (another
+/// executor): a call's tasks and timers are the runtime's (which must enable its timers).
+pub(crate) fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
+    tokio::runtime::Handle::try_current()
+        .map_err(|_| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
+}
+
+/// The future of a check whose plan sends a call (`call` makes it): the call itself, or, for a
+/// request paid from this replica's leases that only refills them ahead of need, on a Tokio
+/// runtime, its decision at once, with the call going on in a task of its own.
+fn sent<F>(mut plan: Plan, call: impl FnOnce(Plan) -> F) -> CheckFuture
+where
+    F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
+{
+    let detached = tokio::runtime::Handle::try_current()
+        .ok()
+        .and_then(|runtime| Some((plan.detach()?, runtime)));
+    let call = call(plan);
+    match detached {
+        Some((decision, runtime)) => {
+            drop(runtime.spawn(call));
+            Box::pin(std::future::ready(Ok(decision)))
+        }
+        None => Box::pin(call),
+    }
+}
