@@ -6,6 +6,7 @@ mod topology;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -931,15 +932,21 @@ impl Transport for Cluster {
                 .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()))
     }
 
-    async fn decide(
+    fn decide(
         self: Arc<Self>,
         prepared: Vec<Prepared>,
         now: Option<u64>,
-    ) -> Result<Reply, StoreError> {
+    ) -> impl Future<Output = Result<Reply, StoreError>> + Send {
         let deadline = Instant::now() + self.settings.response_timeout;
-        if !self.runs_alone(&prepared) {
-            return self.check_slots(&prepared, now, deadline.into()).await;
-        }
+        let runtime = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if self.runs_alone(&prepared) => runtime,
+            _ => {
+                return futures_util::future::Either::Left(async move {
+                    let deadline = Instant::now() + self.settings.response_timeout;
+                    self.check_slots(&prepared, now, deadline.into()).await
+                });
+            }
+        };
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
         let late = if prepared.iter().any(|p| p.algorithm.is_concurrency()) {
@@ -948,19 +955,17 @@ impl Transport for Cluster {
             deadline
         };
         let (answer, answered) = remote::channel(now);
-        let checking = self.clone();
-        drop(tokio::spawn(async move {
+        drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
                 late,
             };
-            let reply = checking.check_slots(&prepared, now, budget).await;
-            answer.send(&checking, reply, prepared);
+            let reply = self.check_slots(&prepared, now, budget).await;
+            answer.send(&self, reply, prepared);
         }));
-        remote::wait(answered, deadline.into(), || {
+        futures_util::future::Either::Right(remote::wait(answered, deadline.into(), || {
             StoreError::Unavailable("the check's task ended without an answer".into())
-        })
-        .await
+        }))
     }
 
     async fn peek(

@@ -61,11 +61,12 @@ impl<T: Transport> Store for Remote<T> {
         let prepared = plan.prepared(&transport.settings().prefix, charges);
         let now = transport.settings().now();
         let alone = transport.runs_alone(&prepared);
-        let transport = transport.clone();
+        // One that runs alone is on its way already.
+        let decided = transport.clone().decide(prepared, now);
         let decide = move |plan: Plan| async move {
             // Polled where no runtime runs, refused before it takes a breaker's probe.
             let reply = match runtime() {
-                Ok(_) => transport.decide(prepared, now).await,
+                Ok(_) => decided.await,
                 Err(error) => Err(error),
             };
             plan.settle(Some(reply))

@@ -40,7 +40,8 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     fn runs_alone(&self, prepared: &[Prepared]) -> bool;
 
     /// The reply to the check of `prepared` (the store's time, `now`, with an injected clock),
-    /// within a check's time budget. Polled on a Tokio runtime.
+    /// within a check's time budget. Polled on a Tokio runtime; one that
+    /// [runs alone](Self::runs_alone) is sent at once, polled or not.
     fn decide(
         self: Arc<Self>,
         prepared: Vec<Prepared>,
