@@ -109,6 +109,7 @@ mod forget;
 mod health;
 mod keys;
 mod local;
+mod opening;
 mod probe;
 mod remote;
 mod script;

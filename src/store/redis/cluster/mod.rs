@@ -24,13 +24,11 @@ use crate::store::redis::access::{self, Access};
 use crate::store::redis::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use crate::store::redis::forget;
 use crate::store::redis::keys;
-use crate::store::redis::local::Local;
-use crate::store::redis::remote::{self, Remote, Transport, store_by_remote};
-use crate::store::redis::script::{self, Mode, Prepared, Program, Reply, Request};
-use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use crate::store::redis::remote::{self, Parts, Remote, Transport, store_by_remote};
+use crate::store::redis::script::{self, Mode, Prepared, Reply, Request};
+use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
 use crate::store::redis::{Settings, late_reply_wait, redact};
-use crate::store::{Charge, RuleRegistry, StoreError};
-use crate::throttle::Every;
+use crate::store::{Charge, StoreError};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
 const MAX_REDIRECTIONS: usize = 5;
@@ -88,20 +86,13 @@ pub(crate) struct Cluster {
     /// The credentials of the first URL (or those given to the builder), and whether and how
     /// to speak TLS, for every node.
     template: ConnectionInfo,
-    settings: Settings,
-    program: &'static Program,
-    /// Denials and leases decided on this replica.
-    local: Arc<Local>,
-    /// The channel of keys forgotten by any replica.
-    channel: String,
     topology: RwLock<Option<Arc<Topology>>>,
     /// Every node seen, by address: connections and breakers outlive a new slot map.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
     /// Asks the background task to read the slot map again.
     refresh: Arc<Notify>,
-    startup: Startup,
-    registry: RuleRegistry,
-    warned: Every,
+    /// Settings, the replica's denials and leases, rules, startup.
+    parts: Parts,
 }
 
 impl Drop for Cluster {
@@ -140,7 +131,7 @@ impl RedisClusterStore {
     /// Whether the store has read the cluster's slot map since it was built. It stays true
     /// during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
-        self.remote.transport().startup.is_connected()
+        self.remote.transport().parts.startup.is_connected()
     }
 
     /// Whether the store can decide with the cluster now: it has read the slot map, no
@@ -149,7 +140,7 @@ impl RedisClusterStore {
     /// readiness check (`/healthz`); while it is false, the rules whose primary is away are
     /// decided by their [`FailureMode`](crate::FailureMode).
     pub fn is_reachable(&self) -> bool {
-        self.remote.transport().startup.is_connected()
+        self.remote.transport().parts.startup.is_connected()
             && self.remote.transport().topology().is_some_and(|topology| {
                 topology
                     .primaries()
@@ -210,16 +201,10 @@ impl RedisClusterStoreBuilder {
             seeds,
             servers: format!("Redis Cluster ({servers})").into(),
             template,
-            program: self.settings.program(),
-            local: self.settings.local(),
-            channel: forget::channel(&self.settings.prefix),
-            settings: self.settings,
+            parts: Parts::new(self.settings),
             topology: RwLock::new(None),
             nodes: Mutex::new(HashMap::new()),
             refresh: Arc::new(Notify::new()),
-            startup: Startup::default(),
-            registry: RuleRegistry::new(),
-            warned: Every::default(),
         });
         transport.start();
         Ok(RedisClusterStore {
@@ -233,15 +218,16 @@ impl RedisClusterStoreBuilder {
     pub async fn connect(self) -> Result<RedisClusterStore, ConnectError> {
         let store = self.build()?;
         let inner = store.remote.transport();
-        let budget = inner.settings.connect_timeout * 2;
+        let budget = inner.parts.settings.connect_timeout * 2;
         let started = Instant::now();
-        if !inner.startup.wait(budget).await {
-            return Err(inner.startup.not_connected(&inner.servers).into());
+        if !inner.parts.startup.wait(budget).await {
+            return Err(inner.parts.startup.not_connected(&inner.servers).into());
         }
         let topology = inner.topology().ok_or(StoreError::Timeout)?;
         let loads = topology.primaries().iter().map(|node| async move {
             let (mut conn, _) = node.connection().await?;
             let form = inner
+                .parts
                 .program
                 .load(&mut conn)
                 .await
@@ -263,7 +249,8 @@ impl Cluster {
     fn start(self: &Arc<Self>) {
         let weak = Arc::downgrade(self);
         let refresh = self.refresh.clone();
-        self.startup
+        self.parts
+            .startup
             .spawn(|running| read_slot_map_in_background(weak, refresh, running));
     }
 
@@ -283,9 +270,9 @@ impl Cluster {
         let node = Arc::new(Node::new(
             addr,
             &self.template,
-            self.settings.connect_timeout,
-            self.settings.response_timeout,
-            self.settings.breaker,
+            self.parts.settings.connect_timeout,
+            self.parts.settings.response_timeout,
+            self.parts.settings.breaker,
         )?);
         nodes.insert(addr.to_owned(), node.clone());
         Ok(node)
@@ -322,7 +309,7 @@ impl Cluster {
                     .await
                     .map_err(|e| store_error(node.server(), e))
             };
-            let reply = tokio::time::timeout(self.settings.connect_timeout, ask)
+            let reply = tokio::time::timeout(self.parts.settings.connect_timeout, ask)
                 .await
                 .unwrap_or(Err(StoreError::Timeout));
             let host = addr
@@ -367,7 +354,7 @@ impl Cluster {
         let requests = [Request { now, charges }];
         let topology = self
             .topology()
-            .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+            .ok_or_else(|| self.parts.startup.not_connected(&self.servers))?;
         let Some(mut node) = topology.primary(slot).cloned() else {
             self.refresh_soon();
             return Err(StoreError::Unavailable(
@@ -390,16 +377,19 @@ impl Cluster {
             let attempt = async {
                 let (mut conn, health) = node.connection().await?;
                 in_use = Some(health.clone());
-                let cmd = self.program.command(node.form().get(), mode, &requests);
+                let cmd = self
+                    .parts
+                    .program
+                    .command(node.form().get(), mode, &requests);
                 let mut result = Node::send(&mut conn, &cmd, asking).await;
                 if let Err(e) = &result
                     && script::not_run(e)
                 {
                     // The node lost the code (a restart, a failover), or has no functions: it
                     // did not run.
-                    result = match self.program.reload(&mut conn, node.form(), e).await {
+                    result = match self.parts.program.reload(&mut conn, node.form(), e).await {
                         Ok(form) => {
-                            let cmd = self.program.command(form, mode, &requests);
+                            let cmd = self.parts.program.command(form, mode, &requests);
                             Node::send(&mut conn, &cmd, asking).await
                         }
                         Err(e) => Err(e),
@@ -603,7 +593,7 @@ impl Cluster {
         // 3. A group denied (a concurrent request took the last units) or failed: give back what
         // the other groups took (a lease, all it took). The refunds get a budget of their own:
         // they repair.
-        let refund_deadline = Instant::now() + self.settings.response_timeout;
+        let refund_deadline = Instant::now() + self.parts.settings.response_timeout;
         let to_refund: Vec<(u16, u64, Vec<Prepared>)> = groups
             .iter()
             .zip(&group_charges)
@@ -673,11 +663,11 @@ impl Cluster {
         now: Option<u64>,
         charges: &[Prepared],
     ) -> Result<(), StoreError> {
-        if !self.startup.is_connected() {
-            return Err(self.startup.not_connected(&self.servers));
+        if !self.parts.startup.is_connected() {
+            return Err(self.parts.startup.not_connected(&self.servers));
         }
         // Every slot is tried at once, whatever the others answer: each change stands alone.
-        let deadline = Instant::now() + self.settings.response_timeout;
+        let deadline = Instant::now() + self.parts.settings.response_timeout;
         let groups: Vec<(u16, Vec<&Prepared>)> = groups(charges)
             .into_iter()
             .map(|(slot, indices)| (slot, indices.iter().map(|&i| &charges[i]).collect()))
@@ -755,8 +745,8 @@ async fn read_slot_map_in_background(
         };
         let retry = match inner.read_slot_map().await {
             Ok(changed) => {
-                if !inner.startup.is_connected() {
-                    inner.startup.connected();
+                if !inner.parts.startup.is_connected() {
+                    inner.parts.startup.connected();
                     tracing::info!(
                         servers = &*inner.servers,
                         "tollgate: read the Redis Cluster slot map"
@@ -768,10 +758,10 @@ async fn read_slot_map_in_background(
                         .map(|node| node.client().clone())
                         .collect();
                     forget::listen(
-                        Arc::downgrade(&inner.local),
+                        Arc::downgrade(&inner.parts.replica),
                         clients,
-                        inner.channel.clone(),
-                        inner.settings.connect_timeout,
+                        inner.parts.channel.clone(),
+                        inner.parts.settings.connect_timeout,
                     );
                 }
                 delay = FIRST_RETRY_DELAY;
@@ -783,9 +773,9 @@ async fn read_slot_map_in_background(
                 None
             }
             Err(error) => {
-                let first = inner.startup.failed(&error);
+                let first = inner.parts.startup.failed(&error);
                 // Both asked: the first attempt also starts the minute.
-                let due = inner.warned.due(unix_micros(), 60_000_000);
+                let due = inner.parts.warned.due(unix_micros(), 60_000_000);
                 if first || due {
                     tracing::warn!(
                         servers = &*inner.servers,
@@ -867,16 +857,8 @@ store_by_remote!(RedisClusterStore);
 impl Transport for Cluster {
     const KIND: &'static str = "redis_cluster";
 
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    fn replica(&self) -> &Arc<Local> {
-        &self.local
-    }
-
-    fn registry(&self) -> &RuleRegistry {
-        &self.registry
+    fn parts(&self) -> &Parts {
+        &self.parts
     }
 
     fn start(self: &Arc<Self>) {
@@ -884,7 +866,8 @@ impl Transport for Cluster {
     }
 
     fn unsendable(&self) -> Option<StoreError> {
-        (!self.startup.is_connected()).then(|| self.startup.not_connected(&self.servers))
+        (!self.parts.startup.is_connected())
+            .then(|| self.parts.startup.not_connected(&self.servers))
     }
 
     /// Why a check cannot be sent now, if it cannot: the store has not read the slot map yet,
@@ -892,8 +875,8 @@ impl Transport for Cluster {
     fn refusal(self: &Arc<Self>, charges: &[Charge<'_>]) -> Option<StoreError> {
         let first = charges.first()?;
         self.start();
-        if !self.startup.is_connected() {
-            return Some(self.startup.not_connected(&self.servers));
+        if !self.parts.startup.is_connected() {
+            return Some(self.parts.startup.not_connected(&self.servers));
         }
         // A split key's sub-key (and so its node) is chosen when the check is planned.
         if charges.iter().any(|c| c.rule.parts() > 1) {
@@ -906,7 +889,7 @@ impl Transport for Cluster {
         }
         let slot_of = |c: &Charge<'_>| {
             let mut key = String::with_capacity(64);
-            keys::write_key(&mut key, &self.settings.prefix, c.key, c.rule.name());
+            keys::write_key(&mut key, &self.parts.settings.prefix, c.key, c.rule.name());
             keys::slot(key.as_bytes())
         };
         let node = topology.primary(slot_of(first))?;
@@ -937,12 +920,12 @@ impl Transport for Cluster {
         prepared: Vec<Prepared>,
         now: Option<u64>,
     ) -> impl Future<Output = Result<Reply, StoreError>> + Send {
-        let deadline = Instant::now() + self.settings.response_timeout;
+        let deadline = Instant::now() + self.parts.settings.response_timeout;
         let runtime = match tokio::runtime::Handle::try_current() {
             Ok(runtime) if self.runs_alone(&prepared) => runtime,
             _ => {
                 return futures_util::future::Either::Left(async move {
-                    let deadline = Instant::now() + self.settings.response_timeout;
+                    let deadline = Instant::now() + self.parts.settings.response_timeout;
                     self.check_slots(&prepared, now, deadline.into()).await
                 });
             }
@@ -950,7 +933,7 @@ impl Transport for Cluster {
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
         let late = if prepared.iter().any(|p| p.algorithm.is_concurrency()) {
-            Instant::now() + late_reply_wait(self.settings.response_timeout)
+            Instant::now() + late_reply_wait(self.parts.settings.response_timeout)
         } else {
             deadline
         };
@@ -973,7 +956,7 @@ impl Transport for Cluster {
         prepared: Vec<Prepared>,
         now: Option<u64>,
     ) -> Result<Reply, StoreError> {
-        let deadline = Instant::now() + self.settings.response_timeout;
+        let deadline = Instant::now() + self.parts.settings.response_timeout;
         let groups = groups(&prepared);
         let mut replies = Vec::with_capacity(groups.len());
         for (slot, indices) in &groups {
@@ -1003,17 +986,17 @@ impl Transport for Cluster {
         let node = self
             .topology()
             .and_then(|topology| topology.primary(keys::slot(first.as_bytes())).cloned())
-            .ok_or_else(|| self.startup.not_connected(&self.servers))?;
+            .ok_or_else(|| self.parts.startup.not_connected(&self.servers))?;
         if node.breaker().is_open() {
             return Err(StoreError::CircuitOpen);
         }
         let publish = async {
             let (mut conn, _) = node.connection().await?;
-            forget::publish(&mut conn, &self.channel, &names)
+            forget::publish(&mut conn, &self.parts.channel, &names)
                 .await
                 .map_err(|e| store_error(node.server(), e))
         };
-        tokio::time::timeout(self.settings.response_timeout, publish)
+        tokio::time::timeout(self.parts.settings.response_timeout, publish)
             .await
             .unwrap_or(Err(StoreError::Timeout))
     }
@@ -1023,12 +1006,15 @@ impl fmt::Debug for RedisClusterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisClusterStore")
             .field("servers", &self.remote.transport().servers)
-            .field("prefix", &self.remote.transport().settings.prefix)
+            .field("prefix", &self.remote.transport().parts.settings.prefix)
             .field(
                 "response_timeout",
-                &self.remote.transport().settings.response_timeout,
+                &self.remote.transport().parts.settings.response_timeout,
             )
-            .field("connected", &self.remote.transport().startup.is_connected())
+            .field(
+                "connected",
+                &self.remote.transport().parts.startup.is_connected(),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -13,15 +13,13 @@ use crate::store::breaker::Breaker;
 use crate::store::redis::access;
 use crate::store::redis::error::{AtServer, store_error};
 use crate::store::redis::health::{self, Health};
+use crate::store::redis::opening::{Done, Opening};
 use crate::store::redis::probe::{self, Probed};
 use crate::store::redis::script::ServerForm;
 
 /// The most probes in a row a node's background probe makes before it leaves the node to
 /// requests (one cooldown each: 10 minutes at the default cooldown).
 const MAX_FAILED_PROBES: u32 = 600;
-
-/// How an attempt to open a node's connection went (the connection itself is kept in the node).
-type Opened = Result<(), String>;
 
 /// A node of the cluster, by address.
 pub(crate) struct Node {
@@ -34,7 +32,8 @@ pub(crate) struct Node {
     response_timeout: Duration,
     conn: Mutex<Option<(MultiplexedConnection, Arc<Health>)>>,
     /// The connection attempt under way, if any: one at a time, shared by the checks waiting.
-    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Opened>>>>,
+    /// (The connection itself is kept in the node.)
+    opening: Opening<()>,
     breaker: Breaker,
     /// Whether the node runs functions or scripts.
     form: ServerForm,
@@ -80,7 +79,7 @@ impl Node {
             connect_timeout,
             response_timeout,
             conn: Mutex::new(None),
-            opening: Mutex::new(None),
+            opening: Opening::default(),
             breaker,
             form: ServerForm::default(),
         })
@@ -118,26 +117,10 @@ impl Node {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
-        let mut attempt = {
-            let mut opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
-            match &*opening {
-                // An attempt whose task went away (its runtime ended) tells nothing: another.
-                Some(attempt) if attempt.has_changed().is_ok() => attempt.clone(),
-                _ => {
-                    let (done, attempt) = tokio::sync::watch::channel(None);
-                    *opening = Some(attempt.clone());
-                    drop(tokio::spawn(self.clone().open(done)));
-                    attempt
-                }
-            }
-        };
-        let outcome = attempt
-            .wait_for(Option::is_some)
-            .await
-            .map(|outcome| outcome.clone())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| Err("the connection attempt was dropped".to_owned()));
+        let outcome = self
+            .opening
+            .join(|done| drop(tokio::spawn(self.clone().open(done))))
+            .await;
         match outcome {
             Ok(()) => self.current().ok_or_else(|| {
                 StoreError::Unavailable(Box::new(AtServer::new(
@@ -154,7 +137,7 @@ impl Node {
 
     /// One attempt to open the node's connection, within the connect timeout; its outcome goes
     /// to every check waiting for it.
-    async fn open(self: Arc<Self>, done: tokio::sync::watch::Sender<Option<Opened>>) {
+    async fn open(self: Arc<Self>, done: Done<()>) {
         let health = Arc::new(Health::new(self.response_timeout));
         let config = health::watched(&self.config, &health);
         let connect = self
@@ -168,8 +151,7 @@ impl Node {
             Ok(Err(e)) => Err(access::explained(&e)),
             Err(_) => Err("connecting timed out".to_owned()),
         };
-        *self.opening.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        done.send_replace(Some(outcome));
+        self.opening.end(done, outcome);
     }
 
     /// Probes the node once per cooldown while its breaker is open (see [`probe`]); a node that

@@ -18,7 +18,7 @@ use crate::throttle::Every;
 /// still holds), never the operation's error. Rules whose denials are never cached (concurrency
 /// limits) are not told.
 fn tell_forgotten<T: Transport>(inner: &Arc<T>, forgotten: &[(RuleSpec, Key)]) {
-    let prefix = &inner.settings().prefix;
+    let prefix = &inner.parts().settings.prefix;
     let names: Vec<String> = forgotten
         .iter()
         .filter(|(rule, _)| !rule.algorithm().is_concurrency())
@@ -77,8 +77,8 @@ pub(crate) fn adjust<T: Transport>(
         .filter(|a| matches!(a.change, Change::Refund(units) if units > 0))
         .map(|a| (a.rule.clone(), a.key.clone()))
         .collect();
-    let calls = script::adjustments(&inner.settings().prefix, adjustments);
-    let now = inner.settings().now();
+    let calls = script::adjustments(&inner.parts().settings.prefix, adjustments);
+    let now = inner.parts().settings.now();
     Box::pin(async move {
         runtime()?;
         let mut result = Ok(());
@@ -89,7 +89,7 @@ pub(crate) fn adjust<T: Transport>(
         }
         // Forgotten once the store changed: a denial cached meanwhile goes too.
         for (rule, key) in &forget {
-            inner.replica().forget(rule, key, false);
+            inner.parts().replica.forget(rule, key, false);
         }
         if result.is_ok() && !refunded.is_empty() {
             tell_forgotten(&inner, &refunded);
@@ -108,13 +108,13 @@ pub(crate) fn reset<T: Transport>(inner: &Arc<T>, charges: &[Charge<'_>]) -> Sto
         .iter()
         .map(|c| (c.rule.clone(), c.key.clone()))
         .collect();
-    let prepared = prepared(&inner.settings().prefix, charges);
-    let now = inner.settings().now();
+    let prepared = prepared(&inner.parts().settings.prefix, charges);
+    let now = inner.parts().settings.now();
     Box::pin(async move {
         runtime()?;
         let result = inner.clone().call(Mode::Reset, now, prepared).await;
         for (rule, key) in &forget {
-            inner.replica().forget(rule, key, result.is_ok());
+            inner.parts().replica.forget(rule, key, result.is_ok());
         }
         if result.is_ok() {
             tell_forgotten(&inner, &forget);

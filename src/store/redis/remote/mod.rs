@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 pub(crate) use late_reply::{Answer, channel, wait};
-pub(crate) use transport::Transport;
+pub(crate) use transport::{Parts, Transport};
 
 use super::CheckFuture;
 use super::local::Plan;
@@ -49,7 +49,7 @@ impl<T: Transport> Store for Remote<T> {
             return Box::pin(std::future::ready(Err(error)));
         }
         let transport = &self.0;
-        let plan = transport.replica().plan(charges);
+        let plan = transport.parts().replica.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
@@ -58,8 +58,8 @@ impl<T: Transport> Store for Remote<T> {
             // Units held here are spent all the same.
             return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
         }
-        let prepared = plan.prepared(&transport.settings().prefix, charges);
-        let now = transport.settings().now();
+        let prepared = plan.prepared(&transport.parts().settings.prefix, charges);
+        let now = transport.parts().settings.now();
         let alone = transport.runs_alone(&prepared);
         // One that runs alone is on its way already.
         let decided = transport.clone().decide(prepared, now);
@@ -85,7 +85,7 @@ impl<T: Transport> Store for Remote<T> {
         if charges.is_empty() {
             return None;
         }
-        let replica = self.0.replica();
+        let replica = &self.0.parts().replica;
         if let Some(decision) = replica.answer(charges, true) {
             return Some(Ok(decision));
         }
@@ -95,7 +95,7 @@ impl<T: Transport> Store for Remote<T> {
     }
 
     fn registry(&self) -> Option<&RuleRegistry> {
-        Some(self.0.registry())
+        Some(&self.0.parts().registry)
     }
 
     fn kind(&self) -> &'static str {
@@ -111,8 +111,8 @@ impl<T: Transport> Store for Remote<T> {
             return Box::pin(std::future::ready(Err(error)));
         }
         let transport = self.0.clone();
-        let prepared = changes::prepared(&transport.settings().prefix, charges);
-        let now = transport.settings().now();
+        let prepared = changes::prepared(&transport.parts().settings.prefix, charges);
+        let now = transport.parts().settings.now();
         Box::pin(async move {
             runtime()?;
             let reply = transport.peek(prepared, now).await?;
@@ -132,7 +132,8 @@ macro_rules! store_by_remote {
         impl $store {
             /// The key prefix.
             pub fn prefix(&self) -> &str {
-                &$crate::store::redis::remote::Transport::settings(&**self.remote.transport())
+                &$crate::store::redis::remote::Transport::parts(&**self.remote.transport())
+                    .settings
                     .prefix
             }
 
@@ -146,43 +147,43 @@ macro_rules! store_by_remote {
             type Future = $crate::store::redis::CheckFuture;
 
             fn check(&self, charges: &[$crate::store::Charge<'_>]) -> Self::Future {
-                self.remote.check(charges)
+                $crate::store::Store::check(&self.remote, charges)
             }
 
             fn check_now(
                 &self,
                 charges: &[$crate::store::Charge<'_>],
             ) -> Option<Result<$crate::Decision, $crate::store::StoreError>> {
-                self.remote.check_now(charges)
+                $crate::store::Store::check_now(&self.remote, charges)
             }
 
             fn registry(&self) -> Option<&$crate::store::RuleRegistry> {
-                self.remote.registry()
+                $crate::store::Store::registry(&self.remote)
             }
 
             fn kind(&self) -> &'static str {
-                self.remote.kind()
+                $crate::store::Store::kind(&self.remote)
             }
 
             fn adjust(
                 &self,
                 adjustments: &[$crate::store::Adjustment<'_>],
             ) -> $crate::store::StoreFuture<()> {
-                self.remote.adjust(adjustments)
+                $crate::store::Store::adjust(&self.remote, adjustments)
             }
 
             fn peek(
                 &self,
                 charges: &[$crate::store::Charge<'_>],
             ) -> $crate::store::StoreFuture<$crate::Decision> {
-                self.remote.peek(charges)
+                $crate::store::Store::peek(&self.remote, charges)
             }
 
             fn reset(
                 &self,
                 charges: &[$crate::store::Charge<'_>],
             ) -> $crate::store::StoreFuture<()> {
-                self.remote.reset(charges)
+                $crate::store::Store::reset(&self.remote, charges)
             }
         }
     };

@@ -4,10 +4,13 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use super::super::Settings;
-use super::super::local::Local;
-use super::super::script::{Mode, Prepared, Reply};
+use crate::store::redis::Settings;
+use crate::store::redis::forget;
+use crate::store::redis::local::Local;
+use crate::store::redis::script::{Mode, Prepared, Program, Reply};
+use crate::store::redis::startup::Startup;
 use crate::store::{Charge, RuleRegistry, StoreError};
+use crate::throttle::Every;
 
 /// How a Redis store reaches Redis: [`Standalone`](super::super::standalone::Standalone) or
 /// [`Cluster`](super::super::cluster::Cluster).
@@ -15,14 +18,8 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// The store's kind, as [`Store::kind`](crate::store::Store::kind) names it.
     const KIND: &'static str;
 
-    /// What the store is configured with.
-    fn settings(&self) -> &Settings;
-
-    /// The denials and leases decided on this replica.
-    fn replica(&self) -> &Arc<Local>;
-
-    /// The rules the store was given.
-    fn registry(&self) -> &RuleRegistry;
+    /// What both transports hold alike: settings, the replica's denials and leases, rules.
+    fn parts(&self) -> &Parts;
 
     /// Starts connecting in the background, unless connected (or trying).
     fn start(self: &Arc<Self>);
@@ -70,4 +67,35 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
         self: Arc<Self>,
         names: Vec<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// What both transports hold alike.
+pub(crate) struct Parts {
+    pub(crate) settings: Settings,
+    /// The code to run.
+    pub(crate) program: &'static Program,
+    /// Denials and leases decided on this replica.
+    pub(crate) replica: Arc<Local>,
+    /// The channel of keys forgotten by any replica.
+    pub(crate) channel: String,
+    pub(crate) registry: RuleRegistry,
+    /// Whether the store has connected, and its background task.
+    pub(crate) startup: Startup,
+    /// When the background task last said it cannot reach Redis.
+    pub(crate) warned: Every,
+}
+
+impl Parts {
+    /// The parts of a store configured with `settings`.
+    pub(crate) fn new(settings: Settings) -> Self {
+        Parts {
+            program: settings.program(),
+            replica: settings.local(),
+            channel: forget::channel(&settings.prefix),
+            settings,
+            registry: RuleRegistry::new(),
+            startup: Startup::default(),
+            warned: Every::default(),
+        }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -18,13 +18,13 @@ use crate::store::redis::error::{
 };
 use crate::store::redis::forget;
 use crate::store::redis::health::{self, Health};
-use crate::store::redis::local::Local;
+use crate::store::redis::opening::{Done, Opening};
 use crate::store::redis::probe::{self, Probed};
-use crate::store::redis::remote::{self, Answer, Remote, Transport, store_by_remote};
-use crate::store::redis::script::{self, Mode, Prepared, Program, Reply, Request, ServerForm};
-use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running, Startup};
+use crate::store::redis::remote::{self, Answer, Parts, Remote, Transport, store_by_remote};
+use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
+use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
 use crate::store::redis::{MAX_BATCH, Settings, late_reply_wait, redact};
-use crate::store::{Charge, RuleRegistry, StoreError};
+use crate::store::{Charge, StoreError};
 use crate::throttle::Every;
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
@@ -125,12 +125,6 @@ pub(crate) struct Standalone {
     /// The URL without its password, to show.
     server: Arc<str>,
     pool_size: u32,
-    settings: Settings,
-    program: &'static Program,
-    /// Denials and leases decided on this replica.
-    local: Arc<Local>,
-    /// The channel of keys forgotten by any replica.
-    channel: String,
     /// Whether the server runs functions or scripts.
     form: ServerForm,
     /// Checks waiting to go out together.
@@ -140,11 +134,10 @@ pub(crate) struct Standalone {
     /// Whether the pool has had a connection: an empty pool then means they broke.
     pool_filled: AtomicBool,
     /// The connection being opened for checks (when the pool has none), if any.
-    opening: Mutex<Option<tokio::sync::watch::Receiver<Option<Opened>>>>,
-    startup: Startup,
+    opening: Opening<Connection>,
     breaker: Breaker,
-    registry: RuleRegistry,
-    warned: Every,
+    /// Settings, the replica's denials and leases, rules, startup.
+    parts: Parts,
 }
 
 /// Configures a [`RedisStore`].
@@ -200,7 +193,7 @@ impl RedisStore {
     /// Whether the store has reached Redis (and loaded its script) since it was built. It stays
     /// true during an outage: a health check wants [`is_reachable`](Self::is_reachable).
     pub fn is_connected(&self) -> bool {
-        self.remote.transport().startup.is_connected()
+        self.remote.transport().parts.startup.is_connected()
     }
 
     /// Whether the store can decide with Redis now: it has connected, its circuit breaker is
@@ -224,7 +217,7 @@ impl RedisStore {
     /// # }
     /// ```
     pub fn is_reachable(&self) -> bool {
-        self.remote.transport().startup.is_connected()
+        self.remote.transport().parts.startup.is_connected()
             && !self.remote.transport().breaker.is_failing()
     }
 
@@ -287,9 +280,6 @@ impl RedisStoreBuilder {
             info,
             server,
             pool_size: self.pool_size,
-            program: self.settings.program(),
-            local: self.settings.local(),
-            channel: forget::channel(&self.settings.prefix),
             form: ServerForm::default(),
             batcher: Arc::new(Batcher::new(
                 // A few batches out per connection; without batching, every check is its
@@ -302,13 +292,10 @@ impl RedisStoreBuilder {
                 self.max_batch,
             )),
             breaker,
-            settings: self.settings,
+            parts: Parts::new(self.settings),
             pool: OnceLock::new(),
-            opening: Mutex::new(None),
+            opening: Opening::default(),
             pool_filled: AtomicBool::new(false),
-            startup: Startup::default(),
-            registry: RuleRegistry::new(),
-            warned: Every::default(),
         });
         transport.start();
         Ok(RedisStore {
@@ -322,8 +309,13 @@ impl RedisStoreBuilder {
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let store = self.build()?;
         let inner = store.remote.transport();
-        if !inner.startup.wait(inner.settings.connect_timeout).await {
-            return Err(inner.startup.not_connected(&inner.server).into());
+        if !inner
+            .parts
+            .startup
+            .wait(inner.parts.settings.connect_timeout)
+            .await
+        {
+            return Err(inner.parts.startup.not_connected(&inner.server).into());
         }
         Ok(store)
     }
@@ -333,9 +325,10 @@ impl Standalone {
     /// Starts the background connection until it has connected, if there is a runtime to run
     /// it (again, if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
-        if !self.startup.is_connected() {
+        if !self.parts.startup.is_connected() {
             let weak = Arc::downgrade(self);
-            self.startup
+            self.parts
+                .startup
                 .spawn(|running| connect_in_background(weak, running));
         }
     }
@@ -343,8 +336,8 @@ impl Standalone {
     fn manager(&self) -> Result<Manager, StoreError> {
         Manager::new(
             self.info.clone(),
-            self.settings.connect_timeout,
-            self.settings.response_timeout,
+            self.parts.settings.connect_timeout,
+            self.parts.settings.response_timeout,
         )
         .map_err(|e| store_error(&self.server, e))
     }
@@ -359,7 +352,7 @@ impl Standalone {
             .min_idle(self.pool_size)
             .test_on_check_out(false)
             .retry_connection(false)
-            .connection_timeout(self.settings.connect_timeout)
+            .connection_timeout(self.parts.settings.connect_timeout)
             .error_sink(Box::new(LogConnectErrors {
                 server: self.server.clone(),
                 every: Arc::default(),
@@ -377,6 +370,7 @@ impl Standalone {
                 .await
                 .map_err(|e| access::connect_error(&self.server, e))?;
             let form = self
+                .parts
                 .program
                 .load(&mut pooled.conn)
                 .await
@@ -384,7 +378,7 @@ impl Standalone {
             self.form.set(form);
             self.pool().map(drop)
         };
-        tokio::time::timeout(self.settings.connect_timeout, attempt)
+        tokio::time::timeout(self.parts.settings.connect_timeout, attempt)
             .await
             .unwrap_or(Err(StoreError::Timeout))
     }
@@ -430,26 +424,9 @@ impl Standalone {
         {
             return Ok((pooled.conn.clone(), pooled.health.clone()));
         }
-        let mut attempt = {
-            let mut opening = self.opening.lock().unwrap_or_else(|p| p.into_inner());
-            match &*opening {
-                // An attempt whose task went away (its runtime ended) tells nothing: another.
-                Some(attempt) if attempt.has_changed().is_ok() => attempt.clone(),
-                _ => {
-                    let (done, attempt) = tokio::sync::watch::channel(None);
-                    *opening = Some(attempt.clone());
-                    drop(tokio::spawn(open_for_checks(self.me.clone(), done)));
-                    attempt
-                }
-            }
-        };
-        attempt
-            .wait_for(Option::is_some)
+        self.opening
+            .join(|done| drop(tokio::spawn(open_for_checks(self.me.clone(), done))))
             .await
-            .map(|outcome| outcome.clone())
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| Err("the connection attempt was dropped".to_owned()))
             .map_err(|error| StoreError::Unavailable(Box::new(AtServer::new(&self.server, error))))
     }
 
@@ -483,6 +460,7 @@ impl Standalone {
             let (mut conn, health) = self.connection().await?;
             in_use = Some(health.clone());
             let result = self
+                .parts
                 .program
                 .call(&mut conn, &self.form, mode, requests)
                 .await;
@@ -560,8 +538,8 @@ impl Standalone {
 
     /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
     fn unsendable(&self) -> Option<StoreError> {
-        if !self.startup.is_connected() {
-            return Some(self.startup.not_connected(&self.server));
+        if !self.parts.startup.is_connected() {
+            return Some(self.parts.startup.not_connected(&self.server));
         }
         self.breaker.is_open().then_some(StoreError::CircuitOpen)
     }
@@ -577,22 +555,22 @@ async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
         };
         match inner.connect_once().await {
             Ok(()) => {
-                inner.startup.connected();
+                inner.parts.startup.connected();
                 tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
                 if let Ok(manager) = inner.manager() {
                     forget::listen(
-                        Arc::downgrade(&inner.local),
+                        Arc::downgrade(&inner.parts.replica),
                         vec![manager.client],
-                        inner.channel.clone(),
-                        inner.settings.connect_timeout,
+                        inner.parts.channel.clone(),
+                        inner.parts.settings.connect_timeout,
                     );
                 }
                 return;
             }
             Err(error) => {
-                let first = inner.startup.failed(&error);
+                let first = inner.parts.startup.failed(&error);
                 // Both asked: the first attempt also starts the minute.
-                let due = inner.warned.due(unix_micros(), 60_000_000);
+                let due = inner.parts.warned.due(unix_micros(), 60_000_000);
                 if first || due {
                     tracing::warn!(
                         server = &*inner.server,
@@ -609,15 +587,12 @@ async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
     }
 }
 
-/// What an attempt to open a connection for checks brings: the connection, or why not.
-type Opened = Result<(MultiplexedConnection, Arc<Health>), String>;
+/// A connection, and its health.
+type Connection = (MultiplexedConnection, Arc<Health>);
 
 /// Opens a connection for the checks waiting (see `Standalone::open`), gives it to the pool (a full
 /// pool lets it go with its last check), and tells them.
-async fn open_for_checks(
-    store: Weak<Standalone>,
-    done: tokio::sync::watch::Sender<Option<Opened>>,
-) {
+async fn open_for_checks(store: Weak<Standalone>, done: Done<Connection>) {
     let Some(inner) = store.upgrade() else {
         return;
     };
@@ -634,8 +609,7 @@ async fn open_for_checks(
         },
         Err(e) => Err(e.to_string()),
     };
-    *inner.opening.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    done.send_replace(Some(opened));
+    inner.opening.end(done, opened);
 }
 
 /// Connection errors of the pool (bb8 keeps them from the caller, who sees a time-out): logged,
@@ -673,7 +647,7 @@ impl Standalone {
         permit: Permit,
     ) -> Result<Reply, StoreError> {
         let (answer, answered) = remote::channel(now);
-        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
+        let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
         let job = Job {
             charges,
             now,
@@ -706,8 +680,9 @@ impl Standalone {
             .iter()
             .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
         {
-            budget
-                .max(tokio::time::Instant::now() + late_reply_wait(self.settings.response_timeout))
+            budget.max(
+                tokio::time::Instant::now() + late_reply_wait(self.parts.settings.response_timeout),
+            )
         } else {
             budget
         };
@@ -778,7 +753,7 @@ impl Standalone {
             return Err(StoreError::CircuitOpen);
         };
         let requests = [Request { now, charges }];
-        let deadline = tokio::time::Instant::now() + self.settings.response_timeout;
+        let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
         self.run(mode, &requests, permit, deadline).await
     }
 }
@@ -804,16 +779,8 @@ store_by_remote!(RedisStore);
 impl Transport for Standalone {
     const KIND: &'static str = "redis";
 
-    fn settings(&self) -> &Settings {
-        &self.settings
-    }
-
-    fn replica(&self) -> &Arc<Local> {
-        &self.local
-    }
-
-    fn registry(&self) -> &RuleRegistry {
-        &self.registry
+    fn parts(&self) -> &Parts {
+        &self.parts
     }
 
     fn start(self: &Arc<Self>) {
@@ -878,11 +845,11 @@ impl Transport for Standalone {
         }
         let publish = async {
             let (mut conn, _) = self.connection().await?;
-            forget::publish(&mut conn, &self.channel, &names)
+            forget::publish(&mut conn, &self.parts.channel, &names)
                 .await
                 .map_err(|e| store_error(&self.server, e))
         };
-        tokio::time::timeout(self.settings.response_timeout, publish)
+        tokio::time::timeout(self.parts.settings.response_timeout, publish)
             .await
             .unwrap_or(Err(StoreError::Timeout))
     }
@@ -894,7 +861,7 @@ impl Probed for Standalone {
     }
 
     fn probe_timeout(&self) -> Duration {
-        self.settings.response_timeout
+        self.parts.settings.response_timeout
     }
 
     async fn probe_connection(
@@ -908,13 +875,16 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("server", &self.remote.transport().server)
-            .field("prefix", &self.remote.transport().settings.prefix)
+            .field("prefix", &self.remote.transport().parts.settings.prefix)
             .field("pool_size", &self.remote.transport().pool_size)
             .field(
                 "response_timeout",
-                &self.remote.transport().settings.response_timeout,
+                &self.remote.transport().parts.settings.response_timeout,
             )
-            .field("connected", &self.remote.transport().startup.is_connected())
+            .field(
+                "connected",
+                &self.remote.transport().parts.startup.is_connected(),
+            )
             .finish_non_exhaustive()
     }
 }
