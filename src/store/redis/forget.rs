@@ -16,6 +16,7 @@
 //! the latest after the cap when it was lost.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -23,16 +24,39 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind};
 
+use super::error::store_error;
+use super::health::Health;
 use super::local::Local;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY};
+use crate::store::StoreError;
 
 /// The channel of a prefix's forgotten keys.
 pub(crate) fn channel(prefix: &str) -> String {
     format!("{prefix}:forget")
 }
 
+/// Publishes `names` on `channel` on the connection `connection` brings (to `server`), within
+/// `budget`.
+pub(crate) async fn publish_within(
+    connection: impl Future<Output = Result<(MultiplexedConnection, Arc<Health>), StoreError>>,
+    server: &Arc<str>,
+    channel: &str,
+    names: &[String],
+    budget: Duration,
+) -> Result<(), StoreError> {
+    let publish = async {
+        let (mut conn, _) = connection.await?;
+        publish(&mut conn, channel, names)
+            .await
+            .map_err(|e| store_error(server, e))
+    };
+    tokio::time::timeout(budget, publish)
+        .await
+        .unwrap_or(Err(StoreError::Timeout))
+}
+
 /// Publishes `names` (Redis key names) on `channel`, in one pipeline, on `conn`.
-pub(crate) async fn publish(
+async fn publish(
     conn: &mut MultiplexedConnection,
     channel: &str,
     names: &[String],

@@ -19,7 +19,6 @@ use self::node::Node;
 use self::topology::Topology;
 use crate::ConfigError;
 use crate::algorithm::Outcome;
-use crate::clock::unix_micros;
 use crate::store::redis::access::{self, Access};
 use crate::store::redis::error::{ConnectError, breaks_connection, is_server_answer, store_error};
 use crate::store::redis::forget;
@@ -206,10 +205,8 @@ impl RedisClusterStoreBuilder {
             nodes: Mutex::new(HashMap::new()),
             refresh: Arc::new(Notify::new()),
         });
-        transport.start();
-        Ok(RedisClusterStore {
-            remote: Remote::new(transport),
-        })
+        let remote = Remote::started(transport);
+        Ok(RedisClusterStore { remote })
     }
 
     /// Builds the store and waits until it has read the slot map and loaded its script on every
@@ -220,9 +217,7 @@ impl RedisClusterStoreBuilder {
         let inner = store.remote.transport();
         let budget = inner.parts.settings.connect_timeout * 2;
         let started = Instant::now();
-        if !inner.parts.startup.wait(budget).await {
-            return Err(inner.parts.startup.not_connected(&inner.servers).into());
-        }
+        inner.parts.connected_within(budget, &inner.servers).await?;
         let topology = inner.topology().ok_or(StoreError::Timeout)?;
         let loads = topology.primaries().iter().map(|node| async move {
             let (mut conn, _) = node.connection().await?;
@@ -244,16 +239,6 @@ impl RedisClusterStoreBuilder {
 }
 
 impl Cluster {
-    /// Starts the background reader of the slot map, if there is a runtime to run it (again,
-    /// if the runtime that ran it went away).
-    fn start(self: &Arc<Self>) {
-        let weak = Arc::downgrade(self);
-        let refresh = self.refresh.clone();
-        self.parts
-            .startup
-            .spawn(|running| read_slot_map_in_background(weak, refresh, running));
-    }
-
     fn topology(&self) -> Option<Arc<Topology>> {
         self.topology
             .read()
@@ -361,6 +346,7 @@ impl Cluster {
                 format!("{}: no primary serves slot {slot}", self.servers).into(),
             ));
         };
+        let program = self.parts.program;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
             // A script queued on a multiplexed connection runs, whatever the caller does next:
@@ -377,19 +363,16 @@ impl Cluster {
             let attempt = async {
                 let (mut conn, health) = node.connection().await?;
                 in_use = Some(health.clone());
-                let cmd = self
-                    .parts
-                    .program
-                    .command(node.form().get(), mode, &requests);
+                let cmd = program.command(node.form().get(), mode, &requests);
                 let mut result = Node::send(&mut conn, &cmd, asking).await;
                 if let Err(e) = &result
                     && script::not_run(e)
                 {
                     // The node lost the code (a restart, a failover), or has no functions: it
                     // did not run.
-                    result = match self.parts.program.reload(&mut conn, node.form(), e).await {
+                    result = match program.reload(&mut conn, node.form(), e).await {
                         Ok(form) => {
-                            let cmd = self.parts.program.command(form, mode, &requests);
+                            let cmd = program.command(form, mode, &requests);
                             Node::send(&mut conn, &cmd, asking).await
                         }
                         Err(e) => Err(e),
@@ -757,12 +740,7 @@ async fn read_slot_map_in_background(
                         .filter_map(|seed| inner.node(seed).ok())
                         .map(|node| node.client().clone())
                         .collect();
-                    forget::listen(
-                        Arc::downgrade(&inner.parts.replica),
-                        clients,
-                        inner.parts.channel.clone(),
-                        inner.parts.settings.connect_timeout,
-                    );
+                    inner.parts.listen(clients);
                 }
                 delay = FIRST_RETRY_DELAY;
                 pace = if changed {
@@ -773,10 +751,7 @@ async fn read_slot_map_in_background(
                 None
             }
             Err(error) => {
-                let first = inner.parts.startup.failed(&error);
-                // Both asked: the first attempt also starts the minute.
-                let due = inner.parts.warned.due(unix_micros(), 60_000_000);
-                if first || due {
+                if inner.parts.connect_failed(&error) {
                     tracing::warn!(
                         servers = &*inner.servers,
                         %error,
@@ -855,14 +830,14 @@ fn scatter(len: usize, groups: &[(u16, Vec<usize>)], replies: &[Reply]) -> Reply
 store_by_remote!(RedisClusterStore);
 
 impl Transport for Cluster {
-    const KIND: &'static str = "redis_cluster";
-
-    fn parts(&self) -> &Parts {
-        &self.parts
-    }
-
+    /// Starts the background reader of the slot map, if there is a runtime to run it (again,
+    /// if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
-        Cluster::start(self);
+        let weak = Arc::downgrade(self);
+        let refresh = self.refresh.clone();
+        self.parts
+            .startup
+            .spawn(|running| read_slot_map_in_background(weak, refresh, running));
     }
 
     fn unsendable(&self) -> Option<StoreError> {
@@ -969,6 +944,7 @@ impl Transport for Cluster {
         Ok(scatter(prepared.len(), &groups, &replies))
     }
 
+    /// One call per slot of `charges`, each standing alone.
     async fn call(
         self: Arc<Self>,
         mode: Mode,
@@ -990,32 +966,25 @@ impl Transport for Cluster {
         if node.breaker().is_open() {
             return Err(StoreError::CircuitOpen);
         }
-        let publish = async {
-            let (mut conn, _) = node.connection().await?;
-            forget::publish(&mut conn, &self.parts.channel, &names)
-                .await
-                .map_err(|e| store_error(node.server(), e))
-        };
-        tokio::time::timeout(self.parts.settings.response_timeout, publish)
-            .await
-            .unwrap_or(Err(StoreError::Timeout))
+        let budget = self.parts.settings.response_timeout;
+        let channel = &self.parts.channel;
+        forget::publish_within(node.connection(), node.server(), channel, &names, budget).await
     }
+
+    fn parts(&self) -> &Parts {
+        &self.parts
+    }
+
+    const KIND: &'static str = "redis_cluster";
 }
 
 impl fmt::Debug for RedisClusterStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisClusterStore")
-            .field("servers", &self.remote.transport().servers)
-            .field("prefix", &self.remote.transport().parts.settings.prefix)
-            .field(
-                "response_timeout",
-                &self.remote.transport().parts.settings.response_timeout,
-            )
-            .field(
-                "connected",
-                &self.remote.transport().parts.startup.is_connected(),
-            )
-            .finish_non_exhaustive()
+        let cluster = self.remote.transport();
+        let servers = ("servers", &*cluster.servers);
+        cluster
+            .parts
+            .fmt_store(f, "RedisClusterStore", servers, &[])
     }
 }
 

@@ -27,8 +27,9 @@ impl<T> Clone for Remote<T> {
 }
 
 impl<T: Transport> Remote<T> {
-    /// The store over `transport`.
-    pub(crate) fn new(transport: Arc<T>) -> Self {
+    /// The store over `transport`, which starts connecting.
+    pub(crate) fn started(transport: Arc<T>) -> Self {
+        transport.start();
         Remote(transport)
     }
 

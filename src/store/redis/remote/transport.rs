@@ -1,6 +1,7 @@
 //! [`Transport`]: what differs between the two Redis stores, how a call reaches Redis (one
 //! server, or the primaries of a cluster); [`Remote`](super::Remote) does the rest once.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -86,6 +87,57 @@ pub(crate) struct Parts {
 }
 
 impl Parts {
+    /// Listens on `clients` (one connection at a time) for the keys other replicas forgot.
+    pub(crate) fn listen(&self, clients: Vec<redis::Client>) {
+        let replica = Arc::downgrade(&self.replica);
+        let channel = self.channel.clone();
+        forget::listen(replica, clients, channel, self.settings.connect_timeout);
+    }
+
+    /// Records that an attempt to connect failed with `error`: whether to say so (the first
+    /// time, then at most once a minute).
+    pub(crate) fn connect_failed(&self, error: &StoreError) -> bool {
+        let first = self.startup.failed(error);
+        // Both asked: the first attempt also starts the minute.
+        let due = self.warned.due(crate::clock::unix_micros(), 60_000_000);
+        first || due
+    }
+
+    /// Waits at most `budget` for the store to connect; the error names `servers`.
+    pub(crate) async fn connected_within(
+        &self,
+        budget: std::time::Duration,
+        servers: &str,
+    ) -> Result<(), StoreError> {
+        if self.startup.wait(budget).await {
+            Ok(())
+        } else {
+            Err(self.startup.not_connected(servers))
+        }
+    }
+
+    /// The `Debug` of the store `name`: what it connects to (`servers`, under `field`), its
+    /// prefix, `more`, its time budget and whether it has connected.
+    pub(crate) fn fmt_store(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        name: &str,
+        (field, servers): (&str, &str),
+        more: &[(&str, &dyn fmt::Debug)],
+    ) -> fmt::Result {
+        let mut debug = f.debug_struct(name);
+        debug
+            .field(field, &servers)
+            .field("prefix", &self.settings.prefix);
+        for (name, value) in more {
+            debug.field(name, value);
+        }
+        debug
+            .field("response_timeout", &self.settings.response_timeout)
+            .field("connected", &self.startup.is_connected())
+            .finish_non_exhaustive()
+    }
+
     /// The parts of a store configured with `settings`.
     pub(crate) fn new(settings: Settings) -> Self {
         Parts {

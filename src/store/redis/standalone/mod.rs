@@ -1,6 +1,7 @@
 //! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -297,10 +298,8 @@ impl RedisStoreBuilder {
             opening: Opening::default(),
             pool_filled: AtomicBool::new(false),
         });
-        transport.start();
-        Ok(RedisStore {
-            remote: Remote::new(transport),
-        })
+        let remote = Remote::started(transport);
+        Ok(RedisStore { remote })
     }
 
     /// Builds the store and waits until it has connected and loaded its script, at most the
@@ -308,31 +307,17 @@ impl RedisStoreBuilder {
     /// server (without its password).
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let store = self.build()?;
-        let inner = store.remote.transport();
-        if !inner
+        let server = store.remote.transport();
+        let budget = server.parts.settings.connect_timeout;
+        server
             .parts
-            .startup
-            .wait(inner.parts.settings.connect_timeout)
-            .await
-        {
-            return Err(inner.parts.startup.not_connected(&inner.server).into());
-        }
+            .connected_within(budget, &server.server)
+            .await?;
         Ok(store)
     }
 }
 
 impl Standalone {
-    /// Starts the background connection until it has connected, if there is a runtime to run
-    /// it (again, if the runtime that ran it went away).
-    fn start(self: &Arc<Self>) {
-        if !self.parts.startup.is_connected() {
-            let weak = Arc::downgrade(self);
-            self.parts
-                .startup
-                .spawn(|running| connect_in_background(weak, running));
-        }
-    }
-
     fn manager(&self) -> Result<Manager, StoreError> {
         Manager::new(
             self.info.clone(),
@@ -535,14 +520,6 @@ impl Standalone {
             probe::in_background(&me, u32::MAX);
         }
     }
-
-    /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
-    fn unsendable(&self) -> Option<StoreError> {
-        if !self.parts.startup.is_connected() {
-            return Some(self.parts.startup.not_connected(&self.server));
-        }
-        self.breaker.is_open().then_some(StoreError::CircuitOpen)
-    }
 }
 
 /// The background task: connects and loads the script, retrying until it succeeds or the store
@@ -558,20 +535,12 @@ async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
                 inner.parts.startup.connected();
                 tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
                 if let Ok(manager) = inner.manager() {
-                    forget::listen(
-                        Arc::downgrade(&inner.parts.replica),
-                        vec![manager.client],
-                        inner.parts.channel.clone(),
-                        inner.parts.settings.connect_timeout,
-                    );
+                    inner.parts.listen(vec![manager.client]);
                 }
                 return;
             }
             Err(error) => {
-                let first = inner.parts.startup.failed(&error);
-                // Both asked: the first attempt also starts the minute.
-                let due = inner.parts.warned.due(unix_micros(), 60_000_000);
-                if first || due {
+                if inner.parts.connect_failed(&error) {
                     tracing::warn!(
                         server = &*inner.server,
                         %error,
@@ -777,18 +746,23 @@ async fn send_batches(inner: Arc<Standalone>, mut batch: Vec<Job>, mut turn: Tur
 store_by_remote!(RedisStore);
 
 impl Transport for Standalone {
-    const KIND: &'static str = "redis";
-
-    fn parts(&self) -> &Parts {
-        &self.parts
-    }
-
+    /// Starts the background connection until it has connected, if there is a runtime to run
+    /// it (again, if the runtime that ran it went away).
     fn start(self: &Arc<Self>) {
-        Standalone::start(self);
+        if !self.parts.startup.is_connected() {
+            let weak = Arc::downgrade(self);
+            self.parts
+                .startup
+                .spawn(|running| connect_in_background(weak, running));
+        }
     }
 
+    /// The answer of a check that cannot be sent now: not connected yet, or the breaker open.
     fn unsendable(&self) -> Option<StoreError> {
-        Standalone::unsendable(self)
+        if !self.parts.startup.is_connected() {
+            return Some(self.parts.startup.not_connected(&self.server));
+        }
+        self.breaker.is_open().then_some(StoreError::CircuitOpen)
     }
 
     fn refusal(self: &Arc<Self>, charges: &[Charge<'_>]) -> Option<StoreError> {
@@ -830,29 +804,28 @@ impl Transport for Standalone {
             .ok_or_else(|| StoreError::Protocol("no reply to a peek".into()))
     }
 
-    async fn call(
+    fn call(
         self: Arc<Self>,
         mode: Mode,
         now: Option<u64>,
         charges: Vec<Prepared>,
-    ) -> Result<(), StoreError> {
-        self.direct(mode, now, &charges).await.map(drop)
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        async move { self.direct(mode, now, &charges).await.map(drop) }
     }
 
     async fn publish(self: Arc<Self>, names: Vec<String>) -> Result<(), StoreError> {
         if let Some(error) = self.unsendable() {
             return Err(error);
         }
-        let publish = async {
-            let (mut conn, _) = self.connection().await?;
-            forget::publish(&mut conn, &self.parts.channel, &names)
-                .await
-                .map_err(|e| store_error(&self.server, e))
-        };
-        tokio::time::timeout(self.parts.settings.response_timeout, publish)
-            .await
-            .unwrap_or(Err(StoreError::Timeout))
+        let (channel, budget) = (&self.parts.channel, self.parts.settings.response_timeout);
+        forget::publish_within(self.connection(), &self.server, channel, &names, budget).await
     }
+
+    fn parts(&self) -> &Parts {
+        &self.parts
+    }
+
+    const KIND: &'static str = "redis";
 }
 
 impl Probed for Standalone {
@@ -873,19 +846,11 @@ impl Probed for Standalone {
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStore")
-            .field("server", &self.remote.transport().server)
-            .field("prefix", &self.remote.transport().parts.settings.prefix)
-            .field("pool_size", &self.remote.transport().pool_size)
-            .field(
-                "response_timeout",
-                &self.remote.transport().parts.settings.response_timeout,
-            )
-            .field(
-                "connected",
-                &self.remote.transport().parts.startup.is_connected(),
-            )
-            .finish_non_exhaustive()
+        let server = self.remote.transport();
+        let more: [(&str, &dyn fmt::Debug); 1] = [("pool_size", &server.pool_size)];
+        server
+            .parts
+            .fmt_store(f, "RedisStore", ("server", &server.server), &more)
     }
 }
 
