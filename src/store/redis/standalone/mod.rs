@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult, Value};
+use futures_util::FutureExt;
 
 use crate::ConfigError;
 use crate::clock::unix_micros;
@@ -810,7 +811,8 @@ impl Transport for Standalone {
         now: Option<u64>,
         charges: Vec<Prepared>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async move { self.direct(mode, now, &charges).await.map(drop) }
+        // The call's answer (a value) says nothing more.
+        async move { self.direct(mode, now, &charges).await }.map(|answer| answer.map(drop))
     }
 
     async fn publish(self: Arc<Self>, names: Vec<String>) -> Result<(), StoreError> {
