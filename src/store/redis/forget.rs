@@ -26,7 +26,7 @@ use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind};
 
 use super::error::store_error;
 use super::health::Health;
-use super::local::Local;
+use super::replica::Replica;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY};
 use crate::store::StoreError;
 
@@ -79,12 +79,12 @@ const WAITING: usize = 4096;
 /// next (a server that drops subscribers at once is not asked in a loop).
 const SETTLED: Duration = Duration::from_secs(10);
 
-/// Listens on `channel` for as long as `local` lives, through the first of `clients` that
-/// answers (the next one when it goes away), and tells `local` each name it hears. The
+/// Listens on `channel` for as long as `replica` lives, through the first of `clients` that
+/// answers (the next one when it goes away), and tells `replica` each name it hears. The
 /// connection is pinged every 5 s (a link that vanished without a reset tells nothing else);
 /// one that does not answer within the connect timeout is replaced.
 pub(crate) fn listen(
-    local: Weak<Local>,
+    replica: Weak<Replica>,
     clients: Vec<Client>,
     channel: String,
     connect_timeout: Duration,
@@ -96,7 +96,7 @@ pub(crate) fn listen(
         let mut delay = FIRST_RETRY_DELAY;
         let mut heard_before = false;
         for client in clients.iter().cycle() {
-            if local.strong_count() == 0 {
+            if replica.strong_count() == 0 {
                 return;
             }
             let (pushes, mut heard) = tokio::sync::mpsc::channel(WAITING);
@@ -125,8 +125,8 @@ pub(crate) fn listen(
             let since = tokio::time::Instant::now();
             if heard_before {
                 // Messages sent while no connection listened are lost: what is cached may be.
-                match local.upgrade() {
-                    Some(local) => local.forget_everything(),
+                match replica.upgrade() {
+                    Some(replica) => replica.forget_everything(),
                     None => return,
                 }
             }
@@ -135,7 +135,7 @@ pub(crate) fn listen(
                 let Ok(push) = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await
                 else {
                     // Quiet for 5 s: the store still there, and the link still answering?
-                    if local.strong_count() == 0 {
+                    if replica.strong_count() == 0 {
                         return;
                     }
                     let ping = redis::cmd("PING");
@@ -146,17 +146,17 @@ pub(crate) fn listen(
                     }
                 };
                 let Some(push) = push else { break };
-                let Some(local) = local.upgrade() else {
+                let Some(replica) = replica.upgrade() else {
                     return;
                 };
                 if overflowed.swap(false, Ordering::Relaxed) {
-                    local.forget_everything();
+                    replica.forget_everything();
                 }
                 match push.kind {
                     PushKind::Message => {
                         // [channel, name]
                         if let Some(redis::Value::BulkString(name)) = push.data.get(1) {
-                            local.forgotten(name.as_slice());
+                            replica.forgotten(name.as_slice());
                         }
                     }
                     PushKind::Disconnection => break,

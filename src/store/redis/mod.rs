@@ -108,10 +108,10 @@ mod error;
 mod forget;
 mod health;
 mod keys;
-mod local;
 mod opening;
 mod probe;
 mod remote;
+mod replica;
 mod script;
 mod standalone;
 mod startup;
@@ -218,14 +218,14 @@ impl Settings {
         }
     }
 
-    /// The local decisions of a store: on the injected clock when there is one, else on this
-    /// machine's monotonic clock.
-    fn local(&self) -> Arc<local::Local> {
+    /// The replica-side decisions of a store: on the injected clock when there is one, else on
+    /// this machine's monotonic clock.
+    fn replica(&self) -> Arc<replica::Replica> {
         let clock: Arc<dyn Clock> = match &self.clock {
             Some(clock) => clock.clone(),
             None => Arc::new(crate::clock::SystemClock::new()),
         };
-        Arc::new(local::Local::new(
+        Arc::new(replica::Replica::new(
             clock,
             self.prefix.clone(),
             self.deny_cache,

@@ -13,7 +13,7 @@ pub(crate) use late_reply::{Answer, channel, wait};
 pub(crate) use transport::{Parts, Transport};
 
 use super::CheckFuture;
-use super::local::Plan;
+use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::store::redis::Settings;
 use crate::store::redis::forget;
-use crate::store::redis::local::Local;
+use crate::store::redis::replica::Replica;
 use crate::store::redis::script::{Mode, Prepared, Program, Reply};
 use crate::store::redis::startup::Startup;
 use crate::store::{Charge, RuleRegistry, StoreError};
@@ -76,7 +76,7 @@ pub(crate) struct Parts {
     /// The code to run.
     pub(crate) program: &'static Program,
     /// Denials and leases decided on this replica.
-    pub(crate) replica: Arc<Local>,
+    pub(crate) replica: Arc<Replica>,
     /// The channel of keys forgotten by any replica.
     pub(crate) channel: String,
     pub(crate) registry: RuleRegistry,
@@ -142,7 +142,7 @@ impl Parts {
     pub(crate) fn new(settings: Settings) -> Self {
         Parts {
             program: settings.program(),
-            replica: settings.local(),
+            replica: settings.replica(),
             channel: forget::channel(&settings.prefix),
             settings,
             registry: RuleRegistry::new(),

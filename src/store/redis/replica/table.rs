@@ -1,0 +1,97 @@
+//! [`Table`]: a replica's entries (deny cache, leases, split keys' turns) by rule fingerprint and
+//! key: sharded, bounded, and telling at once when it is empty.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::key::Key;
+
+/// Shards of each table.
+pub(super) const SHARDS: usize = 16;
+
+/// Entries by rule fingerprint and key.
+pub(super) type Shard<V> = HashMap<(u64, Key), V, foldhash::fast::RandomState>;
+
+/// A sharded map, bounded, that tells at once when it is empty.
+pub(super) struct Table<V> {
+    pub(super) shards: Box<[Mutex<Shard<V>>]>,
+    /// When each shard, full, may be swept for expired entries again (local microseconds): at
+    /// most once a second, so that a full shard of live entries is not scanned per insert.
+    pub(super) next_sweep: Box<[AtomicU64]>,
+    pub(super) hasher: foldhash::fast::RandomState,
+    pub(super) len: AtomicUsize,
+    pub(super) max_per_shard: usize,
+}
+
+impl<V> Table<V> {
+    pub(super) fn new(max_entries: usize) -> Self {
+        Table {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            next_sweep: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            len: AtomicUsize::new(0),
+            max_per_shard: max_entries.div_ceil(SHARDS),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
+    pub(super) fn index(&self, key: &(u64, Key)) -> usize {
+        self.hasher.hash_one(key) as usize % SHARDS
+    }
+
+    pub(super) fn shard(&self, key: &(u64, Key)) -> MutexGuard<'_, Shard<V>> {
+        self.shards[self.index(key)]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `shard` (of `key`) has room for `key`: when it is full, it drops the entries
+    /// `gone` says may go, at most once a second.
+    pub(super) fn room(
+        &self,
+        shard: &mut Shard<V>,
+        key: &(u64, Key),
+        now: u64,
+        gone: impl Fn(&V) -> bool,
+    ) -> bool {
+        if shard.len() < self.max_per_shard || shard.contains_key(key) {
+            return true;
+        }
+        let next = &self.next_sweep[self.index(key)];
+        if now < next.load(Ordering::Relaxed) {
+            return false;
+        }
+        next.store(now.saturating_add(1_000_000), Ordering::Relaxed);
+        let before = shard.len();
+        shard.retain(|_, v| !gone(v));
+        self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
+        shard.len() < self.max_per_shard
+    }
+
+    /// Inserts or replaces, when there is room (see [`room`](Table::room)).
+    pub(super) fn put(&self, key: (u64, Key), value: V, now: u64, gone: impl Fn(&V) -> bool) {
+        let mut shard = self.shard(&key);
+        if self.room(&mut shard, &key, now, gone) && shard.insert(key, value).is_none() {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn remove(&self, key: &(u64, Key)) {
+        if self.shard(key).remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+    }
+}
