@@ -9,13 +9,13 @@ mod unclaimed;
 use std::future::Future;
 use std::sync::Arc;
 
-pub(crate) use late_reply::{Answer, channel, wait};
-pub(crate) use transport::{Parts, Transport};
-
 use super::CheckFuture;
 use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
+
+pub(crate) use late_reply::{Answer, channel, wait};
+pub(crate) use transport::{Parts, Transport};
 
 /// A Redis store over the transport `T`; clones share it.
 pub(crate) struct Remote<T>(Arc<T>);

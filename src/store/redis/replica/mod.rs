@@ -81,8 +81,6 @@ mod table;
 mod tests;
 mod tombstones;
 
-pub(crate) use plan::Plan;
-
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
@@ -93,6 +91,8 @@ use self::table::Table;
 use crate::Decision;
 use crate::clock::Clock;
 use crate::store::Charge;
+
+pub(crate) use plan::Plan;
 
 /// The local decisions of one store.
 pub(crate) struct Replica {

@@ -1,33 +1,36 @@
 //! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
 
+mod batches;
+mod call;
+mod connect;
+mod pool;
+
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use ::redis::ConnectionInfo;
 use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisResult, Value};
 use futures_util::FutureExt;
 
+use self::batches::*;
+use self::connect::*;
+use self::pool::*;
 use crate::ConfigError;
-use crate::clock::unix_micros;
-use crate::store::breaker::{Breaker, Permit};
-use crate::store::redis::access::{self, Access};
-use crate::store::redis::batch::{Batcher, Turn};
-use crate::store::redis::error::{
-    AtServer, ConnectError, breaks_connection, is_demoted, is_server_answer, store_error,
-};
+use crate::store::breaker::Breaker;
+use crate::store::redis::access::Access;
+use crate::store::redis::batch::Batcher;
+use crate::store::redis::error::ConnectError;
 use crate::store::redis::forget;
-use crate::store::redis::health::{self, Health};
-use crate::store::redis::opening::{Done, Opening};
-use crate::store::redis::probe::{self, Probed};
-use crate::store::redis::remote::{self, Answer, Parts, Remote, Transport, store_by_remote};
+use crate::store::redis::health::Health;
+use crate::store::redis::opening::Opening;
+use crate::store::redis::probe::Probed;
+use crate::store::redis::remote::{Parts, Remote, Transport, store_by_remote};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
-use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
-use crate::store::redis::{MAX_BATCH, Settings, late_reply_wait, redact};
+use crate::store::redis::{MAX_BATCH, Settings, redact};
 use crate::store::{Charge, StoreError};
-use crate::throttle::Every;
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
 ///
@@ -163,16 +166,6 @@ const MAX_PIPELINED: usize = 4096;
 /// together (BENCHMARKS.md: 4 in all did best at 64 concurrent checks, fewer for an HTTP server
 /// whose own thread is the busiest).
 const CALLS_PER_CONNECTION: usize = 2;
-
-/// One check waiting for its batch.
-struct Job {
-    charges: Vec<Prepared>,
-    now: Option<u64>,
-    permit: Permit,
-    /// When its caller stops waiting: it is not sent after that, and its call ends by then.
-    deadline: tokio::time::Instant,
-    answer: Answer,
-}
 
 impl RedisStore {
     /// Configures a store for the server at `url`: `redis://[user:password@]host:port[/db]`, or
@@ -318,432 +311,6 @@ impl RedisStoreBuilder {
     }
 }
 
-impl Standalone {
-    fn manager(&self) -> Result<Manager, StoreError> {
-        Manager::new(
-            self.info.clone(),
-            self.parts.settings.connect_timeout,
-            self.parts.settings.response_timeout,
-        )
-        .map_err(|e| store_error(&self.server, e))
-    }
-
-    /// The pool, made once the store has connected (bb8 needs a runtime).
-    fn pool(&self) -> Result<&bb8::Pool<Manager>, StoreError> {
-        if let Some(pool) = self.pool.get() {
-            return Ok(pool);
-        }
-        let pool = bb8::Pool::builder()
-            .max_size(self.pool_size)
-            .min_idle(self.pool_size)
-            .test_on_check_out(false)
-            .retry_connection(false)
-            .connection_timeout(self.parts.settings.connect_timeout)
-            .error_sink(Box::new(LogConnectErrors {
-                server: self.server.clone(),
-                every: Arc::default(),
-            }))
-            .build_unchecked(self.manager()?);
-        Ok(self.pool.get_or_init(|| pool))
-    }
-
-    /// One attempt to reach Redis and load the script, within the connect timeout: on a
-    /// connection of its own, so that its error says why (the pool's only say they timed out).
-    async fn connect_once(&self) -> Result<(), StoreError> {
-        let attempt = async {
-            let manager = self.manager()?;
-            let mut pooled = bb8::ManageConnection::connect(&manager)
-                .await
-                .map_err(|e| access::connect_error(&self.server, e))?;
-            let form = self
-                .parts
-                .program
-                .load(&mut pooled.conn)
-                .await
-                .map_err(|e| store_error(&self.server, e))?;
-            self.form.set(form);
-            self.pool().map(drop)
-        };
-        tokio::time::timeout(self.parts.settings.connect_timeout, attempt)
-            .await
-            .unwrap_or(Err(StoreError::Timeout))
-    }
-
-    /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
-    /// that each connection pipelines every check that picks it. Broken connections are dropped
-    /// (the pool opens new ones). When none is open any more, the check opens one itself: a
-    /// server that refuses it is an answer at once, where waiting for the pool would cost the
-    /// whole budget.
-    async fn connection(&self) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
-        let pool = self.pool()?;
-        for _ in 0..=self.pool_size {
-            // Until the pool has first filled, its connections are on their way: waited for
-            // (so that checks keep their order on one connection). After, none means they broke.
-            let open = pool.state().connections;
-            if open > 0 {
-                self.pool_filled.store(true, Ordering::Relaxed);
-            } else if self.pool_filled.load(Ordering::Relaxed) {
-                break;
-            }
-            let pooled = pool.get().await.map_err(|e| match e {
-                bb8::RunError::User(e) => store_error(&self.server, e),
-                bb8::RunError::TimedOut => StoreError::Timeout,
-            })?;
-            if !pooled.health.is_broken() {
-                return Ok((pooled.conn.clone(), pooled.health.clone()));
-            }
-        }
-        self.open(pool).await
-    }
-
-    /// Opens a connection for a check when the pool has none, and gives it to the pool. One
-    /// attempt at a time, in a task of its own bounded by the connect timeout, not by a check's
-    /// budget (on a slow network an attempt that every check cut short would never end); the
-    /// checks that need it wait for it within their own budgets.
-    async fn open(
-        &self,
-        pool: &bb8::Pool<Manager>,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
-        if pool.state().idle_connections > 0
-            && let Ok(pooled) = pool.get().await
-            && !pooled.health.is_broken()
-        {
-            return Ok((pooled.conn.clone(), pooled.health.clone()));
-        }
-        self.opening
-            .join(|done| drop(tokio::spawn(open_for_checks(self.me.clone(), done))))
-            .await
-            .map_err(|error| StoreError::Unavailable(Box::new(AtServer::new(&self.server, error))))
-    }
-
-    /// Sends `requests` in one call within the time budget of a check, and tells the
-    /// connection's health and the breaker how it went.
-    async fn run(
-        &self,
-        mode: Mode,
-        requests: &[Request<'_, Prepared>],
-        permit: Permit,
-        deadline: tokio::time::Instant,
-    ) -> Result<Value, StoreError> {
-        self.run_until(mode, requests, permit, deadline, deadline)
-            .await
-    }
-
-    /// [`run`](Self::run), waiting for the answer until `late`: one that comes after `budget`
-    /// is returned, and told to the breaker and the connection's health as a time-out (the
-    /// server did not answer within a check's budget).
-    async fn run_until(
-        &self,
-        mode: Mode,
-        requests: &[Request<'_, Prepared>],
-        permit: Permit,
-        budget: tokio::time::Instant,
-        deadline: tokio::time::Instant,
-    ) -> Result<Value, StoreError> {
-        // One timer for the whole check; `in_use` tells which connection a time-out caught.
-        let mut in_use = None;
-        let attempt = async {
-            let (mut conn, health) = self.connection().await?;
-            in_use = Some(health.clone());
-            let result = self
-                .parts
-                .program
-                .call(&mut conn, &self.form, mode, requests)
-                .await;
-            let answered = match &result {
-                Err(e) if e.is_timeout() => {
-                    health.timed_out();
-                    false
-                }
-                Err(e) if breaks_connection(e) => {
-                    health.broke();
-                    false
-                }
-                Ok(_) => true,
-                Err(e) if is_demoted(e) => {
-                    // The server became a replica (a failover behind a DNS name or a proxy):
-                    // a new connection finds the primary.
-                    health.broke();
-                    true
-                }
-                Err(e) => is_server_answer(e),
-            };
-            if answered {
-                health.answered();
-            }
-            Ok((result.map_err(|e| store_error(&self.server, e)), answered))
-        };
-        let result = tokio::time::timeout_at(deadline, attempt).await;
-        let (result, answered) = match result {
-            Ok(Ok(sent)) => sent,
-            Ok(Err(error)) => (Err(error), false),
-            Err(_elapsed) => {
-                if let Some(health) = &in_use {
-                    health.timed_out();
-                }
-                (Err(StoreError::Timeout), false)
-            }
-        };
-        if deadline > budget && tokio::time::Instant::now() > budget {
-            // Answered late: for the breaker, a time-out, whatever the answer.
-            if answered && let Some(health) = &in_use {
-                health.timed_out();
-            }
-            self.report(permit, false, &Err(StoreError::Timeout));
-        } else {
-            self.report(permit, answered, &result);
-        }
-        result
-    }
-
-    /// Tells the breaker how a check went (a server that answered, even with an error, is up),
-    /// and says so when it opens.
-    fn report(&self, permit: Permit, answered: bool, result: &Result<Value, StoreError>) {
-        let Err(error) = result else {
-            return self.breaker.success(permit);
-        };
-        if answered {
-            self.breaker.success(permit);
-        } else if self.breaker.failure(permit) {
-            tracing::error!(
-                server = &*self.server,
-                %error,
-                "tollgate: Redis keeps failing; its circuit breaker opened: requests are \
-                 decided by each rule's FailureMode until a probe succeeds"
-            );
-            self.probe_in_background();
-        }
-    }
-
-    /// Probes the server once per cooldown while the breaker is open (see [`probe`]).
-    fn probe_in_background(&self) {
-        if let Some(me) = self.me.upgrade() {
-            probe::in_background(&me, u32::MAX);
-        }
-    }
-}
-
-/// The background task: connects and loads the script, retrying until it succeeds or the store
-/// is dropped.
-async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
-    let mut delay = FIRST_RETRY_DELAY;
-    loop {
-        let Some(inner) = store.upgrade() else {
-            return;
-        };
-        match inner.connect_once().await {
-            Ok(()) => {
-                inner.parts.startup.connected();
-                tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
-                if let Ok(manager) = inner.manager() {
-                    inner.parts.listen(vec![manager.client]);
-                }
-                return;
-            }
-            Err(error) => {
-                if inner.parts.connect_failed(&error) {
-                    tracing::warn!(
-                        server = &*inner.server,
-                        %error,
-                        "tollgate: cannot reach Redis; retrying in the background, and until it \
-                         answers each rule's FailureMode decides"
-                    );
-                }
-            }
-        }
-        drop(inner);
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_RETRY_DELAY);
-    }
-}
-
-/// A connection, and its health.
-type Connection = (MultiplexedConnection, Arc<Health>);
-
-/// Opens a connection for the checks waiting (see `Standalone::open`), gives it to the pool (a full
-/// pool lets it go with its last check), and tells them.
-async fn open_for_checks(store: Weak<Standalone>, done: Done<Connection>) {
-    let Some(inner) = store.upgrade() else {
-        return;
-    };
-    let opened = match inner.manager() {
-        Ok(manager) => match bb8::ManageConnection::connect(&manager).await {
-            Ok(opened) => {
-                let handle = (opened.conn.clone(), opened.health.clone());
-                if let Some(pool) = inner.pool.get() {
-                    let _ = pool.add(opened);
-                }
-                Ok(handle)
-            }
-            Err(e) => Err(access::explained(&e)),
-        },
-        Err(e) => Err(e.to_string()),
-    };
-    inner.opening.end(done, opened);
-}
-
-/// Connection errors of the pool (bb8 keeps them from the caller, who sees a time-out): logged,
-/// at most once a minute.
-#[derive(Debug, Clone)]
-struct LogConnectErrors {
-    server: Arc<str>,
-    every: Arc<Every>,
-}
-
-impl bb8::ErrorSink<RedisError> for LogConnectErrors {
-    fn sink(&self, error: RedisError) {
-        if self.every.due(unix_micros(), 60_000_000) {
-            let error = access::explained(&error);
-            tracing::warn!(
-                server = &*self.server,
-                %error,
-                "tollgate: cannot open a connection to Redis (reported at most once a minute)"
-            );
-        }
-    }
-
-    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
-        Box::new(self.clone())
-    }
-}
-
-impl Standalone {
-    /// Decides one check: queued for the next call to Redis (sent at once when no call is
-    /// out), within the check's time budget. Polled on a Tokio runtime.
-    async fn batched(
-        self: &Arc<Self>,
-        charges: Vec<Prepared>,
-        now: Option<u64>,
-        permit: Permit,
-    ) -> Result<Reply, StoreError> {
-        let (answer, answered) = remote::channel(now);
-        let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
-        let job = Job {
-            charges,
-            now,
-            permit,
-            deadline,
-            answer,
-        };
-        if let Some((batch, turn)) = self.batcher.push(job) {
-            // Sent from a task of its own, so that a client that goes away cancels no one
-            // else's check of the batch.
-            drop(tokio::spawn(send_batches(self.clone(), batch, turn)));
-        }
-        remote::wait(answered, deadline, || {
-            StoreError::Unavailable(
-                format!("{}: the check was dropped before it was sent", self.server).into(),
-            )
-        })
-        .await
-    }
-
-    /// One call for `batch`, within the time its earliest check has left; each check gets its
-    /// own reply, or the call's error. A call that takes concurrency slots waits a while longer
-    /// for its reply than its checks do (on its own, so that the next batch need not wait), and
-    /// a reply whose check stopped waiting gives those slots back.
-    async fn send(self: &Arc<Self>, batch: Vec<Job>) {
-        let Some(budget) = batch.iter().map(|job| job.deadline).min() else {
-            return;
-        };
-        let late = if batch
-            .iter()
-            .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
-        {
-            budget.max(
-                tokio::time::Instant::now() + late_reply_wait(self.parts.settings.response_timeout),
-            )
-        } else {
-            budget
-        };
-        let call = Self::call_batch(self.clone(), batch, budget, late);
-        if late == budget {
-            return call.await;
-        }
-        let mut call = Box::pin(call);
-        if tokio::time::timeout_at(budget, &mut call).await.is_err() {
-            // The next batch goes on; this call's replies, or its slots, come back later (a
-            // batch is sent by a task of its own, on the runtime).
-            drop(tokio::spawn(call));
-        }
-    }
-
-    /// [`send`](Self::send)'s call: the answer is waited for until `late`, and reported to the
-    /// breaker as a time-out when it comes after `budget`.
-    async fn call_batch(
-        self: Arc<Self>,
-        batch: Vec<Job>,
-        budget: tokio::time::Instant,
-        late: tokio::time::Instant,
-    ) {
-        let Some(permit) = batch.last().map(|job| job.permit) else {
-            return;
-        };
-        let requests: Vec<Request<'_, Prepared>> = batch
-            .iter()
-            .map(|job| Request {
-                now: job.now,
-                charges: &job.charges,
-            })
-            .collect();
-        let result = self
-            .run_until(Mode::Charge, &requests, permit, budget, late)
-            .await
-            .and_then(|value| script::decode(value, &requests));
-        drop(requests);
-        match result {
-            Ok(replies) => {
-                for (job, reply) in batch.into_iter().zip(replies) {
-                    job.answer.send(&self, Ok(reply), job.charges);
-                }
-            }
-            Err(error) => {
-                for job in batch {
-                    job.answer.send(&self, Err(error.duplicate()), job.charges);
-                }
-            }
-        }
-    }
-}
-
-impl Standalone {
-    /// One call of `charges` outside the batches (peeks, adjustments, resets), within a
-    /// check's time budget.
-    async fn direct(
-        self: &Arc<Self>,
-        mode: Mode,
-        now: Option<u64>,
-        charges: &[Prepared],
-    ) -> Result<Value, StoreError> {
-        self.start();
-        if let Some(error) = self.unsendable() {
-            return Err(error);
-        }
-        let Some(permit) = self.breaker.admit() else {
-            return Err(StoreError::CircuitOpen);
-        };
-        let requests = [Request { now, charges }];
-        let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
-        self.run(mode, &requests, permit, deadline).await
-    }
-}
-
-/// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
-/// went away (its client left) or has no time left is not sent.
-async fn send_batches(inner: Arc<Standalone>, mut batch: Vec<Job>, mut turn: Turn<Job>) {
-    loop {
-        let now = tokio::time::Instant::now();
-        batch.retain(|job| !job.answer.is_closed() && job.deadline > now);
-        if !batch.is_empty() {
-            inner.send(batch).await;
-        }
-        match turn.next() {
-            Some(next) => batch = next,
-            None => return,
-        }
-    }
-}
-
 store_by_remote!(RedisStore);
 
 impl Transport for Standalone {
@@ -864,61 +431,5 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("pool_size", &self.pool_size)
             .field("access", &self.access)
             .finish_non_exhaustive()
-    }
-}
-
-/// The pool's connections: multiplexed, RESP3, each with the health the store reads, marked
-/// broken when the connection fails or the server closes it (instead of a `PING` on every
-/// check-out).
-struct Manager {
-    client: Client,
-    config: AsyncConnectionConfig,
-    response_timeout: Duration,
-}
-
-impl Manager {
-    fn new(
-        info: ConnectionInfo,
-        connect_timeout: Duration,
-        response_timeout: Duration,
-    ) -> RedisResult<Self> {
-        let info = health::resp3(info);
-        Ok(Manager {
-            client: Client::open(info)?,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                // Each call has its own deadline (`run`); this one only bounds a reply the
-                // connection still waits for, as long as a call that takes concurrency slots
-                // waits for its own.
-                .set_response_timeout(Some(late_reply_wait(response_timeout))),
-            response_timeout,
-        })
-    }
-}
-
-struct Pooled {
-    conn: MultiplexedConnection,
-    health: Arc<Health>,
-}
-
-impl bb8::ManageConnection for Manager {
-    type Connection = Pooled;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Pooled, RedisError> {
-        let health = Arc::new(Health::new(self.response_timeout));
-        let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&health::watched(&self.config, &health))
-            .await?;
-        Ok(Pooled { conn, health })
-    }
-
-    async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
-    }
-
-    fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.health.is_broken()
     }
 }
