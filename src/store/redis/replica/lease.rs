@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::deny::*;
-use super::plan::*;
+use super::deny::aged;
+use super::plan::How;
 use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::Charge;

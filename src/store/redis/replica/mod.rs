@@ -85,8 +85,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
-use self::deny::*;
-use self::lease::*;
+use self::deny::Denial;
+use self::lease::{Held, Paid};
 use self::table::Table;
 use crate::Decision;
 use crate::clock::Clock;

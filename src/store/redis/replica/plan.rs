@@ -6,9 +6,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::deny::*;
-use super::lease::*;
-use super::split::*;
+use super::deny::{Denial, aged};
+use super::lease::lease_key;
+use super::split::{mix, whole};
 use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::redis::script::{Prepared, Reply};

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
-use super::lease::*;
-use super::plan::*;
-use super::table::*;
+use super::lease::lease_key;
+use super::plan::How;
+use super::table::SHARDS;
 use super::*;
 use crate::algorithm::Limits;
 use crate::algorithm::Outcome;

@@ -15,9 +15,9 @@ use ::redis::ConnectionInfo;
 use ::redis::aio::MultiplexedConnection;
 use futures_util::FutureExt;
 
-use self::batches::*;
-use self::connect::*;
-use self::pool::*;
+use self::batches::Job;
+use self::connect::connect_in_background;
+use self::pool::{Connection, Manager};
 use crate::ConfigError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access::Access;
