@@ -2,6 +2,8 @@
 //! breaker per node, routed by tollgate's own slot map.
 
 mod cross_slot;
+mod deadline;
+mod groups;
 mod node;
 mod routing;
 mod slot_map;
@@ -17,10 +19,9 @@ use futures_util::future::try_join_all;
 use redis::{ConnectionAddr, ConnectionInfo};
 use tokio::sync::Notify;
 
-use self::cross_slot::{groups, scatter};
+use self::deadline::Deadline;
+use self::groups::{groups, scatter};
 use self::node::Node;
-use self::routing::Deadline;
-use self::slot_map::read_slot_map_in_background;
 use self::topology::Topology;
 use crate::ConfigError;
 use crate::store::redis::access::{self, Access};
@@ -241,7 +242,7 @@ impl Transport for Cluster {
         let refresh = self.refresh.clone();
         self.parts
             .startup
-            .spawn(|running| read_slot_map_in_background(weak, refresh, running));
+            .spawn(|running| Cluster::read_slot_map_in_background(weak, refresh, running));
     }
 
     fn unsendable(&self) -> Option<StoreError> {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use super::Cluster;
+use super::deadline::Deadline;
 use super::node::Node;
 use crate::store::StoreError;
 use crate::store::redis::error::{breaks_connection, is_server_answer, store_error};
@@ -33,24 +34,6 @@ pub(super) fn redirection(error: &RedisError) -> Option<Redirection> {
         ErrorKind::Server(ServerErrorKind::Ask) => target().map(Redirection::Ask),
         ErrorKind::Server(ServerErrorKind::TryAgain) => Some(Redirection::TryAgain),
         _ => None,
-    }
-}
-
-/// When a call gives up: `late` for its answer; `budget`, the check's own time, for sending
-/// anything (a first call, a redirection, a second phase) and for the breaker (an answer after
-/// it is a time-out). The same for every call but those that take concurrency slots.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Deadline {
-    pub(super) budget: Instant,
-    pub(super) late: Instant,
-}
-
-impl From<Instant> for Deadline {
-    fn from(at: Instant) -> Self {
-        Deadline {
-            budget: at,
-            late: at,
-        }
     }
 }
 

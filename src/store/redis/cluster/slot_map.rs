@@ -21,68 +21,68 @@ pub(super) const REFRESH_INTERVAL: Duration = Duration::from_millis(100);
 /// same map space out up to this (a failover takes a second or two to show in the map).
 pub(super) const MAX_REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 
-/// The background task: reads the slot map until it has one, then again whenever a check asks
-/// (a redirection, a failure): at most every 100 ms while the map changes, spacing out to every
-/// 500 ms while it does not. Ends when the store is dropped.
-pub(super) async fn read_slot_map_in_background(
-    store: Weak<Cluster>,
-    refresh: Arc<Notify>,
-    _running: Running,
-) {
-    let mut delay = FIRST_RETRY_DELAY;
-    let mut pace = REFRESH_INTERVAL;
-    loop {
-        let Some(inner) = store.upgrade() else {
-            return;
-        };
-        let retry = match inner.read_slot_map().await {
-            Ok(changed) => {
-                if !inner.parts.startup.is_connected() {
-                    inner.parts.startup.connected();
-                    tracing::info!(
-                        servers = &*inner.servers,
-                        "tollgate: read the Redis Cluster slot map"
-                    );
-                    let clients = inner
-                        .seeds
-                        .iter()
-                        .filter_map(|seed| inner.node(seed).ok())
-                        .map(|node| node.client().clone())
-                        .collect();
-                    inner.parts.listen(clients);
-                }
-                delay = FIRST_RETRY_DELAY;
-                pace = if changed {
-                    REFRESH_INTERVAL
-                } else {
-                    (pace * 2).min(MAX_REFRESH_INTERVAL)
-                };
-                None
-            }
-            Err(error) => {
-                if inner.parts.connect_failed(&error) {
-                    tracing::warn!(
-                        servers = &*inner.servers,
-                        %error,
-                        "tollgate: cannot read the Redis Cluster slot map; retrying in the \
-                         background (reported at most once a minute)"
-                    );
-                }
-                let wait = delay;
-                delay = (delay * 2).min(MAX_RETRY_DELAY);
-                Some(wait)
-            }
-        };
-        drop(inner);
-        match retry {
-            Some(wait) => tokio::time::sleep(wait).await,
-            None => refresh.notified().await,
-        }
-        tokio::time::sleep(pace).await;
-    }
-}
-
 impl Cluster {
+    /// The background task: reads the slot map until it has one, then again whenever a check asks
+    /// (a redirection, a failure): at most every 100 ms while the map changes, spacing out to every
+    /// 500 ms while it does not. Ends when the store is dropped.
+    pub(super) async fn read_slot_map_in_background(
+        store: Weak<Cluster>,
+        refresh: Arc<Notify>,
+        _running: Running,
+    ) {
+        let mut delay = FIRST_RETRY_DELAY;
+        let mut pace = REFRESH_INTERVAL;
+        loop {
+            let Some(inner) = store.upgrade() else {
+                return;
+            };
+            let retry = match inner.read_slot_map().await {
+                Ok(changed) => {
+                    if !inner.parts.startup.is_connected() {
+                        inner.parts.startup.connected();
+                        tracing::info!(
+                            servers = &*inner.servers,
+                            "tollgate: read the Redis Cluster slot map"
+                        );
+                        let clients = inner
+                            .seeds
+                            .iter()
+                            .filter_map(|seed| inner.node(seed).ok())
+                            .map(|node| node.client().clone())
+                            .collect();
+                        inner.parts.listen(clients);
+                    }
+                    delay = FIRST_RETRY_DELAY;
+                    pace = if changed {
+                        REFRESH_INTERVAL
+                    } else {
+                        (pace * 2).min(MAX_REFRESH_INTERVAL)
+                    };
+                    None
+                }
+                Err(error) => {
+                    if inner.parts.connect_failed(&error) {
+                        tracing::warn!(
+                            servers = &*inner.servers,
+                            %error,
+                            "tollgate: cannot read the Redis Cluster slot map; retrying in the \
+                             background (reported at most once a minute)"
+                        );
+                    }
+                    let wait = delay;
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    Some(wait)
+                }
+            };
+            drop(inner);
+            match retry {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => refresh.notified().await,
+            }
+            tokio::time::sleep(pace).await;
+        }
+    }
+
     pub(super) fn topology(&self) -> Option<Arc<Topology>> {
         self.topology
             .read()

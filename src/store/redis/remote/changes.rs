@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use super::Transport;
-use super::runtime;
+use super::transport::{Transport, runtime};
 use crate::clock::unix_micros;
 use crate::key::Key;
 use crate::store::redis::keys;
@@ -48,7 +47,7 @@ fn tell_forgotten<T: Transport>(inner: &Arc<T>, forgotten: &[(RuleSpec, Key)]) {
 
 /// The refusal of an operation that cannot be made: on one key of a rule split into sub-keys
 /// (which sub-key is not known). One polled outside a Tokio runtime is refused when it is
-/// polled ([`super::runtime`]).
+/// polled ([`runtime`]).
 fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreError> {
     rules
         .any(|r| r.parts() > 1)

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
-use super::Transport;
 use super::changes;
+use super::transport::Transport;
 use super::unclaimed::Unclaimed;
 use crate::store::StoreError;
 use crate::store::redis::script::{Prepared, Reply};

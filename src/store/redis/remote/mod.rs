@@ -15,7 +15,7 @@ use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
 pub(crate) use late_reply::{Answer, channel, wait};
-pub(crate) use transport::{Parts, Transport};
+pub(crate) use transport::{Parts, Transport, runtime};
 
 /// A Redis store over the transport `T`; clones share it.
 pub(crate) struct Remote<T>(Arc<T>);
@@ -209,13 +209,6 @@ fn repeated(charges: &[Charge<'_>]) -> Option<StoreError> {
         }
     }
     None
-}
-
-/// The runtime a call runs on, or the error of one where no Tokio runtime runs (another
-/// executor): a call's tasks and timers are the runtime's (which must enable its timers).
-pub(crate) fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
-    tokio::runtime::Handle::try_current()
-        .map_err(|_| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
 }
 
 /// The future of a check whose plan sends a call (`call` makes it): the call itself, or, for a

@@ -151,3 +151,10 @@ impl Parts {
         }
     }
 }
+
+/// The runtime a call runs on, or the error of one where no Tokio runtime runs (another
+/// executor): a call's tasks and timers are the runtime's (which must enable its timers).
+pub(crate) fn runtime() -> Result<tokio::runtime::Handle, StoreError> {
+    tokio::runtime::Handle::try_current()
+        .map_err(|_| StoreError::Unavailable("a Redis store's call outside a Tokio runtime".into()))
+}

@@ -72,7 +72,9 @@
 //! time to live on a replica, none at a steady rate once its lease has settled; at most `n − 1`
 //! each time a key's demand on a replica falls).
 
+mod denial;
 mod deny;
+mod held;
 mod lease;
 mod plan;
 mod split;
@@ -85,8 +87,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
-use self::deny::Denial;
-use self::lease::{Held, Paid};
+use self::denial::Denial;
+use self::held::{Held, Paid};
 use self::table::Table;
 use crate::Decision;
 use crate::clock::Clock;

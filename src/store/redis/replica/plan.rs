@@ -6,8 +6,8 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::deny::{Denial, aged};
-use super::lease::lease_key;
+use super::denial::{Denial, aged};
+use super::held::lease_key;
 use super::split::{mix, whole};
 use crate::algorithm::Outcome;
 use crate::key::Key;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::lease::lease_key;
+use super::held::lease_key;
 use super::plan::How;
 use super::table::SHARDS;
 use super::*;

@@ -5,7 +5,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 
 use super::Replica;
-use super::lease::lease_key;
+use super::held::lease_key;
 use crate::key::Key;
 use crate::store::Charge;
 

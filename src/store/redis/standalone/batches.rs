@@ -4,22 +4,13 @@
 use std::sync::Arc;
 
 use super::Standalone;
+use super::job::Job;
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::batch::Turn;
 use crate::store::redis::late_reply_wait;
-use crate::store::redis::remote::{self, Answer};
+use crate::store::redis::remote::{self};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request};
-
-/// One check waiting for its batch.
-pub(super) struct Job {
-    pub(super) charges: Vec<Prepared>,
-    pub(super) now: Option<u64>,
-    pub(super) permit: Permit,
-    /// When its caller stops waiting: it is not sent after that, and its call ends by then.
-    pub(super) deadline: tokio::time::Instant,
-    pub(super) answer: Answer,
-}
 
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
 /// went away (its client left) or has no time left is not sent.

@@ -8,41 +8,41 @@ use crate::store::redis::access::{self};
 use crate::store::redis::error::store_error;
 use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
 
-/// The background task: connects and loads the script, retrying until it succeeds or the store
-/// is dropped.
-pub(super) async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
-    let mut delay = FIRST_RETRY_DELAY;
-    loop {
-        let Some(inner) = store.upgrade() else {
-            return;
-        };
-        match inner.connect_once().await {
-            Ok(()) => {
-                inner.parts.startup.connected();
-                tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
-                if let Ok(manager) = inner.manager() {
-                    inner.parts.listen(vec![manager.client]);
-                }
-                return;
-            }
-            Err(error) => {
-                if inner.parts.connect_failed(&error) {
-                    tracing::warn!(
-                        server = &*inner.server,
-                        %error,
-                        "tollgate: cannot reach Redis; retrying in the background, and until it \
-                         answers each rule's FailureMode decides"
-                    );
-                }
-            }
-        }
-        drop(inner);
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(MAX_RETRY_DELAY);
-    }
-}
-
 impl Standalone {
+    /// The background task: connects and loads the script, retrying until it succeeds or the store
+    /// is dropped.
+    pub(super) async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
+        let mut delay = FIRST_RETRY_DELAY;
+        loop {
+            let Some(inner) = store.upgrade() else {
+                return;
+            };
+            match inner.connect_once().await {
+                Ok(()) => {
+                    inner.parts.startup.connected();
+                    tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
+                    if let Ok(manager) = inner.manager() {
+                        inner.parts.listen(vec![manager.client]);
+                    }
+                    return;
+                }
+                Err(error) => {
+                    if inner.parts.connect_failed(&error) {
+                        tracing::warn!(
+                            server = &*inner.server,
+                            %error,
+                            "tollgate: cannot reach Redis; retrying in the background, and until it \
+                             answers each rule's FailureMode decides"
+                        );
+                    }
+                }
+            }
+            drop(inner);
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(MAX_RETRY_DELAY);
+        }
+    }
+
     /// One attempt to reach Redis and load the script, within the connect timeout: on a
     /// connection of its own, so that its error says why (the pool's only say they timed out).
     pub(super) async fn connect_once(&self) -> Result<(), StoreError> {

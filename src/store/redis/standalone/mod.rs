@@ -3,6 +3,8 @@
 mod batches;
 mod call;
 mod connect;
+mod job;
+mod manager;
 mod pool;
 
 use std::fmt;
@@ -15,9 +17,8 @@ use ::redis::ConnectionInfo;
 use ::redis::aio::MultiplexedConnection;
 use futures_util::FutureExt;
 
-use self::batches::Job;
-use self::connect::connect_in_background;
-use self::pool::{Connection, Manager};
+use self::job::Job;
+use self::manager::{Connection, Manager};
 use crate::ConfigError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access::Access;
@@ -321,7 +322,7 @@ impl Transport for Standalone {
             let weak = Arc::downgrade(self);
             self.parts
                 .startup
-                .spawn(|running| connect_in_background(weak, running));
+                .spawn(|running| Standalone::connect_in_background(weak, running));
         }
     }
 
