@@ -1,13 +1,13 @@
 //! The in-process store: sharded, bounded, no setup.
 
 use std::future::{Ready, ready};
-use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use hashbrown::HashTable;
 use smallvec::SmallVec;
 
+use super::table::Table;
 use super::{Adjustment, Change, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, Outcome, State};
 use crate::clock::{Clock, SystemClock};
@@ -65,10 +65,8 @@ pub struct MemoryStore {
 
 struct Inner {
     registry: RuleRegistry,
-    shards: Box<[Mutex<Shard>]>,
-    shard_mask: u64,
-    per_shard: usize,
-    hasher: foldhash::fast::RandomState,
+    /// The keys, in shards of at most `per_shard` each.
+    table: Table<Shard>,
     clock: Arc<dyn Clock>,
     evictions: AtomicU64,
     eviction_warning: Every,
@@ -158,7 +156,7 @@ impl MemoryStore {
 
     /// The number of keys held (expired ones that were not swept yet included).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+        self.inner.table.each().map(|s| s.table.len()).sum()
     }
 
     /// Whether the store holds no key.
@@ -174,21 +172,18 @@ impl MemoryStore {
     /// Drops every expired key now (the store also does this by itself as it is used).
     pub fn sweep(&self) {
         let now = self.inner.clock.now_micros();
-        for shard in self.inner.shards.iter() {
-            lock(shard).sweep(now);
+        for mut shard in self.inner.table.each() {
+            shard.sweep(now);
         }
     }
 
     fn hash(&self, rule: u64, key: &Key) -> u64 {
-        let mut hasher = self.inner.hasher.build_hasher();
-        rule.hash(&mut hasher);
-        key.hash(&mut hasher);
-        hasher.finish()
+        self.inner.table.hash((rule, key))
     }
 
     /// The shard of a hash: bits the hash table does not use for its own buckets or tags.
     fn shard_of(&self, hash: u64) -> usize {
-        ((hash >> 32) & self.inner.shard_mask) as usize
+        self.inner.table.shard_of(hash)
     }
 
     /// Checks and charges `charges` now (the store never waits).
@@ -213,9 +208,11 @@ impl MemoryStore {
         let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
         let rule = charge.rule.id();
         let hash = self.hash(rule, charge.key);
-        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+        let mut shard = self.inner.table.lock(self.shard_of(hash));
         shard.maybe_sweep(now);
-        if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
+        if shard.table.len() >= self.inner.table.per_shard()
+            && shard.find(hash, charge, now).is_none()
+        {
             self.make_room(&mut shard, now, 1);
         }
         match shard
@@ -285,7 +282,7 @@ impl MemoryStore {
         let now = self.now();
         let outcomes = charges.iter().map(|charge| {
             let hash = self.hash(charge.rule.id(), charge.key);
-            let shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            let shard = self.inner.table.lock(self.shard_of(hash));
             let state = shard.find(hash, charge, now);
             charge
                 .rule
@@ -300,7 +297,7 @@ impl MemoryStore {
         for charge in charges {
             let rule = charge.rule.id();
             let hash = self.hash(rule, charge.key);
-            let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+            let mut shard = self.inner.table.lock(self.shard_of(hash));
             if let Ok(occupied) = shard
                 .table
                 .find_entry(hash, |e| e.rule == rule && e.key == *charge.key)
@@ -314,8 +311,7 @@ impl MemoryStore {
 
     /// Forgets every key of every rule: as new (for tests, between cases).
     pub fn clear(&self) {
-        for shard in self.inner.shards.iter() {
-            let mut shard = lock(shard);
+        for mut shard in self.inner.table.each() {
             shard.table.clear();
             #[cfg(feature = "metrics")]
             shard.count_keys();
@@ -325,9 +321,11 @@ impl MemoryStore {
     /// The common case, one rule: one lock, one probe of the table.
     fn check_one(&self, charge: &Charge<'_>, now: u64) -> Decision {
         let hash = self.hash(charge.rule.id(), charge.key);
-        let mut shard = lock(&self.inner.shards[self.shard_of(hash)]);
+        let mut shard = self.inner.table.lock(self.shard_of(hash));
         shard.maybe_sweep(now);
-        if shard.table.len() >= self.inner.per_shard && shard.find(hash, charge, now).is_none() {
+        if shard.table.len() >= self.inner.table.per_shard()
+            && shard.find(hash, charge, now).is_none()
+        {
             self.make_room(&mut shard, now, 1);
         }
         let outcome = self.charge::<false>(&mut shard, hash, charge, now, &mut None);
@@ -386,19 +384,19 @@ impl MemoryStore {
             .min()
         {
             previous = Some(shard);
-            let mut guard = lock(&self.inner.shards[shard]);
+            let mut guard = self.inner.table.lock(shard);
             guard.maybe_sweep(now);
             // Make room before deciding, so that inserting one rule's new key can never evict
             // another rule's key of the same request; only when the shard could overflow, as
             // making room scans it.
             let arriving = located.iter().filter(|l| l.1 == shard).count();
-            if guard.table.len() + arriving > self.inner.per_shard {
+            if guard.table.len() + arriving > self.inner.table.per_shard() {
                 let new = charges
                     .iter()
                     .zip(located.iter())
                     .filter(|(charge, l)| l.1 == shard && !guard.holds(l.0, charge))
                     .count();
-                if new > 0 && guard.table.len() + new > self.inner.per_shard {
+                if new > 0 && guard.table.len() + new > self.inner.table.per_shard() {
                     self.make_room(&mut guard, now, new);
                 }
             }
@@ -577,7 +575,7 @@ impl MemoryStore {
     /// budget until a tenth of the shard (and at least `needed`) is free.
     fn make_room(&self, shard: &mut Shard, now: u64, needed: usize) {
         shard.sweep(now);
-        let capacity = self.inner.per_shard;
+        let capacity = self.inner.table.per_shard();
         if shard.table.len() + needed <= capacity {
             return;
         }
@@ -616,7 +614,7 @@ impl MemoryStore {
         if self.inner.eviction_warning.due(now, 60 * MICROS_PER_SECOND) {
             tracing::warn!(
                 evicted,
-                max_keys = self.inner.per_shard * self.inner.shards.len(),
+                max_keys = self.inner.table.per_shard() * self.inner.table.shards(),
                 total_evictions = self.inner.evictions.load(Ordering::Relaxed),
                 "tollgate memory store is full: evicted the keys closest to a full budget \
                  (those clients start again with a full budget); raise max_keys if this repeats"
@@ -655,14 +653,6 @@ impl Shard {
     }
 }
 
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding a shard cannot leave it half-written (states are replaced whole), so
-    // a poisoned lock is still usable.
-    shard
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Default for MemoryStore {
     fn default() -> Self {
         Self::new()
@@ -672,10 +662,10 @@ impl Default for MemoryStore {
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
-            .field("shards", &self.inner.shards.len())
+            .field("shards", &self.inner.table.shards())
             .field(
                 "max_keys",
-                &(self.inner.per_shard * self.inner.shards.len()),
+                &(self.inner.table.per_shard() * self.inner.table.shards()),
             )
             .finish_non_exhaustive()
     }
@@ -756,10 +746,7 @@ impl MemoryStoreBuilder {
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 registry: RuleRegistry::new(),
-                shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
-                shard_mask: shards as u64 - 1,
-                per_shard,
-                hasher: foldhash::fast::RandomState::default(),
+                table: Table::new(shards, per_shard),
                 clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
                 evictions: AtomicU64::new(0),
                 eviction_warning: Every::default(),

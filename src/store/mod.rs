@@ -329,6 +329,7 @@ mod memory;
 pub(crate) mod redis;
 mod registry;
 mod spec;
+pub(crate) mod table;
 
 pub use crate::error::StoreError;
 pub use memory::{MemoryStore, MemoryStoreBuilder};

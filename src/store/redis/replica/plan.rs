@@ -331,7 +331,7 @@ impl Plan {
     /// no time here can tell.
     pub(super) fn cache_denial(&self, outcomes: &[Outcome]) {
         let local = &self.local;
-        if local.denials.max_per_shard == 0
+        if local.denials.shards.per_shard() == 0
             || self.charges.iter().any(|c| c.algorithm.is_concurrency())
         {
             return;

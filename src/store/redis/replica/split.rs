@@ -1,7 +1,6 @@
 //! Split keys: a hot key's rule split in sub-keys that its requests take in turn, and a
 //! sub-key's outcome told for the whole key.
 
-use std::hash::BuildHasher;
 use std::sync::atomic::Ordering;
 
 use super::Replica;
@@ -37,7 +36,7 @@ impl Replica {
             *next = (part + 1) % parts;
             return part;
         }
-        if shard.len() >= self.parts.max_per_shard {
+        if shard.len() >= self.parts.shards.per_shard() {
             // Full: one key forgets its turn (it starts again at its own first sub-key).
             if let Some(evicted) = shard.keys().next().cloned() {
                 shard.remove(&evicted);
@@ -45,7 +44,7 @@ impl Replica {
             }
         }
         // A key starts at a sub-key of its own, so that many keys spread from the start.
-        let first = (self.parts.hasher.hash_one(&key) % u64::from(parts)) as u16;
+        let first = (self.parts.shards.hash(&key) % u64::from(parts)) as u16;
         shard.insert(key, (first + 1) % parts);
         self.parts.len.fetch_add(1, Ordering::Relaxed);
         first

@@ -1,12 +1,13 @@
 //! [`Table`]: a replica's entries (deny cache, leases, split keys' turns) by rule fingerprint and
-//! key: sharded, bounded, and telling at once when it is empty.
+//! key, in the stores' [bounded sharded table](crate::store::table::Table), telling at once when
+//! it is empty.
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::sync::MutexGuard;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use crate::key::Key;
+use crate::store::table;
 
 /// Shards of each table.
 pub(super) const SHARDS: usize = 16;
@@ -16,23 +17,19 @@ pub(super) type Shard<V> = HashMap<(u64, Key), V, foldhash::fast::RandomState>;
 
 /// A sharded map, bounded, that tells at once when it is empty.
 pub(super) struct Table<V> {
-    pub(super) shards: Box<[Mutex<Shard<V>>]>,
+    pub(super) shards: table::Table<Shard<V>>,
     /// When each shard, full, may be swept for expired entries again (local microseconds): at
     /// most once a second, so that a full shard of live entries is not scanned per insert.
     pub(super) next_sweep: Box<[AtomicU64]>,
-    pub(super) hasher: foldhash::fast::RandomState,
     pub(super) len: AtomicUsize,
-    pub(super) max_per_shard: usize,
 }
 
 impl<V> Table<V> {
     pub(super) fn new(max_entries: usize) -> Self {
         Table {
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            shards: table::Table::new(SHARDS, max_entries.div_ceil(SHARDS)),
             next_sweep: (0..SHARDS).map(|_| AtomicU64::new(0)).collect(),
-            hasher: foldhash::fast::RandomState::default(),
             len: AtomicUsize::new(0),
-            max_per_shard: max_entries.div_ceil(SHARDS),
         }
     }
 
@@ -41,13 +38,11 @@ impl<V> Table<V> {
     }
 
     pub(super) fn index(&self, key: &(u64, Key)) -> usize {
-        self.hasher.hash_one(key) as usize % SHARDS
+        self.shards.shard_of(self.shards.hash(key))
     }
 
     pub(super) fn shard(&self, key: &(u64, Key)) -> MutexGuard<'_, Shard<V>> {
-        self.shards[self.index(key)]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.shards.lock(self.index(key))
     }
 
     /// Whether `shard` (of `key`) has room for `key`: when it is full, it drops the entries
@@ -59,7 +54,8 @@ impl<V> Table<V> {
         now: u64,
         gone: impl Fn(&V) -> bool,
     ) -> bool {
-        if shard.len() < self.max_per_shard || shard.contains_key(key) {
+        let most = self.shards.per_shard();
+        if shard.len() < most || shard.contains_key(key) {
             return true;
         }
         let next = &self.next_sweep[self.index(key)];
@@ -70,7 +66,7 @@ impl<V> Table<V> {
         let before = shard.len();
         shard.retain(|_, v| !gone(v));
         self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
-        shard.len() < self.max_per_shard
+        shard.len() < most
     }
 
     /// Inserts or replaces, when there is room (see [`room`](Table::room)).
@@ -88,8 +84,7 @@ impl<V> Table<V> {
     }
 
     pub(super) fn clear(&self) {
-        for shard in &self.shards {
-            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+        for mut shard in self.shards.each() {
             self.len.fetch_sub(shard.len(), Ordering::Relaxed);
             shard.clear();
         }

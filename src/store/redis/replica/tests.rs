@@ -289,10 +289,9 @@ fn held(local: &Replica) -> (u64, u64) {
     let shard = local
         .leases
         .shards
-        .iter()
-        .find(|shard| !shard.lock().unwrap().is_empty())
+        .each()
+        .find(|shard| !shard.is_empty())
         .expect("a lease");
-    let shard = shard.lock().unwrap();
     let held = shard.values().next().unwrap();
     (held.units, held.next)
 }
