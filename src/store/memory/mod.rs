@@ -1,12 +1,14 @@
 //! The in-process store: sharded, bounded, no setup.
 
+mod shard;
+
 use std::future::{Ready, ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
 
-use hashbrown::HashTable;
 use smallvec::SmallVec;
 
+use self::shard::{Entry, Shard};
 use super::table::Table;
 use super::{Adjustment, Change, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 use crate::algorithm::{MAX_MICROS, MICROS_PER_SECOND, Outcome, State};
@@ -14,9 +16,6 @@ use crate::clock::{Clock, SystemClock};
 use crate::key::Key;
 use crate::throttle::Every;
 use crate::{ConfigError, Decision};
-
-/// How often each shard drops its expired keys, in microseconds.
-const SWEEP_INTERVAL: u64 = MICROS_PER_SECOND;
 
 /// When a full shard has nothing expired, it evicts until this fraction (in percent) is free.
 const EVICT_TO_FREE_PERCENT: usize = 10;
@@ -72,37 +71,6 @@ struct Inner {
     eviction_warning: Every,
 }
 
-#[derive(Default)]
-struct Shard {
-    table: HashTable<Entry>,
-    next_sweep: u64,
-    /// The keys last counted in the process's `tollgate_memory_store_keys`.
-    #[cfg(feature = "metrics")]
-    counted: usize,
-}
-
-#[cfg(feature = "metrics")]
-impl Shard {
-    /// Brings the process's key count up to date with this shard.
-    fn count_keys(&mut self) {
-        let now = self.table.len();
-        if now != self.counted {
-            let delta = now as i64 - self.counted as i64;
-            self.counted = now;
-            crate::telemetry::memory_keys(delta);
-        }
-    }
-}
-
-#[cfg(feature = "metrics")]
-impl Drop for Shard {
-    fn drop(&mut self) {
-        if self.counted > 0 {
-            crate::telemetry::memory_keys(-(self.counted as i64));
-        }
-    }
-}
-
 /// How to put back one charge of a request that another rule denied.
 enum Undo {
     /// The key was there: its state and expiry before the charge.
@@ -115,18 +83,6 @@ enum Undo {
     Unlog { cost: u64, expires_at: u64 },
     /// The key was new: remove it.
     Remove,
-}
-
-/// One cache line per key: a lookup touches one line of the table's data.
-#[repr(align(64))]
-struct Entry {
-    rule: u64,
-    key: Key,
-    /// When the state is equivalent to no state at all.
-    expires_at: u64,
-    /// `None` once the key expired and a check cleared it, until a charge or a sweep: reads as
-    /// no state, like an expired key.
-    state: Option<State>,
 }
 
 /// Configures a [`MemoryStore`].
@@ -620,36 +576,6 @@ impl MemoryStore {
                  (those clients start again with a full budget); raise max_keys if this repeats"
             );
         }
-    }
-}
-
-impl Shard {
-    /// Whether the table has an entry for the charge's key, expired or not.
-    fn holds(&self, hash: u64, charge: &Charge<'_>) -> bool {
-        let rule = charge.rule.id();
-        self.table
-            .find(hash, |e| e.rule == rule && e.key == *charge.key)
-            .is_some()
-    }
-
-    fn find(&self, hash: u64, charge: &Charge<'_>, now: u64) -> Option<&State> {
-        self.table
-            .find(hash, |e| e.rule == charge.rule.id() && e.key == *charge.key)
-            .filter(|e| e.expires_at > now)
-            .and_then(|e| e.state.as_ref())
-    }
-
-    fn maybe_sweep(&mut self, now: u64) {
-        if now >= self.next_sweep {
-            self.sweep(now);
-        }
-    }
-
-    fn sweep(&mut self, now: u64) {
-        self.table.retain(|e| e.expires_at > now);
-        self.next_sweep = now + SWEEP_INTERVAL;
-        #[cfg(feature = "metrics")]
-        self.count_keys();
     }
 }
 
