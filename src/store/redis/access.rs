@@ -7,7 +7,6 @@ use std::sync::Arc;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 
 use super::error::{AtServer, store_error};
-use super::redact;
 use crate::ConfigError;
 use crate::store::StoreError;
 
@@ -354,5 +353,63 @@ mod tests {
                 ConnectionAddr::TcpTls { host, port: 7001, insecure: false, .. } if host == "10.0.0.2"
             ));
         }
+    }
+}
+
+/// A Redis URL as it may be shown: without its password.
+///
+/// ```text
+/// redis://user:secret@10.0.0.5:6379/2  →  redis://user:***@10.0.0.5:6379/2
+/// ```
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    // The user information ends at the last `@` of the authority; a password may hold `/`, `?`,
+    // `#` or `@` itself (unencoded), so the last `@` whose left side has a `:` ends it too.
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = match rest[..authority_end].rfind('@') {
+        Some(at) => Some(at),
+        None => rest
+            .rfind('@')
+            .filter(|&at| rest[..at].contains(':') && !rest[..at].contains("://")),
+    };
+    match at {
+        Some(at) => {
+            let (userinfo, host) = (&rest[..at], &rest[at + 1..]);
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod redacted {
+    use super::redact;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        assert_eq!(redact("redis://10.0.0.5:6379"), "redis://10.0.0.5:6379");
+        assert_eq!(
+            redact("redis://user:secret@10.0.0.5:6379/2"),
+            "redis://user:***@10.0.0.5:6379/2"
+        );
+        assert_eq!(
+            redact("redis://:secret@host:1/0?x=y"),
+            "redis://:***@host:1/0?x=y"
+        );
+        assert_eq!(redact("rediss://a:b:c@h"), "rediss://a:***@h");
+        assert_eq!(redact("not a url"), "not a url");
+        // Passwords with the characters that end an authority, unencoded.
+        for password in ["pa/ss", "pa?ss", "pa#ss", "p@ss", "a/b?c#d@e"] {
+            let shown = redact(&format!("redis://user:{password}@10.0.0.5:6379/1"));
+            assert_eq!(shown, "redis://user:***@10.0.0.5:6379/1", "{password}");
+        }
+        assert_eq!(
+            redact("redis://:pa/ss@host:1"),
+            "redis://:***@host:1",
+            "a password alone"
+        );
     }
 }

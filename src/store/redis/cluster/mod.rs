@@ -24,13 +24,14 @@ use self::groups::{groups, scatter};
 use self::node::Node;
 use self::topology::Topology;
 use crate::ConfigError;
+use crate::store::redis::access::redact;
 use crate::store::redis::access::{self, Access};
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::forget;
 use crate::store::redis::keys;
 use crate::store::redis::remote::{self, Parts, Remote, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
-use crate::store::redis::{Settings, late_reply_wait, redact};
+use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
 use crate::store::{Charge, StoreError};
 
 /// The Redis Cluster store: all rules of one caller share a hash slot, so one script checks them

@@ -75,7 +75,9 @@ impl Node {
                 // Each call has its own deadline; this one only bounds a reply the
                 // connection still waits for, as long as a call that takes concurrency slots
                 // waits for its own.
-                .set_response_timeout(Some(crate::store::redis::late_reply_wait(response_timeout))),
+                .set_response_timeout(Some(crate::store::redis::settings::late_reply_wait(
+                    response_timeout,
+                ))),
             connect_timeout,
             response_timeout,
             conn: Mutex::new(None),

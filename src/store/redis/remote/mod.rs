@@ -7,15 +7,19 @@ mod transport;
 mod unclaimed;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use super::CheckFuture;
 use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
 pub(crate) use late_reply::{Answer, channel, wait};
 pub(crate) use transport::{Parts, Transport, runtime};
+
+/// The future of a Redis check (or, for another output, of an operation outside checks).
+pub(crate) type CheckFuture<T = Decision> =
+    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
 /// A Redis store over the transport `T`; clones share it.
 pub(crate) struct Remote<T>(Arc<T>);
@@ -145,7 +149,7 @@ macro_rules! store_by_remote {
         }
 
         impl $crate::store::Store for $store {
-            type Future = $crate::store::redis::CheckFuture;
+            type Future = $crate::store::redis::remote::CheckFuture;
 
             fn check(&self, charges: &[$crate::store::Charge<'_>]) -> Self::Future {
                 $crate::store::Store::check(&self.remote, charges)

@@ -5,10 +5,10 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::store::redis::Settings;
 use crate::store::redis::forget;
 use crate::store::redis::replica::Replica;
 use crate::store::redis::script::{Mode, Prepared, Program, Reply};
+use crate::store::redis::settings::Settings;
 use crate::store::redis::startup::Startup;
 use crate::store::{Charge, RuleRegistry, StoreError};
 use crate::throttle::Every;

@@ -9,6 +9,7 @@ use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::Charge;
 use crate::{Decision, DecisionSource};
+
 impl Replica {
     pub(super) fn cached_denial(&self, charges: &[Charge<'_>]) -> Option<Decision> {
         let now = self.now();

@@ -12,6 +12,7 @@ use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::Charge;
 use crate::{Decision, DecisionSource};
+
 impl Replica {
     /// Whether this replica's leases hold enough for every charge now (all leased).
     pub(super) fn leases_pay(&self, charges: &[Charge<'_>], now: u64) -> bool {

@@ -15,11 +15,10 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use smallvec::SmallVec;
 
+use super::keys;
 use crate::Algorithm;
 use crate::algorithm::{Limits, Outcome};
 use crate::store::{Charge, StoreError};
-
-use super::keys;
 
 /// The algorithms and the check, shared by every form of the code, in the order they are
 /// concatenated.

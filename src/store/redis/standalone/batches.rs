@@ -8,9 +8,9 @@ use super::job::Job;
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::batch::Turn;
-use crate::store::redis::late_reply_wait;
 use crate::store::redis::remote::{self};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request};
+use crate::store::redis::settings::late_reply_wait;
 
 /// Sends `batch`, then whatever queued meanwhile, until the queue is empty. A check whose caller
 /// went away (its client left) or has no time left is not sent.

@@ -10,7 +10,7 @@ use ::redis::{AsyncConnectionConfig, Client, ConnectionInfo, RedisError, RedisRe
 use crate::clock::unix_micros;
 use crate::store::redis::access::{self};
 use crate::store::redis::health::{self, Health};
-use crate::store::redis::late_reply_wait;
+use crate::store::redis::settings::late_reply_wait;
 use crate::throttle::Every;
 
 /// A connection, and its health.

@@ -22,6 +22,7 @@ use self::manager::{Connection, Manager};
 use crate::ConfigError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access::Access;
+use crate::store::redis::access::redact;
 use crate::store::redis::batch::Batcher;
 use crate::store::redis::error::ConnectError;
 use crate::store::redis::forget;
@@ -30,7 +31,7 @@ use crate::store::redis::opening::Opening;
 use crate::store::redis::probe::Probed;
 use crate::store::redis::remote::{Parts, Remote, Transport, store_by_remote};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
-use crate::store::redis::{MAX_BATCH, Settings, redact};
+use crate::store::redis::settings::{MAX_BATCH, Settings, settings_setters};
 use crate::store::{Charge, StoreError};
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
