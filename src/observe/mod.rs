@@ -107,8 +107,8 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, Uri};
 
 use crate::Decision;
-use crate::decide::FoundKeys;
 use crate::key::Route;
+use crate::policy::FoundKeys;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{FailureMode, RuleMode, Tenant};
 
@@ -219,14 +219,6 @@ impl<'a> Head<'a> {
             uri: &parts.uri,
             headers: &parts.headers,
             extensions: &parts.extensions,
-        }
-    }
-
-    pub(crate) fn of_request<B>(request: &'a http::Request<B>) -> Self {
-        Head {
-            uri: request.uri(),
-            headers: request.headers(),
-            extensions: request.extensions(),
         }
     }
 

@@ -270,6 +270,7 @@
 /// the charges of the outer ones: put rules that must be all-or-nothing in one layer.
 pub const MAX_RULES: usize = 32;
 
+mod applied;
 pub(crate) mod cost;
 pub(crate) mod failure;
 #[cfg(feature = "toml")]
@@ -293,6 +294,7 @@ pub use tenant::{
     TenantFromHeader, TenantFuture, TenantKey,
 };
 
+pub(crate) use applied::{Applied, FoundKeys};
 pub(crate) use cost::Cost;
 pub(crate) use failure::FailureMode;
 pub(crate) use mode::RuleMode;

@@ -15,13 +15,11 @@
 //!   metadata; `UNAVAILABLE` (`grpc-status: 14`) instead of the 503.
 
 mod answers;
-mod body;
 mod buffer;
 mod denied;
 mod grpc;
 mod headers;
 
-pub use body::ResponseBody;
 pub use denied::RateLimited;
 pub use headers::{Headers, ResetFormat};
 

@@ -168,7 +168,7 @@ pub(crate) fn give_back_orphan<I: Calls>(
                 .clone()
                 .call(Mode::Adjust(at), now, vec![refund])
                 .await;
-            crate::decide::report_give_back(result);
+            crate::throttle::report_give_back(result);
         }
     });
 }

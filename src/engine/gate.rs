@@ -1,0 +1,162 @@
+//! The gate before any rule is checked: the allow and deny lists, the tenant, CORS
+//! preflights, and load shedding's refusals. What passes goes on to the rules the policy
+//! resolves for the request.
+
+use std::sync::Arc;
+
+use http::request::Parts;
+
+use super::next::{Admitted, Next, Start};
+use super::state::Engine;
+use crate::observe::{Head, Verdict};
+use crate::policy::snapshot::{Listing, Snapshot};
+use crate::policy::{Found, Tenant};
+use crate::shed::Priority;
+use crate::store::Store;
+
+impl<St: Store> Engine<St> {
+    /// Takes the policy in force, finds the request's tenant, rules and keys, and asks the
+    /// store, deciding at once when it can. The request finishes under this policy.
+    pub(crate) fn start(
+        self: &Arc<Self>,
+        parts: &mut Parts,
+        span: &tracing::Span,
+    ) -> (Arc<Snapshot>, Start<St::Future>) {
+        let snapshot = self.snapshot();
+        let start = self.begin(&snapshot, parts, span);
+        (snapshot, start)
+    }
+
+    fn begin(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        parts: &mut Parts,
+        span: &tracing::Span,
+    ) -> Start<St::Future> {
+        let mut listing = Listing::Unlisted;
+        if snapshot.lists.has_key_entries() {
+            // A key that needs a lookup is not listed: lists are for keys known at once.
+            if let Some(key) = self.layer_key.extract(parts).found() {
+                listing = snapshot.lists.key(&key);
+                if listing == Listing::Denied {
+                    return self.forbidden(snapshot, parts, span);
+                }
+            }
+        }
+        let tenant = match &self.tenant {
+            None => Found::None,
+            Some(extractor) => match extractor.tenant(parts) {
+                Found::Pending(future) => return Start::Tenant { future, listing },
+                found => found,
+            },
+        };
+        self.with_tenant(snapshot, tenant, listing, parts, span)
+    }
+
+    /// Goes on once the tenant is known: its lists (a denied tenant is refused even from an
+    /// allowed address: deny wins), then the rules the policy resolves for it. `listing` is what
+    /// the lists said of the layer's key.
+    pub(crate) fn with_tenant(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        tenant: Found,
+        mut listing: Listing,
+        parts: &mut Parts,
+        span: &tracing::Span,
+    ) -> Start<St::Future> {
+        // The tenant found lives in the request's extensions: for the tenant's key, for
+        // handlers, and read from there without a copy.
+        let has_tenant = match tenant {
+            Found::Tenant(tenant) => {
+                if parts.extensions.get::<Tenant>() != Some(&tenant) {
+                    parts.extensions.insert(tenant);
+                }
+                true
+            }
+            Found::InExtensions => true,
+            Found::None | Found::Pending(_) => false,
+        };
+        let parts = &*parts;
+        let tenant = if has_tenant {
+            parts.extensions.get::<Tenant>()
+        } else {
+            None
+        };
+        if let Some(tenant) = tenant
+            && snapshot.lists.has_tenant_entries()
+        {
+            match snapshot.lists.tenant(tenant) {
+                Listing::Denied => return self.forbidden(snapshot, parts, span),
+                Listing::Allowed => listing = Listing::Allowed,
+                Listing::Unlisted => {}
+            }
+        }
+        if listing == Listing::Allowed {
+            self.emit_listed(snapshot, parts, span, Verdict::ListedAllowed);
+            return nothing_applies();
+        }
+        // After the lists: a denied client is refused whatever it sends.
+        if !self.count_preflight && is_preflight(parts) {
+            self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
+            return nothing_applies();
+        }
+        let rules = snapshot.resolver.resolve(tenant, parts).rules;
+        self.check_rules(snapshot, rules, parts, span)
+    }
+
+    /// A request shed before any check: 503 (gRPC `UNAVAILABLE`).
+    pub(crate) fn shed(
+        &self,
+        parts: &Parts,
+        span: &tracing::Span,
+        priority: Priority,
+        share: usize,
+    ) -> (Arc<Snapshot>, Start<St::Future>) {
+        let snapshot = self.snapshot();
+        tracing::debug!(%priority, "tollgate: request shed");
+        #[cfg(feature = "metrics")]
+        crate::telemetry::shed(priority.as_str());
+        self.emit_listed(&snapshot, parts, span, Verdict::Shed);
+        let start = Start::Decided {
+            next: Next::Answer(
+                snapshot
+                    .answers
+                    .shed(Head::of_parts(parts).is_grpc(), share),
+            ),
+        };
+        (snapshot, start)
+    }
+
+    /// A listed request refused: 403 (gRPC `PERMISSION_DENIED`).
+    fn forbidden(
+        &self,
+        snapshot: &Snapshot,
+        parts: &Parts,
+        span: &tracing::Span,
+    ) -> Start<St::Future> {
+        tracing::debug!("tollgate: request refused by the deny list");
+        self.emit_listed(snapshot, parts, span, Verdict::ListedDenied);
+        Start::Decided {
+            next: Next::Answer(snapshot.answers.forbidden(Head::of_parts(parts).is_grpc())),
+        }
+    }
+}
+
+/// Whether a request is a browser's CORS preflight: `OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method` (the Fetch standard's definition). Any client can send
+/// these headers, and such a request is not counted (the deny lists still apply): what answers
+/// `OPTIONS` behind the layer must be cheap (a CORS layer answers it before the handlers).
+fn is_preflight(parts: &Parts) -> bool {
+    parts.method == http::Method::OPTIONS
+        && parts.headers.contains_key(http::header::ORIGIN)
+        && parts
+            .headers
+            .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+/// No rule applies to this request: it goes through, with no budget to report.
+pub(super) fn nothing_applies<C>() -> Start<C> {
+    Start::Decided {
+        next: Next::Call(Admitted::default()),
+    }
+}

@@ -1,0 +1,301 @@
+//! What follows a request's check ([`Next`]): the store's answer becomes a call of the inner
+//! service (with what the request carries to its response, [`Admitted`]), an answer for it,
+//! or a second check (shadow and delay rules); a store failure goes to the fallback.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use bytes::Bytes;
+use http::Response;
+
+use super::check::{Check, Ctx, DeferredCheck, Phase, Stopwatch};
+use super::fallback::WithoutStore;
+use super::settle::{Settle, charges_of};
+use super::slots::Slots;
+use super::state::Engine;
+use super::verdict::{delay_of, denied, visible};
+use crate::observe::Verdict;
+use crate::policy::snapshot::{Listing, Snapshot};
+use crate::policy::{Applied, FoundKeys, TenantFuture};
+use crate::store::{Store, StoreError};
+use crate::{Decision, DecisionSource, RuleMode};
+
+/// What an admitted request carries to its response: the decision whose budget the response
+/// reports (none when no rule limited it) and the rules it is of, the charges to settle once
+/// its head is there, and the concurrency slots it holds until its body ends.
+#[derive(Default)]
+pub(crate) struct Admitted {
+    pub(crate) decision: Option<Decision>,
+    pub(crate) applied: Applied,
+    pub(crate) settle: Option<Box<Settle>>,
+    pub(crate) slots: Option<Slots>,
+}
+
+impl Admitted {
+    /// Whether the request holds slots or has charges to settle after its response.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn holds_or_settles(&self) -> bool {
+        self.slots.is_some() || self.settle.is_some()
+    }
+}
+
+/// What follows a request's check.
+pub(crate) enum Next {
+    /// Call the inner service, then add the budget headers of the decision, settle what needs
+    /// the response, and hold the slots until the response body ends.
+    Call(Admitted),
+    /// Answer for the inner service: a denial, or a refusal when the store failed.
+    Answer(Response<Bytes>),
+    /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
+    /// delay rule's wait.
+    Again(DeferredCheck),
+}
+
+/// How far [`Engine::start`] got.
+pub(crate) enum Start<C> {
+    /// Decided at once (the store answered without waiting, or no rule applied).
+    Decided { next: Next },
+    /// The store is asked; its answer comes through `check`.
+    Checking {
+        check: Check<C>,
+        applied: Applied,
+        /// The keys, kept only when they may be needed again.
+        keys: Option<Box<FoundKeys>>,
+        /// When the store was asked, when the latency is measured.
+        stopwatch: Stopwatch,
+    },
+    /// Some keys need a lookup before the store can be asked.
+    Deferred(DeferredCheck),
+    /// The tenant needs a lookup; then [`Engine::with_tenant`] goes on, with what the lists
+    /// said of the layer's key.
+    Tenant {
+        future: TenantFuture,
+        listing: Listing,
+    },
+}
+
+impl<St: Store> Engine<St> {
+    /// Turns the store's answer into what follows: a denial becomes the answer (or a second
+    /// check, for shadow and delay rules), and a store failure is decided by each applied rule's
+    /// [`FailureMode`]. Every final decision is told to the layer's events.
+    pub(crate) fn after_check(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        result: Result<Decision, StoreError>,
+        ctx: &Ctx<'_>,
+    ) -> Next {
+        let grpc = || ctx.head.is_grpc();
+        match result {
+            Ok(decision) if decision.allowed() => {
+                let verdict = if applied.is_empty() {
+                    Verdict::NotLimited
+                } else if ctx.phase.shadowed {
+                    Verdict::ShadowDenied
+                } else if ctx.phase.delayed {
+                    Verdict::Delayed
+                } else if decision.source() == DecisionSource::Lease {
+                    Verdict::LeaseAllowed
+                } else {
+                    Verdict::Allowed
+                };
+                self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
+                self.admitted(snapshot, applied, keys, decision, false)
+            }
+            Ok(decision) if snapshot.watches => {
+                self.watched_denial(snapshot, applied, keys, decision, ctx)
+            }
+            Ok(decision) => {
+                let verdict = denied(&decision);
+                self.deny(snapshot, ctx, applied, keys, decision, verdict)
+            }
+            Err(error) => {
+                self.report(&error);
+                match self.without_store(snapshot, applied, keys) {
+                    WithoutStore::Refuse => {
+                        self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedClosed);
+                        Next::Answer(
+                            snapshot
+                                .answers
+                                .unavailable(&snapshot.rules, applied, grpc()),
+                        )
+                    }
+                    WithoutStore::Decided(decision) if !decision.allowed() => {
+                        self.deny(snapshot, ctx, applied, keys, decision, Verdict::LocalDenied)
+                    }
+                    WithoutStore::Decided(decision) => {
+                        self.emit(
+                            snapshot,
+                            ctx,
+                            applied,
+                            Some(&decision),
+                            keys,
+                            Verdict::LocalAllowed,
+                        );
+                        // Decided by the local limiter: settled there, slots given back there.
+                        self.admitted(snapshot, applied, keys, decision, true)
+                    }
+                    WithoutStore::Unlimited => {
+                        self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
+                        Next::Call(Admitted::default())
+                    }
+                }
+            }
+        }
+    }
+
+    /// A denial in a policy with shadow or delay rules.
+    fn watched_denial(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        ctx: &Ctx<'_>,
+    ) -> Next {
+        let mode = |i: u16| snapshot.rules[usize::from(i)].mode;
+        let denying = || {
+            applied
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(_, o)| !o.allowed)
+        };
+        let enforced_denial = denying().any(|(i, _)| mode(*i) != RuleMode::Shadow);
+        let Some(keys) = keys else {
+            // Kept for every policy with shadow or delay rules: not reached.
+            let verdict = denied(&decision);
+            return self.deny(snapshot, ctx, applied, keys, decision, verdict);
+        };
+        if !enforced_denial {
+            let shadow: SmallVec<[u16; 2]> = denying()
+                .filter(|(i, _)| mode(**i) == RuleMode::Shadow)
+                .map(|(&i, _)| i)
+                .collect();
+            for (&i, outcome) in denying().filter(|(i, _)| mode(**i) == RuleMode::Shadow) {
+                tracing::info!(
+                    target: "tollgate::shadow",
+                    rule = snapshot.rules[usize::from(i)].spec.name(),
+                    retry_after_s = outcome.retry_after.div_ceil(1_000_000),
+                    "tollgate: a shadow rule would deny this request; admitted"
+                );
+            }
+            // Only shadow rules denied, so nothing was charged: the other rules are checked
+            // again, alone, as if the shadow rules were not there.
+            if applied.iter().all(|&i| mode(i) == RuleMode::Shadow) {
+                self.emit(
+                    snapshot,
+                    ctx,
+                    applied,
+                    Some(&decision),
+                    Some(keys),
+                    Verdict::ShadowDenied,
+                );
+                // Only shadow rules denied: nothing was charged, nothing to settle.
+                return Next::Call(Admitted::default());
+            }
+            self.observer.shadowed(snapshot, ctx.head, &shadow);
+            let enforced: FoundKeys = keys
+                .iter()
+                .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
+                .cloned()
+                .collect();
+            // A delayed request stays settled: it is never delayed twice.
+            let phase = Phase {
+                shadowed: true,
+                ..ctx.phase
+            };
+            return Next::Again(self.check_again(snapshot, enforced, None, phase, ctx.span));
+        }
+        if !ctx.phase.delayed
+            && let Some(wait) = delay_of(snapshot, applied, &decision)
+        {
+            let phase = Phase {
+                delayed: true,
+                ..ctx.phase
+            };
+            return Next::Again(self.check_again(
+                snapshot,
+                keys.clone(),
+                Some((wait, decision)),
+                phase,
+                ctx.span,
+            ));
+        }
+        let verdict = denied(&decision);
+        self.deny(snapshot, ctx, applied, Some(keys), decision, verdict)
+    }
+
+    /// What an admitted request carries to its response: the charges it settles after, the
+    /// slots it holds (taken by the store, or by the local fallback when `local`), and the
+    /// decision its answer reports.
+    fn admitted(
+        self: &Arc<Self>,
+        snapshot: &Arc<Snapshot>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        local: bool,
+    ) -> Next {
+        let rule = |i: u16| &snapshot.rules[usize::from(i)];
+        let settle = if snapshot.settles {
+            let charges = charges_of(applied, keys, &decision, |i| rule(i).after.is_some());
+            (!charges.is_empty()).then(|| Box::new(Settle { charges, local }))
+        } else {
+            None
+        };
+        let slots = if snapshot.holds {
+            let mut slots = charges_of(applied, keys, &decision, |i| {
+                rule(i).spec.algorithm().is_concurrency()
+            });
+            // A request that cost nothing holds nothing.
+            slots.retain(|(_, _, units, _)| *units > 0);
+            (!slots.is_empty()).then(|| Slots {
+                giver: self.clone(),
+                snapshot: snapshot.clone(),
+                taken: slots,
+                local,
+            })
+        } else {
+            None
+        };
+        let decision = visible(snapshot, applied, decision);
+        Next::Call(Admitted {
+            decision: Some(decision),
+            applied: std::mem::take(applied),
+            settle,
+            slots,
+        })
+    }
+
+    /// A denied request: told to events, then answered (shadow rules left out of the answer).
+    fn deny(
+        &self,
+        snapshot: &Snapshot,
+        ctx: &Ctx<'_>,
+        applied: &mut Applied,
+        keys: Option<&FoundKeys>,
+        decision: Decision,
+        verdict: Verdict,
+    ) -> Next {
+        self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
+        denied_answer(snapshot, applied, decision, ctx.head.is_grpc())
+    }
+}
+
+/// The answer to a denied request (shadow rules left out of it).
+fn denied_answer(
+    snapshot: &Snapshot,
+    applied: &mut Applied,
+    decision: Decision,
+    grpc: bool,
+) -> Next {
+    // Told to the rejection log (target `tollgate::denied`) by `Engine::emit`.
+    let decision = visible(snapshot, applied, decision);
+    Next::Answer(
+        snapshot
+            .answers
+            .denied(&snapshot.rules, applied, &decision, grpc),
+    )
+}
