@@ -27,11 +27,12 @@ mod reload;
 mod settle;
 mod slots;
 mod state;
+mod uses;
 mod verdict;
 
 pub(crate) use driver::{Decide, Driver, Ruling};
 pub(crate) use next::Admitted;
-pub(crate) use reload::Use;
 pub(crate) use settle::report_settle;
 pub(crate) use slots::Slots;
 pub(crate) use state::{Engine, PolicyInForce};
+pub(crate) use uses::Use;

@@ -4,7 +4,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 
-use super::reload::Uses;
+use super::uses::Uses;
 use crate::key::SharedExtractor;
 use crate::observe::Observer;
 use crate::policy::snapshot::Snapshot;

@@ -276,10 +276,12 @@ pub(crate) mod failure;
 #[cfg(feature = "toml")]
 mod file;
 mod key_spec;
+pub(crate) mod lists;
 pub(crate) mod mode;
 mod model;
 pub(crate) mod outcome;
 pub(crate) mod quota;
+pub(crate) mod resolve;
 pub(crate) mod rule;
 pub(crate) mod snapshot;
 mod source;
