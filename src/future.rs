@@ -196,7 +196,6 @@ where
                     if let Some(decision) = decision {
                         snapshot.answers.write_budget(
                             response.headers_mut(),
-                            &snapshot.rules,
                             &admitted.applied,
                             &decision,
                         );

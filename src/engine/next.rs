@@ -19,7 +19,7 @@ use crate::observe::Verdict;
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Applied, FoundKeys, TenantFuture};
 use crate::store::{Store, StoreError};
-use crate::{Decision, DecisionSource, RuleMode};
+use crate::{Decision, DecisionSource, FailureMode, RuleMode};
 
 /// What an admitted request carries to its response: the decision whose budget the response
 /// reports (none when no rule limited it) and the rules it is of, the charges to settle once
@@ -119,7 +119,7 @@ impl<St: Store> Engine<St> {
                         Next::Answer(
                             snapshot
                                 .answers
-                                .unavailable(&snapshot.rules, applied, grpc()),
+                                .unavailable(closed(snapshot, applied), grpc()),
                         )
                     }
                     WithoutStore::Decided(decision) if !decision.allowed() => {
@@ -293,9 +293,13 @@ fn denied_answer(
 ) -> Next {
     // Told to the rejection log (target `tollgate::denied`) by `Engine::emit`.
     let decision = visible(snapshot, applied, decision);
-    Next::Answer(
-        snapshot
-            .answers
-            .denied(&snapshot.rules, applied, &decision, grpc),
-    )
+    Next::Answer(snapshot.answers.denied(applied, &decision, grpc))
+}
+
+/// The rules of `applied` that fail closed, by index.
+fn closed<'a>(snapshot: &'a Snapshot, applied: &'a [u16]) -> impl Iterator<Item = u16> + 'a {
+    applied
+        .iter()
+        .copied()
+        .filter(|&i| snapshot.rules[usize::from(i)].on_store_error == FailureMode::Closed)
 }

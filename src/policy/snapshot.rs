@@ -224,7 +224,11 @@ impl Snapshot {
             version: version.into(),
             layer_name: compiler.name.clone(),
             missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
-            answers: Answers::new(&rules, compiler.headers, compiler.on_denied.clone()),
+            answers: Answers::new(
+                rules.iter().map(|rule| rule.spec.clone()).collect(),
+                compiler.headers,
+                compiler.on_denied.clone(),
+            ),
             uses_fallback: rules
                 .iter()
                 .any(|rule| rule.on_store_error == FailureMode::Local),

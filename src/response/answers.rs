@@ -10,7 +10,7 @@ use super::denied::{PROBLEM_JSON, ProblemBodies, RateLimited};
 use super::grpc::{grpc_denied, grpc_forbidden, grpc_shed, grpc_unavailable};
 use super::headers::{Headers, PolicyItems, write_budget};
 use crate::Decision;
-use crate::policy::CompiledRule;
+use crate::store::RuleSpec;
 
 /// A function that writes the response to a denied request.
 pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync>;
@@ -18,6 +18,8 @@ pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> Response<Bytes> + Se
 /// The answers of one layer: which budget fields it sends, its policies and problem documents
 /// rendered once, and the user's own denied response if any.
 pub(crate) struct Answers {
+    /// The specs of the rules answered for, by index.
+    rules: Box<[Arc<RuleSpec>]>,
     headers: Headers,
     policies: PolicyItems,
     problems: ProblemBodies,
@@ -25,15 +27,17 @@ pub(crate) struct Answers {
 }
 
 impl Answers {
+    /// The answers for rules of these specs, by index.
     pub(crate) fn new(
-        rules: &[CompiledRule],
+        rules: Box<[Arc<RuleSpec>]>,
         headers: Headers,
         on_denied: Option<DeniedHandler>,
     ) -> Self {
         Answers {
+            policies: PolicyItems::new(&rules),
+            problems: ProblemBodies::new(&rules),
+            rules,
             headers,
-            policies: PolicyItems::new(rules),
-            problems: ProblemBodies::new(rules),
             on_denied,
         }
     }
@@ -47,14 +51,13 @@ impl Answers {
     pub(crate) fn write_budget(
         &self,
         headers: &mut HeaderMap,
-        rules: &[CompiledRule],
         applied: &[u16],
         decision: &Decision,
     ) {
         write_budget(
             headers,
             self.headers,
-            rules,
+            self.rules.len(),
             &self.policies,
             applied,
             decision,
@@ -65,37 +68,31 @@ impl Answers {
     /// or gRPC `RESOURCE_EXHAUSTED`, with the budget fields.
     pub(crate) fn denied(
         &self,
-        rules: &[CompiledRule],
         applied: &[u16],
         decision: &Decision,
         grpc: bool,
     ) -> Response<Bytes> {
         let mut response = match &self.on_denied {
             _ if grpc => grpc_denied(decision.retry_after_micros()),
-            Some(handler) => handler(&RateLimited::new(rules, applied, decision)),
-            None => self.problems.quota_exceeded(rules, applied, decision),
+            Some(handler) => handler(&RateLimited::new(&self.rules, applied, decision)),
+            None => self.problems.quota_exceeded(&self.rules, applied, decision),
         };
-        self.write_budget(response.headers_mut(), rules, applied, decision);
+        self.write_budget(response.headers_mut(), applied, decision);
         response
     }
 
-    /// The answer when the store failed and a rule of `applied` fails closed: 503 with
+    /// The answer when the store failed and rules fail closed (`closed`, by index): 503 with
     /// `Retry-After: 1` and a `temporary-reduced-capacity` problem document naming the rules
     /// that could not be checked, or gRPC `UNAVAILABLE`.
     pub(crate) fn unavailable(
         &self,
-        rules: &[CompiledRule],
-        applied: &[u16],
+        closed: impl Iterator<Item = u16>,
         grpc: bool,
     ) -> Response<Bytes> {
         if grpc {
             return grpc_unavailable();
         }
-        let closed = applied
-            .iter()
-            .map(|&i| &rules[usize::from(i)])
-            .filter(|rule| rule.on_store_error == crate::FailureMode::Closed)
-            .map(|rule| rule.spec.name());
+        let closed = closed.map(|i| self.rules[usize::from(i)].name());
         let mut response = Response::new(ProblemBodies::reduced_capacity(closed));
         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = response.headers_mut();
