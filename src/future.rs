@@ -121,7 +121,7 @@ where
     ) -> Self {
         let (parts, body) = request;
         let state = match decide {
-            Decide::Ready(ruling) => enter(ruling, service, parts, body),
+            Decide::Ready(ruling) => enter(ruling, &snapshot, service, parts, body),
             Decide::Waiting(driver) => State::Deciding {
                 driver,
                 call: Some((service, parts, body)),
@@ -139,6 +139,7 @@ where
 /// The state that follows a ruling.
 fn enter<S, ReqBody, D>(
     ruling: Ruling,
+    snapshot: &Snapshot,
     mut service: S,
     parts: Parts,
     body: ReqBody,
@@ -151,8 +152,8 @@ where
             future: service.call(Request::from_parts(parts, body)),
             admitted,
         },
-        Ruling::Answer(response) => State::Answered {
-            response: Some(response),
+        Ruling::Answer { refusal, grpc } => State::Answered {
+            response: Some(snapshot.answers.render(&refusal, grpc)),
         },
     }
 }
@@ -176,7 +177,8 @@ where
                     let Some((service, parts, body)) = call.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    this.state.set(enter(ruling, service, parts, body));
+                    this.state
+                        .set(enter(ruling, this.snapshot, service, parts, body));
                 }
                 StateProj::Calling { future, admitted } => {
                     // An error of the inner service drops the slots with this state.

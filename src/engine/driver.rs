@@ -9,8 +9,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
-use http::Response;
 use http::request::Parts;
 use pin_project_lite::pin_project;
 
@@ -20,6 +18,7 @@ use super::state::Engine;
 use crate::observe::Head;
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Applied, FoundKeys, TenantFuture};
+use crate::response::Refusal;
 use crate::shed::Priority;
 use crate::store::Store;
 
@@ -29,8 +28,8 @@ pub(crate) enum Ruling {
     /// what needs the response, and hold the slots until the response body ends.
     Call(Admitted),
     /// Answer for the inner service: a denial, a refusal (deny list, load shedding, a store
-    /// failure when a rule fails closed).
-    Answer(Response<Bytes>),
+    /// failure when a rule fails closed), in its gRPC form for a gRPC call.
+    Answer { refusal: Refusal, grpc: bool },
 }
 
 /// A request's decision: made at once, or to be waited for with its [`Driver`].
@@ -110,7 +109,9 @@ impl<St: Store> Engine<St> {
         let (wait, applied, keys) = match start {
             Start::Decided { next } => match next {
                 Next::Call(admitted) => return Decide::Ready(Ruling::Call(admitted)),
-                Next::Answer(response) => return Decide::Ready(Ruling::Answer(response)),
+                Next::Answer { refusal, grpc } => {
+                    return Decide::Ready(Ruling::Answer { refusal, grpc });
+                }
                 Next::Again(check) => (Wait::Deferred { check }, Applied::new(), None),
             },
             Start::Checking {
@@ -160,8 +161,8 @@ impl<St: Store> Driver<St> {
                             Next::Call(admitted) => {
                                 return Poll::Ready(this.decided(Ruling::Call(admitted)));
                             }
-                            Next::Answer(response) => {
-                                return Poll::Ready(this.decided(Ruling::Answer(response)));
+                            Next::Answer { refusal, grpc } => {
+                                return Poll::Ready(this.decided(Ruling::Answer { refusal, grpc }));
                             }
                             Next::Again(check) => this.wait.set(Wait::Deferred { check }),
                         },
@@ -216,8 +217,8 @@ impl<St: Store> Driver<St> {
             );
             match next {
                 Next::Call(admitted) => return Poll::Ready(this.decided(Ruling::Call(admitted))),
-                Next::Answer(response) => {
-                    return Poll::Ready(this.decided(Ruling::Answer(response)));
+                Next::Answer { refusal, grpc } => {
+                    return Poll::Ready(this.decided(Ruling::Answer { refusal, grpc }));
                 }
                 Next::Again(check) => this.wait.set(Wait::Deferred { check }),
             }

@@ -11,6 +11,7 @@ use super::state::Engine;
 use crate::observe::{Head, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Found, Tenant};
+use crate::response::Refusal;
 use crate::shed::Priority;
 use crate::store::Store;
 
@@ -118,11 +119,10 @@ impl<St: Store> Engine<St> {
         crate::telemetry::shed(priority.as_str());
         self.emit_listed(&snapshot, parts, span, Verdict::Shed);
         let start = Start::Decided {
-            next: Next::Answer(
-                snapshot
-                    .answers
-                    .shed(Head::of_parts(parts).is_grpc(), share),
-            ),
+            next: Next::Answer {
+                refusal: Refusal::Shed { share },
+                grpc: Head::of_parts(parts).is_grpc(),
+            },
         };
         (snapshot, start)
     }
@@ -137,7 +137,10 @@ impl<St: Store> Engine<St> {
         tracing::debug!("tollgate: request refused by the deny list");
         self.emit_listed(snapshot, parts, span, Verdict::ListedDenied);
         Start::Decided {
-            next: Next::Answer(snapshot.answers.forbidden(Head::of_parts(parts).is_grpc())),
+            next: Next::Answer {
+                refusal: Refusal::Forbidden,
+                grpc: Head::of_parts(parts).is_grpc(),
+            },
         }
     }
 }

@@ -35,4 +35,5 @@ pub(crate) use next::Admitted;
 pub(crate) use settle::report_settle;
 pub(crate) use slots::Slots;
 pub(crate) use state::{Engine, PolicyInForce};
+#[cfg(feature = "tonic")]
 pub(crate) use uses::Use;

@@ -6,9 +6,6 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use bytes::Bytes;
-use http::Response;
-
 use super::check::{Check, Ctx, DeferredCheck, Phase, Stopwatch};
 use super::fallback::WithoutStore;
 use super::settle::{Settle, charges_of};
@@ -18,6 +15,7 @@ use super::verdict::{delay_of, denied, visible};
 use crate::observe::Verdict;
 use crate::policy::snapshot::{Listing, Snapshot};
 use crate::policy::{Applied, FoundKeys, TenantFuture};
+use crate::response::Refusal;
 use crate::store::{Store, StoreError};
 use crate::{Decision, DecisionSource, FailureMode, RuleMode};
 
@@ -45,8 +43,8 @@ pub(crate) enum Next {
     /// Call the inner service, then add the budget headers of the decision, settle what needs
     /// the response, and hold the slots until the response body ends.
     Call(Admitted),
-    /// Answer for the inner service: a denial, or a refusal when the store failed.
-    Answer(Response<Bytes>),
+    /// Answer for the inner service (a denial, a refusal), in its gRPC form for a gRPC call.
+    Answer { refusal: Refusal, grpc: bool },
     /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
     /// delay rule's wait.
     Again(DeferredCheck),
@@ -116,11 +114,12 @@ impl<St: Store> Engine<St> {
                 match self.without_store(snapshot, applied, keys) {
                     WithoutStore::Refuse => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedClosed);
-                        Next::Answer(
-                            snapshot
-                                .answers
-                                .unavailable(closed(snapshot, applied), grpc()),
-                        )
+                        Next::Answer {
+                            refusal: Refusal::Unavailable {
+                                closed: closed(snapshot, applied).collect(),
+                            },
+                            grpc: grpc(),
+                        }
                     }
                     WithoutStore::Decided(decision) if !decision.allowed() => {
                         self.deny(snapshot, ctx, applied, keys, decision, Verdict::LocalDenied)
@@ -293,7 +292,13 @@ fn denied_answer(
 ) -> Next {
     // Told to the rejection log (target `tollgate::denied`) by `Engine::emit`.
     let decision = visible(snapshot, applied, decision);
-    Next::Answer(snapshot.answers.denied(applied, &decision, grpc))
+    Next::Answer {
+        refusal: Refusal::Denied {
+            applied: std::mem::take(applied),
+            decision,
+        },
+        grpc,
+    }
 }
 
 /// The rules of `applied` that fail closed, by index.

@@ -106,9 +106,10 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
         let span = crate::observe::span();
         // A store that decides at once decides here, a second check included (the enforced
         // rules alone, after a shadow rule's denial): ready at its first poll.
-        let ruling = match self.engine.decide(&mut parts, span) {
-            (_, Decide::Ready(ruling)) => Some(ruling),
-            (_, Decide::Waiting(driver)) => std::pin::pin!(driver).decide_now(&mut parts),
+        let (snapshot, decide) = self.engine.decide(&mut parts, span);
+        let ruling = match decide {
+            Decide::Ready(ruling) => Some(ruling),
+            Decide::Waiting(driver) => std::pin::pin!(driver).decide_now(&mut parts),
         };
         match ruling {
             // A policy reloaded since the interceptor was made may hold slots or settle after
@@ -122,8 +123,8 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
                     );
                 }
             }
-            Some(Ruling::Answer(response)) => {
-                return Err(super::status_of(response.into_parts().0.headers));
+            Some(Ruling::Answer { refusal, .. }) => {
+                return Err(snapshot.answers.status(&refusal));
             }
             _ => {
                 if UNDECIDED.first() {

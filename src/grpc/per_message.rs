@@ -18,6 +18,7 @@ use tower_service::Service;
 use crate::RateLimitLayer;
 use crate::engine::{Decide, Driver, Engine, Ruling, Use};
 use crate::observe::Head;
+use crate::policy::snapshot::Snapshot;
 use crate::store::{MemoryStore, Store};
 
 /// The most bytes of one message held while it waits for its check (tonic's default largest
@@ -180,9 +181,14 @@ fn copy_head(parts: &Parts) -> Parts {
     head
 }
 
-/// The check of one message: its answer when refused (the layer's gRPC answer's headers),
-/// `None` when admitted.
+/// The check of one message: its answer when refused, `None` when admitted.
 type MessageCheck<St> = Pin<Box<MessageDecision<St>>>;
+
+/// A message refused: the layer's gRPC answer, as the call's trailers and as the stream's error.
+struct Refused {
+    trailers: HeaderMap,
+    status: tonic::Status,
+}
 
 pin_project! {
     /// One message's decision, driven by the engine's driver on a head of its own.
@@ -193,7 +199,8 @@ pin_project! {
         #[pin]
         driver: Option<Driver<St>>,
         parts: Parts,
-        refused: Option<Option<HeaderMap>>,
+        snapshot: Arc<Snapshot>,
+        refused: Option<Option<Refused>>,
     }
 
     impl<St> PinnedDrop for MessageDecision<St>
@@ -211,14 +218,14 @@ pin_project! {
 }
 
 impl<St: Store> Future for MessageDecision<St> {
-    type Output = Option<HeaderMap>;
+    type Output = Option<Refused>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<HeaderMap>> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Refused>> {
         let mut this = self.project();
         if let Some(driver) = this.driver.as_mut().as_pin_mut() {
             let ruling = std::task::ready!(driver.poll_decide(cx, this.parts));
             this.driver.set(None);
-            *this.refused = Some(refusal(ruling));
+            *this.refused = Some(refusal(this.snapshot, ruling));
         }
         Poll::Ready(this.refused.take().flatten())
     }
@@ -226,10 +233,18 @@ impl<St: Store> Future for MessageDecision<St> {
 
 /// The headers of a refusal; none for a message admitted (it has no response: nothing to
 /// settle, and its slots, if a reload brought any, go back now).
-fn refusal(ruling: Ruling) -> Option<HeaderMap> {
+fn refusal(snapshot: &Snapshot, ruling: Ruling) -> Option<Refused> {
     match ruling {
         Ruling::Call(_) => None,
-        Ruling::Answer(answer) => Some(answer.into_parts().0.headers),
+        Ruling::Answer { refusal, .. } => Some(Refused {
+            trailers: snapshot
+                .answers
+                .render(&refusal, true)
+                .into_parts()
+                .0
+                .headers,
+            status: snapshot.answers.status(&refusal),
+        }),
     }
 }
 
@@ -243,14 +258,15 @@ impl<St: Store> Checker<St> {
     fn check(&self) -> MessageCheck<St> {
         let mut parts = copy_head(&self.head);
         let span = crate::observe::span();
-        let (_, decide) = self.engine.decide(&mut parts, span);
+        let (snapshot, decide) = self.engine.decide(&mut parts, span);
         let (driver, refused) = match decide {
-            Decide::Ready(ruling) => (None, Some(refusal(ruling))),
+            Decide::Ready(ruling) => (None, Some(refusal(&snapshot, ruling))),
             Decide::Waiting(driver) => (Some(driver), None),
         };
         Box::pin(MessageDecision {
             driver,
             parts,
+            snapshot,
             refused,
         })
     }
@@ -314,13 +330,13 @@ impl<St: Store> Body for MeteredBody<St> {
                     return Poll::Pending;
                 };
                 let (message, rest, _) = this.waiting.take().expect("a message waits");
-                if let Some(answer) = refused {
+                if let Some(Refused { trailers, status }) = refused {
                     // Refused: the stream fails before this message with the layer's answer,
                     // and the call ends with it.
-                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer.clone());
+                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(trailers);
                     *this.ended = true;
                     this.buffer.clear();
-                    return Poll::Ready(Some(Err(super::status_of(answer))));
+                    return Poll::Ready(Some(Err(status)));
                 }
                 *this.passing = rest;
                 *this.accepted = Some(message);
