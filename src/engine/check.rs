@@ -14,7 +14,7 @@ use super::state::Engine;
 use crate::Decision;
 use crate::observe::{Head, Observer};
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, FoundKeys, Resolution};
 use crate::store::{Charge, Store, StoreError};
 
 /// The store's answer to a check that needed waiting: the rules that applied, their keys when
@@ -27,6 +27,8 @@ pub(crate) struct Checked {
     pub(crate) phase: Phase,
     /// How long the store took, when measured.
     pub(crate) latency: Option<Duration>,
+    /// Where the request stands in the policy.
+    pub(crate) resolution: Resolution,
 }
 
 /// How a request got to a check: after a delay rule's wait (it is not delayed again), or
@@ -43,6 +45,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) span: &'a tracing::Span,
     pub(crate) latency: Option<Duration>,
     pub(crate) phase: Phase,
+    /// Where the request stands in the policy.
+    pub(crate) resolution: Resolution,
 }
 
 /// When a store check started, when its latency is measured (with the feature `metrics`, or

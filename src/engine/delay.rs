@@ -10,7 +10,7 @@ use super::state::Engine;
 use super::verdict::{Delay, delay_of};
 use crate::Decision;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, FoundKeys, Resolution};
 use crate::store::Store;
 
 impl<St: Store> Engine<St> {
@@ -22,6 +22,7 @@ impl<St: Store> Engine<St> {
         keys: FoundKeys,
         delay: Option<(Delay, Decision)>,
         phase: Phase,
+        resolution: Resolution,
         span: &tracing::Span,
     ) -> DeferredCheck {
         let engine = self.clone();
@@ -36,6 +37,7 @@ impl<St: Store> Engine<St> {
                     result,
                     phase,
                     latency,
+                    resolution,
                 };
             };
             let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
@@ -45,6 +47,7 @@ impl<St: Store> Engine<St> {
                 result: Ok(denied),
                 phase,
                 latency: None,
+                resolution,
             };
             // Waiting needs tokio's timer; without a runtime the request is denied, not a panic.
             if tokio::runtime::Handle::try_current().is_err() {
@@ -77,6 +80,7 @@ impl<St: Store> Engine<St> {
                     result,
                     phase,
                     latency,
+                    resolution,
                 };
             }
         })

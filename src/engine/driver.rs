@@ -17,7 +17,7 @@ use super::next::{Admitted, Next, Start};
 use super::state::Engine;
 use crate::observe::Head;
 use crate::policy::snapshot::{Listing, Snapshot};
-use crate::policy::{Applied, FoundKeys, TenantFuture};
+use crate::policy::{Applied, FoundKeys, Resolution, TenantFuture};
 use crate::response::Refusal;
 use crate::shed::Priority;
 use crate::store::Store;
@@ -71,6 +71,8 @@ pin_project! {
         // The keys, kept only when they may be needed again (local fallback, shadow and delay
         // rules, the rejection log's digest).
         keys: Option<Box<FoundKeys>>,
+        // Where the request stands in the policy, once its rules are resolved.
+        resolution: Option<Resolution>,
     }
 }
 
@@ -106,6 +108,7 @@ impl<St: Store> Engine<St> {
         start: Start<St::Future>,
         span: tracing::Span,
     ) -> Decide<St> {
+        let mut resolution = None;
         let (wait, applied, keys) = match start {
             Start::Decided { next } => match next {
                 Next::Call(admitted) => return Decide::Ready(Ruling::Call(admitted)),
@@ -119,7 +122,11 @@ impl<St: Store> Engine<St> {
                 applied,
                 keys,
                 stopwatch,
-            } => (Wait::Store { check, stopwatch }, applied, keys),
+                resolution: resolved,
+            } => {
+                resolution = Some(resolved);
+                (Wait::Store { check, stopwatch }, applied, keys)
+            }
             Start::Deferred(check) => (Wait::Deferred { check }, Applied::new(), None),
             Start::Tenant { future, listing } => {
                 (Wait::Tenant { future, listing }, Applied::new(), None)
@@ -132,6 +139,7 @@ impl<St: Store> Engine<St> {
             span,
             applied,
             keys,
+            resolution,
         })
     }
 }
@@ -171,9 +179,11 @@ impl<St: Store> Driver<St> {
                             applied,
                             keys,
                             stopwatch,
+                            resolution,
                         } => {
                             *this.applied = applied;
                             *this.keys = keys;
+                            *this.resolution = Some(resolution);
                             this.wait.set(Wait::Store { check, stopwatch });
                         }
                         Start::Deferred(check) => this.wait.set(Wait::Deferred { check }),
@@ -196,9 +206,11 @@ impl<St: Store> Driver<St> {
                         result,
                         phase,
                         latency,
+                        resolution,
                     } = ready!(check.as_mut().poll(cx));
                     *this.applied = applied;
                     *this.keys = keys;
+                    *this.resolution = Some(resolution);
                     (result, phase, latency)
                 }
             };
@@ -207,6 +219,8 @@ impl<St: Store> Driver<St> {
                 span: this.span,
                 latency,
                 phase,
+                // Known once the store was asked.
+                resolution: this.resolution.unwrap_or_default(),
             };
             let next = this.engine.after_check(
                 this.snapshot,
@@ -238,8 +252,13 @@ impl<St: Store> Driver<St> {
 
     /// Tells events that the request's client went away before it was decided.
     pub(crate) fn cancel(&self, head: Head<'_>) {
-        self.engine
-            .cancelled(&self.snapshot, head, &self.applied, &self.span);
+        self.engine.cancelled(
+            &self.snapshot,
+            head,
+            &self.applied,
+            self.resolution,
+            &self.span,
+        );
     }
 }
 

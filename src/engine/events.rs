@@ -3,46 +3,62 @@
 
 use http::request::Parts;
 
-use super::check::{Ctx, Phase};
+use super::check::Ctx;
 use super::state::Engine;
 use crate::Decision;
 use crate::observe::{Decided, Head, Verdict};
-use crate::policy::FoundKeys;
 use crate::policy::snapshot::Snapshot;
+use crate::policy::{FoundKeys, Resolution};
 
 impl<St> Engine<St> {
-    /// A request whose client went away before it was decided, to events.
+    /// A request whose client went away before it was decided, to events; `resolution` is
+    /// where it stands in the policy, when its rules were resolved.
     pub(crate) fn cancelled(
         &self,
         snapshot: &Snapshot,
         head: Head<'_>,
         applied: &[u16],
+        resolution: Option<Resolution>,
         span: &tracing::Span,
     ) {
-        let ctx = Ctx {
-            head,
+        self.observer.decided(
+            &Decided {
+                snapshot,
+                head,
+                resolution,
+                applied,
+                decision: None,
+                keys: None,
+                verdict: Verdict::Cancelled,
+                store_latency: None,
+            },
             span,
-            latency: None,
-            phase: Phase::default(),
-        };
-        self.emit(snapshot, &ctx, applied, None, None, Verdict::Cancelled);
+        );
     }
 
-    /// A request decided without asking the store (listed, or no rule applies), to events.
+    /// A request decided before its rules were resolved (listed, shed, a preflight), or to
+    /// which no rule applies, to events.
     pub(super) fn emit_listed(
         &self,
         snapshot: &Snapshot,
         parts: &Parts,
+        resolution: Option<Resolution>,
         span: &tracing::Span,
         verdict: Verdict,
     ) {
-        let ctx = Ctx {
-            head: Head::of_parts(parts),
+        self.observer.decided(
+            &Decided {
+                snapshot,
+                head: Head::of_parts(parts),
+                resolution,
+                applied: &[],
+                decision: None,
+                keys: None,
+                verdict,
+                store_latency: None,
+            },
             span,
-            latency: None,
-            phase: Phase::default(),
-        };
-        self.emit(snapshot, &ctx, &[], None, None, verdict);
+        );
     }
 
     /// A decided request, to events.
@@ -59,6 +75,7 @@ impl<St> Engine<St> {
             &Decided {
                 snapshot,
                 head: ctx.head,
+                resolution: Some(ctx.resolution),
                 applied,
                 decision,
                 keys,

@@ -93,16 +93,16 @@ impl<St: Store> Engine<St> {
             }
         }
         if listing == Listing::Allowed {
-            self.emit_listed(snapshot, parts, span, Verdict::ListedAllowed);
+            self.emit_listed(snapshot, parts, None, span, Verdict::ListedAllowed);
             return nothing_applies();
         }
         // After the lists: a denied client is refused whatever it sends.
         if !self.count_preflight && is_preflight(parts) {
-            self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
+            self.emit_listed(snapshot, parts, None, span, Verdict::NotLimited);
             return nothing_applies();
         }
-        let rules = snapshot.resolver.resolve(tenant, parts).rules;
-        self.check_rules(snapshot, rules, parts, span)
+        let resolved = snapshot.resolver.resolve(tenant, parts);
+        self.check_rules(snapshot, resolved.rules, resolved.resolution, parts, span)
     }
 
     /// A request shed before any check: 503 (gRPC `UNAVAILABLE`).
@@ -117,7 +117,7 @@ impl<St: Store> Engine<St> {
         tracing::debug!(%priority, "tollgate: request shed");
         #[cfg(feature = "metrics")]
         crate::telemetry::shed(priority.as_str());
-        self.emit_listed(&snapshot, parts, span, Verdict::Shed);
+        self.emit_listed(&snapshot, parts, None, span, Verdict::Shed);
         let start = Start::Decided {
             next: Next::Answer {
                 refusal: Refusal::Shed { share },
@@ -135,7 +135,7 @@ impl<St: Store> Engine<St> {
         span: &tracing::Span,
     ) -> Start<St::Future> {
         tracing::debug!("tollgate: request refused by the deny list");
-        self.emit_listed(snapshot, parts, span, Verdict::ListedDenied);
+        self.emit_listed(snapshot, parts, None, span, Verdict::ListedDenied);
         Start::Decided {
             next: Next::Answer {
                 refusal: Refusal::Forbidden,

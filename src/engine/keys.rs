@@ -14,7 +14,7 @@ use super::state::Engine;
 use crate::key::{Extracted, Key, KeyFuture};
 use crate::observe::{Head, Verdict};
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, FoundKeys, Resolution};
 use crate::store::{Charge, Store};
 use crate::wire::is_grpc;
 
@@ -27,6 +27,7 @@ impl<St: Store> Engine<St> {
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         rules: &[u16],
+        resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
     ) -> Start<St::Future> {
@@ -39,7 +40,13 @@ impl<St: Store> Engine<St> {
                 Extracted::Missing => match missing_key(snapshot, index, RequestKind::of(parts)) {
                     Some(key) => key,
                     None => {
-                        self.emit_listed(snapshot, parts, span, Verdict::NotLimited);
+                        self.emit_listed(
+                            snapshot,
+                            parts,
+                            Some(resolution),
+                            span,
+                            Verdict::NotLimited,
+                        );
                         return nothing_applies();
                     }
                 },
@@ -48,8 +55,8 @@ impl<St: Store> Engine<St> {
                     pending.push((index, future, cost));
                     return Start::Deferred(self.deferred(
                         snapshot,
-                        FoundKeys::new(),
-                        pending,
+                        (FoundKeys::new(), pending),
+                        resolution,
                         parts,
                         span,
                     ));
@@ -67,7 +74,15 @@ impl<St: Store> Engine<St> {
             let applied = Applied::from_buf_and_len([index, 0, 0, 0], 1);
             let mut keys = FoundKeys::new();
             keys.push((index, key, cost));
-            return self.respond(snapshot, check, applied, keys, parts, span, stopwatch);
+            return self.respond(
+                snapshot,
+                check,
+                (applied, keys),
+                resolution,
+                parts,
+                span,
+                stopwatch,
+            );
         }
 
         let mut keys = FoundKeys::new();
@@ -85,11 +100,25 @@ impl<St: Store> Engine<St> {
             }
         }
         if !pending.is_empty() {
-            return Start::Deferred(self.deferred(snapshot, keys, pending, parts, span));
+            return Start::Deferred(self.deferred(
+                snapshot,
+                (keys, pending),
+                resolution,
+                parts,
+                span,
+            ));
         }
         let stopwatch = Stopwatch::start_for(span);
         let (check, applied) = self.ask(snapshot, &keys);
-        self.respond(snapshot, check, applied, keys, parts, span, stopwatch)
+        self.respond(
+            snapshot,
+            check,
+            (applied, keys),
+            resolution,
+            parts,
+            span,
+            stopwatch,
+        )
     }
 
     /// Decides at once when the store answered without waiting.
@@ -98,8 +127,8 @@ impl<St: Store> Engine<St> {
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         check: Check<St::Future>,
-        mut applied: Applied,
-        keys: FoundKeys,
+        (mut applied, keys): (Applied, FoundKeys),
+        resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
         stopwatch: Stopwatch,
@@ -117,6 +146,7 @@ impl<St: Store> Engine<St> {
                     span,
                     latency,
                     phase: Phase::default(),
+                    resolution,
                 };
                 let next = self.after_check(snapshot, &mut applied, Some(&keys), result, &ctx);
                 Start::Decided { next }
@@ -128,6 +158,7 @@ impl<St: Store> Engine<St> {
                 keys: (snapshot.keeps_keys() || self.observer.log.enabled())
                     .then(|| Box::new(keys)),
                 stopwatch,
+                resolution,
             },
         }
     }
@@ -136,8 +167,8 @@ impl<St: Store> Engine<St> {
     fn deferred(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        mut keys: FoundKeys,
-        pending: PendingKeys,
+        (mut keys, pending): (FoundKeys, PendingKeys),
+        resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
     ) -> DeferredCheck {
@@ -167,6 +198,7 @@ impl<St: Store> Engine<St> {
                 result,
                 phase: Phase::default(),
                 latency,
+                resolution,
             }
         })
     }

@@ -14,7 +14,7 @@ use super::state::Engine;
 use super::verdict::{delay_of, denied, visible};
 use crate::observe::Verdict;
 use crate::policy::snapshot::{Listing, Snapshot};
-use crate::policy::{Applied, FoundKeys, TenantFuture};
+use crate::policy::{Applied, FoundKeys, Resolution, TenantFuture};
 use crate::response::Refusal;
 use crate::store::{Store, StoreError};
 use crate::{Decision, DecisionSource, FailureMode, RuleMode};
@@ -62,6 +62,8 @@ pub(crate) enum Start<C> {
         keys: Option<Box<FoundKeys>>,
         /// When the store was asked, when the latency is measured.
         stopwatch: Stopwatch,
+        /// Where the request stands in the policy.
+        resolution: Resolution,
     },
     /// Some keys need a lookup before the store can be asked.
     Deferred(DeferredCheck),
@@ -194,7 +196,8 @@ impl<St: Store> Engine<St> {
                 // Only shadow rules denied: nothing was charged, nothing to settle.
                 return Next::Call(Admitted::default());
             }
-            self.observer.shadowed(snapshot, ctx.head, &shadow);
+            self.observer
+                .shadowed(snapshot, ctx.head, ctx.resolution, &shadow);
             let enforced: FoundKeys = keys
                 .iter()
                 .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
@@ -205,7 +208,14 @@ impl<St: Store> Engine<St> {
                 shadowed: true,
                 ..ctx.phase
             };
-            return Next::Again(self.check_again(snapshot, enforced, None, phase, ctx.span));
+            return Next::Again(self.check_again(
+                snapshot,
+                enforced,
+                None,
+                phase,
+                ctx.resolution,
+                ctx.span,
+            ));
         }
         if !ctx.phase.delayed
             && let Some(wait) = delay_of(snapshot, applied, &decision)
@@ -219,6 +229,7 @@ impl<St: Store> Engine<St> {
                 keys.clone(),
                 Some((wait, decision)),
                 phase,
+                ctx.resolution,
                 ctx.span,
             ));
         }

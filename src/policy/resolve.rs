@@ -18,8 +18,10 @@ pub(super) type RuleSet = Box<[u16]>;
 
 /// Which rules apply to a request.
 pub(crate) struct Resolver {
-    /// Every route some rule set is for.
-    pub(super) known_routes: std::collections::HashSet<Box<str>, foldhash::fast::RandomState>,
+    /// Every route some rule set is for, by name, and its number.
+    pub(super) known_routes: Map<Box<str>, u16>,
+    /// Every route some rule set is for, by number.
+    pub(super) route_names: Box<[Box<str>]>,
     pub(super) default_tier: u16,
     pub(super) tier_names: Box<[Arc<str>]>,
     pub(super) tiers: Box<[TierTable]>,
@@ -86,9 +88,18 @@ impl RouteTable {
     }
 }
 
-/// The rules that apply to one request, and the tier they came from.
+/// Where a request stands in the policy: its tier and, when some rule set is for it, its
+/// route (by number). It travels with the request to its events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Resolution {
+    pub(crate) tier: u16,
+    pub(crate) route: Option<u16>,
+}
+
+/// The rules that apply to one request, and where it stands (its tier and route).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Resolved<'a> {
+    pub(crate) resolution: Resolution,
     pub(crate) rules: &'a [u16],
 }
 
@@ -102,28 +113,29 @@ impl Resolver {
         } else {
             None
         };
+        let resolution = Resolution {
+            tier,
+            route: self.route_number(route),
+        };
+        let resolved = |rules| Resolved { resolution, rules };
         let method = &parts.method;
         if let (Some(listed), Some(route)) = (listed, route)
             && let Some(rules) = listed.routes.get(route, method)
         {
-            return Resolved { rules };
+            return resolved(rules);
         }
         let table = &self.tiers[usize::from(tier)];
         if let Some(rules) = route.and_then(|route| table.routes.get(route, method)) {
-            return Resolved { rules };
+            return resolved(rules);
         }
         if !table.defaults.is_empty() {
-            return Resolved {
-                rules: &table.defaults,
-            };
+            return resolved(&table.defaults);
         }
         let default = &self.tiers[usize::from(self.default_tier)];
         if let Some(rules) = route.and_then(|route| default.routes.get(route, method)) {
-            return Resolved { rules };
+            return resolved(rules);
         }
-        Resolved {
-            rules: &default.defaults,
-        }
+        resolved(&default.defaults)
     }
 }
 
@@ -141,15 +153,24 @@ impl Resolver {
             .unwrap_or(self.default_tier)
     }
 
-    /// The policy's own copy of `route`, when some rule set is for it.
-    pub(crate) fn known_route(&self, route: &str) -> Option<&str> {
-        self.known_routes.get(route).map(|r| &**r)
+    /// The number of `route`, when some rule set is for it.
+    fn route_number(&self, route: Option<&str>) -> Option<u16> {
+        self.known_routes.get(route?).copied()
     }
 
-    /// The tier of a tenant (the default tier without a tenant), by index.
-    pub(crate) fn tier_of(&self, tenant: Option<&Tenant>) -> u16 {
+    /// A known route's name, by number.
+    pub(crate) fn route_name(&self, route: u16) -> &str {
+        &self.route_names[usize::from(route)]
+    }
+
+    /// Where a request of `tenant` on `route` stands, for a request decided before its rules
+    /// were resolved (listed, shed, not limited, gone before its tenant was found).
+    pub(crate) fn place(&self, tenant: Option<&Tenant>, route: Option<&str>) -> Resolution {
         let listed = tenant.and_then(|t| self.tenants.get(t.id()));
-        self.tier_index_of(tenant, listed)
+        Resolution {
+            tier: self.tier_index_of(tenant, listed),
+            route: self.route_number(route),
+        }
     }
 
     /// A tier's name.

@@ -219,6 +219,16 @@ impl Snapshot {
         let routed = tiers.iter().any(|t| !t.routes.is_empty())
             || tenants.values().any(|t| !t.routes.is_empty());
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        // Every route some rule set is for, numbered in name order.
+        let mut route_names: Vec<Box<str>> = tiers
+            .iter()
+            .map(|t| &t.routes)
+            .chain(tenants.values().map(|t| &t.routes))
+            .flat_map(|table| table.routes.keys().cloned())
+            .collect();
+        route_names.sort();
+        route_names.dedup();
+        let route_names: Box<[Box<str>]> = route_names.into();
         Ok(Snapshot {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: version.into(),
@@ -248,12 +258,12 @@ impl Snapshot {
             },
             rules,
             resolver: Resolver {
-                known_routes: tiers
+                known_routes: route_names
                     .iter()
-                    .map(|t| &t.routes)
-                    .chain(tenants.values().map(|t| &t.routes))
-                    .flat_map(|table| table.routes.keys().cloned())
+                    .enumerate()
+                    .map(|(n, route)| (route.clone(), n as u16))
                     .collect(),
+                route_names,
                 default_tier,
                 tier_names: policy
                     .tiers
