@@ -112,8 +112,9 @@ where
     /// The future of a request after [`Engine::decide`]: the inner service is called now when
     /// it was decided, else the future drives the decision first.
     pub(crate) fn new(
-        decide: Decide<St>,
+        decide: Decide<St::Future>,
         snapshot: Arc<Snapshot>,
+        span: tracing::Span,
         service: S,
         request: (Parts, ReqBody),
         engine: Arc<Engine<St>>,
@@ -122,8 +123,8 @@ where
         let (parts, body) = request;
         let state = match decide {
             Decide::Ready(ruling) => enter(ruling, &snapshot, service, parts, body),
-            Decide::Waiting(driver) => State::Deciding {
-                driver,
+            Decide::Waiting(pending) => State::Deciding {
+                driver: Driver::new(pending, engine.clone(), snapshot.clone(), span),
                 call: Some((service, parts, body)),
             },
         };

@@ -113,12 +113,13 @@ where
             Some(Err((priority, share))) => self.engine.decide_shed(&parts, &span, priority, share),
             entered => {
                 in_flight = entered.and_then(Result::ok);
-                self.engine.decide(&mut parts, span)
+                self.engine.decide(&mut parts, &span)
             }
         };
         ResponseFuture::new(
             decide,
             snapshot,
+            span,
             ready,
             (parts, body),
             self.engine.clone(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
-use super::next::{Admitted, Next, Start};
+use super::ruling::{Admitted, Decide, Wait};
 use super::state::Engine;
 use crate::observe::{Head, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
@@ -16,24 +16,13 @@ use crate::shed::Priority;
 use crate::store::Store;
 
 impl<St: Store> Engine<St> {
-    /// Takes the policy in force, finds the request's tenant, rules and keys, and asks the
-    /// store, deciding at once when it can. The request finishes under this policy.
-    pub(crate) fn start(
-        self: &Arc<Self>,
-        parts: &mut Parts,
-        span: &tracing::Span,
-    ) -> (Arc<Snapshot>, Start<St::Future>) {
-        let snapshot = self.snapshot();
-        let start = self.begin(&snapshot, parts, span);
-        (snapshot, start)
-    }
-
-    fn begin(
+    /// The gate, then the rules: the request's lists, its tenant, and what follows.
+    pub(super) fn begin(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         parts: &mut Parts,
         span: &tracing::Span,
-    ) -> Start<St::Future> {
+    ) -> Decide<St::Future> {
         let mut listing = Listing::Unlisted;
         if snapshot.lists.has_key_entries() {
             // A key that needs a lookup is not listed: lists are for keys known at once.
@@ -47,7 +36,9 @@ impl<St: Store> Engine<St> {
         let tenant = match &self.tenant {
             None => Found::None,
             Some(extractor) => match extractor.tenant(parts) {
-                Found::Pending(future) => return Start::Tenant { future, listing },
+                Found::Pending(future) => {
+                    return Decide::waiting(Wait::Tenant { future, listing });
+                }
                 found => found,
             },
         };
@@ -64,7 +55,7 @@ impl<St: Store> Engine<St> {
         mut listing: Listing,
         parts: &mut Parts,
         span: &tracing::Span,
-    ) -> Start<St::Future> {
+    ) -> Decide<St::Future> {
         // The tenant found lives in the request's extensions: for the tenant's key, for
         // handlers, and read from there without a copy.
         let has_tenant = match tenant {
@@ -112,19 +103,14 @@ impl<St: Store> Engine<St> {
         span: &tracing::Span,
         priority: Priority,
         share: usize,
-    ) -> (Arc<Snapshot>, Start<St::Future>) {
+    ) -> (Arc<Snapshot>, Decide<St::Future>) {
         let snapshot = self.snapshot();
         tracing::debug!(%priority, "tollgate: request shed");
         #[cfg(feature = "metrics")]
         crate::telemetry::shed(priority.as_str());
         self.emit_listed(&snapshot, parts, None, span, Verdict::Shed);
-        let start = Start::Decided {
-            next: Next::Answer {
-                refusal: Refusal::Shed { share },
-                grpc: Head::of_parts(parts).is_grpc(),
-            },
-        };
-        (snapshot, start)
+        let grpc = Head::of_parts(parts).is_grpc();
+        (snapshot, Decide::answer(Refusal::Shed { share }, grpc))
     }
 
     /// A listed request refused: 403 (gRPC `PERMISSION_DENIED`).
@@ -133,15 +119,10 @@ impl<St: Store> Engine<St> {
         snapshot: &Snapshot,
         parts: &Parts,
         span: &tracing::Span,
-    ) -> Start<St::Future> {
+    ) -> Decide<St::Future> {
         tracing::debug!("tollgate: request refused by the deny list");
         self.emit_listed(snapshot, parts, None, span, Verdict::ListedDenied);
-        Start::Decided {
-            next: Next::Answer {
-                refusal: Refusal::Forbidden,
-                grpc: Head::of_parts(parts).is_grpc(),
-            },
-        }
+        Decide::answer(Refusal::Forbidden, Head::of_parts(parts).is_grpc())
     }
 }
 
@@ -158,8 +139,6 @@ fn is_preflight(parts: &Parts) -> bool {
 }
 
 /// No rule applies to this request: it goes through, with no budget to report.
-pub(super) fn nothing_applies<C>() -> Start<C> {
-    Start::Decided {
-        next: Next::Call(Admitted::default()),
-    }
+pub(super) fn nothing_applies<C>() -> Decide<C> {
+    Decide::call(Admitted::default())
 }

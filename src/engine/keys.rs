@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use super::check::{Check, Checked, Ctx, DeferredCheck, Phase, Stopwatch};
 use super::gate::nothing_applies;
-use super::next::Start;
+use super::ruling::{Decide, Pending, Wait};
 use super::state::Engine;
 use crate::key::{Extracted, Key, KeyFuture};
 use crate::observe::{Head, Verdict};
@@ -30,7 +30,7 @@ impl<St: Store> Engine<St> {
         resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
-    ) -> Start<St::Future> {
+    ) -> Decide<St::Future> {
         if let [index] = *rules {
             // The common case, one rule: no lists to build.
             let rule = &snapshot.rules[usize::from(index)];
@@ -53,13 +53,15 @@ impl<St: Store> Engine<St> {
                 Extracted::Pending(future) => {
                     let mut pending = PendingKeys::new();
                     pending.push((index, future, cost));
-                    return Start::Deferred(self.deferred(
-                        snapshot,
-                        (FoundKeys::new(), pending),
-                        resolution,
-                        parts,
-                        span,
-                    ));
+                    return Decide::waiting(Wait::Deferred {
+                        check: self.deferred(
+                            snapshot,
+                            (FoundKeys::new(), pending),
+                            resolution,
+                            parts,
+                            span,
+                        ),
+                    });
                 }
             };
             let stopwatch = Stopwatch::start_for(span);
@@ -100,13 +102,9 @@ impl<St: Store> Engine<St> {
             }
         }
         if !pending.is_empty() {
-            return Start::Deferred(self.deferred(
-                snapshot,
-                (keys, pending),
-                resolution,
-                parts,
-                span,
-            ));
+            return Decide::waiting(Wait::Deferred {
+                check: self.deferred(snapshot, (keys, pending), resolution, parts, span),
+            });
         }
         let stopwatch = Stopwatch::start_for(span);
         let (check, applied) = self.ask(snapshot, &keys);
@@ -132,7 +130,7 @@ impl<St: Store> Engine<St> {
         parts: &Parts,
         span: &tracing::Span,
         stopwatch: Stopwatch,
-    ) -> Start<St::Future> {
+    ) -> Decide<St::Future> {
         match check.into_decided() {
             Ok(result) => {
                 let stopwatch = if applied.is_empty() {
@@ -148,18 +146,16 @@ impl<St: Store> Engine<St> {
                     phase: Phase::default(),
                     resolution,
                 };
-                let next = self.after_check(snapshot, &mut applied, Some(&keys), result, &ctx);
-                Start::Decided { next }
+                self.after_check(snapshot, &mut applied, Some(&keys), result, &ctx)
             }
-            Err(check) => Start::Checking {
-                check,
+            Err(check) => Decide::Waiting(Pending {
+                wait: Wait::Store { check, stopwatch },
                 applied,
                 // Kept for a second check, and for the rejection log's digest.
                 keys: (snapshot.keeps_keys() || self.observer.log.enabled())
                     .then(|| Box::new(keys)),
-                stopwatch,
-                resolution,
-            },
+                resolution: Some(resolution),
+            }),
         }
     }
 

@@ -24,14 +24,15 @@ mod gate;
 mod keys;
 mod next;
 mod reload;
+mod ruling;
 mod settle;
 mod slots;
 mod state;
 mod uses;
 mod verdict;
 
-pub(crate) use driver::{Decide, Driver, Ruling};
-pub(crate) use next::Admitted;
+pub(crate) use driver::Driver;
+pub(crate) use ruling::{Admitted, Decide, Ruling};
 pub(crate) use settle::report_settle;
 pub(crate) use slots::Slots;
 pub(crate) use state::{Engine, PolicyInForce};

@@ -1,79 +1,24 @@
-//! What follows a request's check ([`Next`]): the store's answer becomes a call of the inner
-//! service (with what the request carries to its response, [`Admitted`]), an answer for it,
-//! or a second check (shadow and delay rules); a store failure goes to the fallback.
+//! What follows a request's check: the store's answer becomes a call of the inner service
+//! (with what the request carries to its response), an answer for it, or a second check
+//! (shadow and delay rules); a store failure goes to the fallback.
 
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::check::{Check, Ctx, DeferredCheck, Phase, Stopwatch};
+use super::check::{Ctx, Phase};
 use super::fallback::WithoutStore;
+use super::ruling::{Admitted, Decide};
 use super::settle::{Settle, charges_of};
 use super::slots::Slots;
 use super::state::Engine;
 use super::verdict::{delay_of, denied, visible};
 use crate::observe::Verdict;
-use crate::policy::snapshot::{Listing, Snapshot};
-use crate::policy::{Applied, FoundKeys, Resolution, TenantFuture};
+use crate::policy::snapshot::Snapshot;
+use crate::policy::{Applied, FoundKeys};
 use crate::response::Refusal;
 use crate::store::{Store, StoreError};
 use crate::{Decision, DecisionSource, FailureMode, RuleMode};
-
-/// What an admitted request carries to its response: the decision whose budget the response
-/// reports (none when no rule limited it) and the rules it is of, the charges to settle once
-/// its head is there, and the concurrency slots it holds until its body ends.
-#[derive(Default)]
-pub(crate) struct Admitted {
-    pub(crate) decision: Option<Decision>,
-    pub(crate) applied: Applied,
-    pub(crate) settle: Option<Box<Settle>>,
-    pub(crate) slots: Option<Slots>,
-}
-
-impl Admitted {
-    /// Whether the request holds slots or has charges to settle after its response.
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn holds_or_settles(&self) -> bool {
-        self.slots.is_some() || self.settle.is_some()
-    }
-}
-
-/// What follows a request's check.
-pub(crate) enum Next {
-    /// Call the inner service, then add the budget headers of the decision, settle what needs
-    /// the response, and hold the slots until the response body ends.
-    Call(Admitted),
-    /// Answer for the inner service (a denial, a refusal), in its gRPC form for a gRPC call.
-    Answer { refusal: Refusal, grpc: bool },
-    /// Check again first: the enforced rules alone after a shadow rule's denial, or after a
-    /// delay rule's wait.
-    Again(DeferredCheck),
-}
-
-/// How far [`Engine::start`] got.
-pub(crate) enum Start<C> {
-    /// Decided at once (the store answered without waiting, or no rule applied).
-    Decided { next: Next },
-    /// The store is asked; its answer comes through `check`.
-    Checking {
-        check: Check<C>,
-        applied: Applied,
-        /// The keys, kept only when they may be needed again.
-        keys: Option<Box<FoundKeys>>,
-        /// When the store was asked, when the latency is measured.
-        stopwatch: Stopwatch,
-        /// Where the request stands in the policy.
-        resolution: Resolution,
-    },
-    /// Some keys need a lookup before the store can be asked.
-    Deferred(DeferredCheck),
-    /// The tenant needs a lookup; then [`Engine::with_tenant`] goes on, with what the lists
-    /// said of the layer's key.
-    Tenant {
-        future: TenantFuture,
-        listing: Listing,
-    },
-}
 
 impl<St: Store> Engine<St> {
     /// Turns the store's answer into what follows: a denial becomes the answer (or a second
@@ -86,7 +31,7 @@ impl<St: Store> Engine<St> {
         keys: Option<&FoundKeys>,
         result: Result<Decision, StoreError>,
         ctx: &Ctx<'_>,
-    ) -> Next {
+    ) -> Decide<St::Future> {
         let grpc = || ctx.head.is_grpc();
         match result {
             Ok(decision) if decision.allowed() => {
@@ -116,12 +61,12 @@ impl<St: Store> Engine<St> {
                 match self.without_store(snapshot, applied, keys) {
                     WithoutStore::Refuse => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedClosed);
-                        Next::Answer {
-                            refusal: Refusal::Unavailable {
+                        Decide::answer(
+                            Refusal::Unavailable {
                                 closed: closed(snapshot, applied).collect(),
                             },
-                            grpc: grpc(),
-                        }
+                            grpc(),
+                        )
                     }
                     WithoutStore::Decided(decision) if !decision.allowed() => {
                         self.deny(snapshot, ctx, applied, keys, decision, Verdict::LocalDenied)
@@ -140,7 +85,7 @@ impl<St: Store> Engine<St> {
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
-                        Next::Call(Admitted::default())
+                        Decide::call(Admitted::default())
                     }
                 }
             }
@@ -155,7 +100,7 @@ impl<St: Store> Engine<St> {
         keys: Option<&FoundKeys>,
         decision: Decision,
         ctx: &Ctx<'_>,
-    ) -> Next {
+    ) -> Decide<St::Future> {
         let mode = |i: u16| snapshot.rules[usize::from(i)].mode;
         let denying = || {
             applied
@@ -194,7 +139,7 @@ impl<St: Store> Engine<St> {
                     Verdict::ShadowDenied,
                 );
                 // Only shadow rules denied: nothing was charged, nothing to settle.
-                return Next::Call(Admitted::default());
+                return Decide::call(Admitted::default());
             }
             self.observer
                 .shadowed(snapshot, ctx.head, ctx.resolution, &shadow);
@@ -208,14 +153,8 @@ impl<St: Store> Engine<St> {
                 shadowed: true,
                 ..ctx.phase
             };
-            return Next::Again(self.check_again(
-                snapshot,
-                enforced,
-                None,
-                phase,
-                ctx.resolution,
-                ctx.span,
-            ));
+            let check = self.check_again(snapshot, enforced, None, phase, ctx.resolution, ctx.span);
+            return Decide::again(check, std::mem::take(applied));
         }
         if !ctx.phase.delayed
             && let Some(wait) = delay_of(snapshot, applied, &decision)
@@ -224,14 +163,15 @@ impl<St: Store> Engine<St> {
                 delayed: true,
                 ..ctx.phase
             };
-            return Next::Again(self.check_again(
+            let check = self.check_again(
                 snapshot,
                 keys.clone(),
                 Some((wait, decision)),
                 phase,
                 ctx.resolution,
                 ctx.span,
-            ));
+            );
+            return Decide::again(check, std::mem::take(applied));
         }
         let verdict = denied(&decision);
         self.deny(snapshot, ctx, applied, Some(keys), decision, verdict)
@@ -247,7 +187,7 @@ impl<St: Store> Engine<St> {
         keys: Option<&FoundKeys>,
         decision: Decision,
         local: bool,
-    ) -> Next {
+    ) -> Decide<St::Future> {
         let rule = |i: u16| &snapshot.rules[usize::from(i)];
         let settle = if snapshot.settles {
             let charges = charges_of(applied, keys, &decision, |i| rule(i).after.is_some());
@@ -271,7 +211,7 @@ impl<St: Store> Engine<St> {
             None
         };
         let decision = visible(snapshot, applied, decision);
-        Next::Call(Admitted {
+        Decide::call(Admitted {
             decision: Some(decision),
             applied: std::mem::take(applied),
             settle,
@@ -288,28 +228,28 @@ impl<St: Store> Engine<St> {
         keys: Option<&FoundKeys>,
         decision: Decision,
         verdict: Verdict,
-    ) -> Next {
+    ) -> Decide<St::Future> {
         self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
         denied_answer(snapshot, applied, decision, ctx.head.is_grpc())
     }
 }
 
 /// The answer to a denied request (shadow rules left out of it).
-fn denied_answer(
+fn denied_answer<C>(
     snapshot: &Snapshot,
     applied: &mut Applied,
     decision: Decision,
     grpc: bool,
-) -> Next {
+) -> Decide<C> {
     // Told to the rejection log (target `tollgate::denied`) by `Engine::emit`.
     let decision = visible(snapshot, applied, decision);
-    Next::Answer {
-        refusal: Refusal::Denied {
+    Decide::answer(
+        Refusal::Denied {
             applied: std::mem::take(applied),
             decision,
         },
         grpc,
-    }
+    )
 }
 
 /// The rules of `applied` that fail closed, by index.

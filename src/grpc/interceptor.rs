@@ -9,7 +9,7 @@ use http::header::CONTENT_TYPE;
 use tonic::metadata::MetadataMap;
 
 use super::GrpcPath;
-use crate::engine::{Decide, Engine, Ruling, Use};
+use crate::engine::{Decide, Driver, Engine, Ruling, Use};
 use crate::store::{MemoryStore, Store};
 use crate::throttle::Once;
 use crate::{ConfigError, RateLimitLayer};
@@ -106,10 +106,13 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
         let span = crate::observe::span();
         // A store that decides at once decides here, a second check included (the enforced
         // rules alone, after a shadow rule's denial): ready at its first poll.
-        let (snapshot, decide) = self.engine.decide(&mut parts, span);
+        let (snapshot, decide) = self.engine.decide(&mut parts, &span);
         let ruling = match decide {
             Decide::Ready(ruling) => Some(ruling),
-            Decide::Waiting(driver) => std::pin::pin!(driver).decide_now(&mut parts),
+            Decide::Waiting(pending) => {
+                let driver = Driver::new(pending, self.engine.clone(), snapshot.clone(), span);
+                std::pin::pin!(driver).decide_now(&mut parts)
+            }
         };
         match ruling {
             // A policy reloaded since the interceptor was made may hold slots or settle after

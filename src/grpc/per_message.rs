@@ -258,10 +258,13 @@ impl<St: Store> Checker<St> {
     fn check(&self) -> MessageCheck<St> {
         let mut parts = copy_head(&self.head);
         let span = crate::observe::span();
-        let (snapshot, decide) = self.engine.decide(&mut parts, span);
+        let (snapshot, decide) = self.engine.decide(&mut parts, &span);
         let (driver, refused) = match decide {
             Decide::Ready(ruling) => (None, Some(refusal(&snapshot, ruling))),
-            Decide::Waiting(driver) => (Some(driver), None),
+            Decide::Waiting(pending) => {
+                let driver = Driver::new(pending, self.engine.clone(), snapshot.clone(), span);
+                (Some(driver), None)
+            }
         };
         Box::pin(MessageDecision {
             driver,
