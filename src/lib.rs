@@ -36,7 +36,7 @@
 //! * [`Headers`], [`RateLimited`]: what clients are told — `RateLimit` / `RateLimit-Policy`
 //!   (draft-ietf-httpapi-ratelimit-headers-11), `X-RateLimit-*`, `Retry-After`, and an RFC 9457
 //!   problem body (below).
-//! * [`shed`]: load shedding; [`grpc`]: tonic services and streams; [`client`]: clients that
+//! * [`Shedding`]: load shedding; [`grpc`]: tonic services and streams; [`client`]: clients that
 //!   honour the limit; [`observe`]: metrics, the span, the rejection log, the decision hook.
 //!
 //! The layer keeps the inner service's error type, so it needs no `HandleErrorLayer`, and works
@@ -393,7 +393,7 @@ pub mod observe;
 pub mod policy;
 mod response;
 mod service;
-pub mod shed;
+mod shed;
 pub mod store;
 #[cfg(feature = "metrics")]
 mod telemetry;

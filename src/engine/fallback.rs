@@ -1,6 +1,6 @@
 //! A failed store check: reported (throttled), then decided by each applied rule's
-//! [`FailureMode`]: refused (fail closed), let through (fail open), or decided by the local
-//! limiter (fail to local), made when first needed.
+//! [`FailureMode`]: refused (fail closed), let through (fail open), or decided by the fallback
+//! limiter (`FailureMode::Local`), an in-process memory store made when first needed.
 
 use smallvec::SmallVec;
 
@@ -39,7 +39,7 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    /// Decides by each applied rule's [`FailureMode`]; on a local decision, `applied` becomes the
+    /// Decides by each applied rule's [`FailureMode`]; on a decision of the fallback limiter, `applied` becomes the
     /// rules it covers.
     pub(super) fn without_store(
         &self,
@@ -62,7 +62,7 @@ impl<St: Store> Engine<St> {
         let Some(keys) = keys.filter(|_| snapshot.uses_fallback) else {
             return WithoutStore::Unlimited;
         };
-        let local: SmallVec<[Charge<'_>; 2]> = keys
+        let charges: SmallVec<[Charge<'_>; 2]> = keys
             .iter()
             .filter(|(i, _, _)| mode(i) == FailureMode::Local)
             .map(|(i, key, cost)| Charge {
@@ -71,7 +71,7 @@ impl<St: Store> Engine<St> {
                 cost: *cost,
             })
             .collect();
-        if local.is_empty() {
+        if charges.is_empty() {
             return WithoutStore::Unlimited;
         }
         *applied = keys
@@ -80,7 +80,7 @@ impl<St: Store> Engine<St> {
             .map(|(i, _, _)| *i)
             .collect();
         let fallback = self.fallback.get_or_init(MemoryStore::new);
-        WithoutStore::Decided(fallback.decide(&local))
+        WithoutStore::Decided(fallback.decide(&charges))
     }
 }
 
@@ -88,7 +88,7 @@ impl<St: Store> Engine<St> {
 pub(super) enum WithoutStore {
     /// A rule fails closed.
     Refuse,
-    /// The local limiter decided the rules that fall back to it.
+    /// The fallback limiter decided the rules that fall back to it.
     Decided(Decision),
     /// Every rule fails open.
     Unlimited,

@@ -80,7 +80,7 @@ impl<St: Store> Engine<St> {
                             keys,
                             Verdict::LocalAllowed,
                         );
-                        // Decided by the local limiter: settled there, slots given back there.
+                        // Decided by the fallback limiter: settled there, slots given back there.
                         self.admitted(snapshot, applied, keys, decision, true)
                     }
                     WithoutStore::Unlimited => {
@@ -178,7 +178,7 @@ impl<St: Store> Engine<St> {
     }
 
     /// What an admitted request carries to its response: the charges it settles after, the
-    /// slots it holds (taken by the store, or by the local fallback when `local`), and the
+    /// slots it holds (taken by the store, or by the fallback limiter when `on_fallback`), and the
     /// decision its answer reports.
     fn admitted(
         self: &Arc<Self>,
@@ -186,12 +186,17 @@ impl<St: Store> Engine<St> {
         applied: &mut Applied,
         keys: Option<&FoundKeys>,
         decision: Decision,
-        local: bool,
+        on_fallback: bool,
     ) -> Decide<St::Future> {
         let rule = |i: u16| &snapshot.rules[usize::from(i)];
         let settle = if snapshot.settles {
             let charges = charges_of(applied, keys, &decision, |i| rule(i).after.is_some());
-            (!charges.is_empty()).then(|| Box::new(Settle { charges, local }))
+            (!charges.is_empty()).then(|| {
+                Box::new(Settle {
+                    charges,
+                    on_fallback,
+                })
+            })
         } else {
             None
         };
@@ -205,7 +210,7 @@ impl<St: Store> Engine<St> {
                 giver: self.clone(),
                 snapshot: snapshot.clone(),
                 taken: slots,
-                local,
+                on_fallback,
             })
         } else {
             None

@@ -1,6 +1,6 @@
 //! Charges settled once the response head is there: units given back for the responses a
 //! rule does not charge, the difference for a cost known after the response, in one store
-//! call (on the local limiter for what it decided).
+//! call (on the fallback limiter for what it decided).
 
 use std::task::{Context, Poll};
 
@@ -19,8 +19,8 @@ use crate::store::{Adjustment, Change, Store, StoreError, StoreFuture};
 pub(crate) struct Settle {
     /// The rule, the key, the units reserved and when they were charged (0: not known).
     pub(crate) charges: SmallVec<[(u16, Key, u64, u64); 1]>,
-    /// Decided by the local limiter (the store failed): settled there too.
-    pub(crate) local: bool,
+    /// Decided by the fallback limiter (the store failed): settled there too.
+    pub(crate) on_fallback: bool,
 }
 
 impl<St: Store> Engine<St> {
@@ -75,10 +75,12 @@ impl<St: Store> Engine<St> {
             }
         }
         let pending = (!adjustments.is_empty())
-            .then(|| match self.fallback.get().filter(|_| settle.local) {
-                Some(fallback) => fallback.adjust(&adjustments),
-                None => self.store.adjust(&adjustments),
-            })
+            .then(
+                || match self.fallback.get().filter(|_| settle.on_fallback) {
+                    Some(fallback) => fallback.adjust(&adjustments),
+                    None => self.store.adjust(&adjustments),
+                },
+            )
             .and_then(poll_once);
         (Response::from_parts(parts, body), pending)
     }

@@ -17,7 +17,7 @@ use crate::policy::snapshot::Snapshot;
 use crate::store::{Adjustment, Change, Store, StoreError};
 use crate::throttle::report_give_back;
 
-/// Where slots go back to: the layer's store, or its local fallback for slots it took.
+/// Where slots go back to: the layer's store, or its fallback limiter for slots it took.
 pub(crate) trait GiveBack: Send + Sync {
     /// Gives back `slots`. Never blocks: a store that cannot answer at once finishes on the
     /// runtime.
@@ -31,8 +31,8 @@ pub(crate) struct Slots {
     /// The policy the request was decided under (its rules' numbers).
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
-    /// Taken by the local fallback (the store failed): given back there.
-    pub(crate) local: bool,
+    /// Taken by the fallback limiter (the store failed): given back there.
+    pub(crate) on_fallback: bool,
 }
 
 impl Drop for Slots {
@@ -53,7 +53,7 @@ impl<St: Store> GiveBack for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let future = match self.fallback.get().filter(|_| slots.local) {
+        let future = match self.fallback.get().filter(|_| slots.on_fallback) {
             Some(fallback) => fallback.adjust(&adjustments),
             None => self.store.adjust(&adjustments),
         };

@@ -27,7 +27,7 @@ pub(crate) struct Engine<St> {
     pub(crate) layer_key: SharedExtractor,
     /// Finds each request's tenant, when the layer has tenants.
     pub(crate) tenant: Option<SharedTenantExtractor>,
-    /// The local limiter of rules that fall back to one when the store fails, made when first
+    /// The fallback limiter of rules that fall back to one when the store fails, made when first
     /// needed.
     pub(crate) fallback: OnceLock<MemoryStore>,
     pub(crate) warned_store_error: Every,
