@@ -14,14 +14,14 @@ use super::state::Engine;
 use crate::Decision;
 use crate::observe::{Head, Observer};
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys, Resolution};
+use crate::policy::{Applied, AppliedRules, Resolution, RuleIndices};
 use crate::store::{Charge, Store, StoreError};
 
 /// The store's answer to a check that needed waiting: the rules that applied, their keys when
 /// they are kept (see [`Snapshot::keeps_keys`]), and the answer.
 pub(crate) struct Checked {
-    pub(crate) applied: Applied,
-    pub(crate) keys: Option<Box<FoundKeys>>,
+    pub(crate) applied: RuleIndices,
+    pub(crate) keys: Option<Box<AppliedRules>>,
     pub(crate) result: Result<Decision, StoreError>,
     /// How the request got to this check.
     pub(crate) phase: Phase,
@@ -149,17 +149,17 @@ impl<St: Store> Engine<St> {
     pub(crate) fn ask(
         &self,
         snapshot: &Snapshot,
-        keys: &FoundKeys,
-    ) -> (Check<St::Future>, Applied) {
+        keys: &AppliedRules,
+    ) -> (Check<St::Future>, RuleIndices) {
         let charges: SmallVec<[Charge<'_>; 2]> = keys
             .iter()
-            .map(|(i, key, cost)| Charge {
+            .map(|Applied { rule: i, key, cost }| Charge {
                 rule: &snapshot.rules[usize::from(*i)].spec,
                 key,
                 cost: *cost,
             })
             .collect();
-        let applied = keys.iter().map(|(i, _, _)| *i).collect();
+        let applied = keys.iter().map(|applied| applied.rule).collect();
         (Check::ask(&self.store, &charges), applied)
     }
 
@@ -168,9 +168,9 @@ impl<St: Store> Engine<St> {
     pub(crate) async fn check_timed(
         &self,
         snapshot: &Snapshot,
-        keys: &FoundKeys,
+        keys: &AppliedRules,
         timed: bool,
-    ) -> (Applied, Result<Decision, StoreError>, Option<Duration>) {
+    ) -> (RuleIndices, Result<Decision, StoreError>, Option<Duration>) {
         let stopwatch = Stopwatch::start(timed && !keys.is_empty());
         let (check, applied) = self.ask(snapshot, keys);
         let result = check.await;

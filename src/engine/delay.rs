@@ -10,7 +10,7 @@ use super::state::Engine;
 use super::verdict::{Delay, delay_of};
 use crate::Decision;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys, Resolution};
+use crate::policy::{AppliedRules, Resolution, RuleIndices};
 use crate::store::Store;
 
 impl<St: Store> Engine<St> {
@@ -19,7 +19,7 @@ impl<St: Store> Engine<St> {
     pub(super) fn check_again(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        keys: FoundKeys,
+        keys: AppliedRules,
         delay: Option<(Delay, Decision)>,
         phase: Phase,
         resolution: Resolution,
@@ -40,7 +40,7 @@ impl<St: Store> Engine<St> {
                     resolution,
                 };
             };
-            let applied: Applied = keys.iter().map(|(i, _, _)| *i).collect();
+            let applied: RuleIndices = keys.iter().map(|applied| applied.rule).collect();
             let denied_now = |applied, keys| Checked {
                 applied,
                 keys: Some(Box::new(keys)),

@@ -17,7 +17,7 @@ use super::ruling::{Decide, Pending, Ruling, Wait, WaitProj};
 use super::state::Engine;
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys, Resolution};
+use crate::policy::{AppliedRules, Resolution, RuleIndices};
 use crate::shed::Priority;
 use crate::store::Store;
 
@@ -36,9 +36,9 @@ pin_project! {
         // Open until the request is decided.
         span: tracing::Span,
         // The rules asked about.
-        applied: Applied,
+        applied: RuleIndices,
         // The keys, kept only when they may be needed again.
-        keys: Option<Box<FoundKeys>>,
+        keys: Option<Box<AppliedRules>>,
         // Where the request stands in the policy, once its rules are resolved.
         resolution: Option<Resolution>,
     }

@@ -8,7 +8,7 @@ use super::state::Engine;
 use crate::Decision;
 use crate::observe::{Decided, Head, Verdict};
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{FoundKeys, Resolution};
+use crate::policy::{AppliedRules, Resolution};
 
 impl<St> Engine<St> {
     /// A request whose client went away before it was decided, to events; `resolution` is
@@ -68,7 +68,7 @@ impl<St> Engine<St> {
         ctx: &Ctx<'_>,
         applied: &[u16],
         decision: Option<&Decision>,
-        keys: Option<&FoundKeys>,
+        keys: Option<&AppliedRules>,
         verdict: Verdict,
     ) {
         self.observer.decided(

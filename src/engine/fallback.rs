@@ -7,7 +7,7 @@ use smallvec::SmallVec;
 use super::state::Engine;
 use crate::clock::unix_micros;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, AppliedRules, RuleIndices};
 use crate::store::{Charge, MemoryStore, Store, StoreError};
 use crate::{Decision, FailureMode, RuleMode};
 
@@ -44,8 +44,8 @@ impl<St: Store> Engine<St> {
     pub(super) fn without_store(
         &self,
         snapshot: &Snapshot,
-        applied: &mut Applied,
-        keys: Option<&FoundKeys>,
+        applied: &mut RuleIndices,
+        keys: Option<&AppliedRules>,
     ) -> WithoutStore {
         // Shadow rules never refuse, and are not checked without the store.
         let mode = |i: &u16| {
@@ -64,8 +64,8 @@ impl<St: Store> Engine<St> {
         };
         let charges: SmallVec<[Charge<'_>; 2]> = keys
             .iter()
-            .filter(|(i, _, _)| mode(i) == FailureMode::Local)
-            .map(|(i, key, cost)| Charge {
+            .filter(|Applied { rule: i, .. }| mode(i) == FailureMode::Local)
+            .map(|Applied { rule: i, key, cost }| Charge {
                 rule: &snapshot.rules[usize::from(*i)].spec,
                 key,
                 cost: *cost,
@@ -76,8 +76,8 @@ impl<St: Store> Engine<St> {
         }
         *applied = keys
             .iter()
-            .filter(|(i, _, _)| mode(i) == FailureMode::Local)
-            .map(|(i, _, _)| *i)
+            .filter(|Applied { rule: i, .. }| mode(i) == FailureMode::Local)
+            .map(|applied| applied.rule)
             .collect();
         let fallback = self.fallback.get_or_init(MemoryStore::new);
         WithoutStore::Decided(fallback.decide(&charges))

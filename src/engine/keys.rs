@@ -14,7 +14,7 @@ use super::state::Engine;
 use crate::key::{Extracted, Key, KeyFuture};
 use crate::observe::{Head, Verdict};
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys, Resolution};
+use crate::policy::{Applied, AppliedRules, Resolution, RuleIndices};
 use crate::store::{Charge, Store};
 use crate::wire::is_grpc;
 
@@ -56,7 +56,7 @@ impl<St: Store> Engine<St> {
                     return Decide::waiting(Wait::Deferred {
                         check: self.deferred(
                             snapshot,
-                            (FoundKeys::new(), pending),
+                            (AppliedRules::new(), pending),
                             resolution,
                             parts,
                             span,
@@ -73,9 +73,13 @@ impl<St: Store> Engine<St> {
                     cost,
                 }],
             );
-            let applied = Applied::from_buf_and_len([index, 0, 0, 0], 1);
-            let mut keys = FoundKeys::new();
-            keys.push((index, key, cost));
+            let applied = RuleIndices::from_buf_and_len([index, 0, 0, 0], 1);
+            let mut keys = AppliedRules::new();
+            keys.push(Applied {
+                rule: index,
+                key,
+                cost,
+            });
             return self.respond(
                 snapshot,
                 check,
@@ -87,15 +91,23 @@ impl<St: Store> Engine<St> {
             );
         }
 
-        let mut keys = FoundKeys::new();
+        let mut keys = AppliedRules::new();
         let mut pending = PendingKeys::new();
         for &index in rules {
             let rule = &snapshot.rules[usize::from(index)];
             match rule.key.extract(parts) {
-                Extracted::Found(key) => keys.push((index, key, rule.cost.of(parts))),
+                Extracted::Found(key) => keys.push(Applied {
+                    rule: index,
+                    key,
+                    cost: rule.cost.of(parts),
+                }),
                 Extracted::Missing => {
                     if let Some(key) = missing_key(snapshot, index, RequestKind::of(parts)) {
-                        keys.push((index, key, rule.cost.of(parts)));
+                        keys.push(Applied {
+                            rule: index,
+                            key,
+                            cost: rule.cost.of(parts),
+                        });
                     }
                 }
                 Extracted::Pending(future) => pending.push((index, future, rule.cost.of(parts))),
@@ -125,7 +137,7 @@ impl<St: Store> Engine<St> {
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
         check: Check<St::Future>,
-        (mut applied, keys): (Applied, FoundKeys),
+        (mut applied, keys): (RuleIndices, AppliedRules),
         resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
@@ -163,7 +175,7 @@ impl<St: Store> Engine<St> {
     fn deferred(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        (mut keys, pending): (FoundKeys, PendingKeys),
+        (mut keys, pending): (AppliedRules, PendingKeys),
         resolution: Resolution,
         parts: &Parts,
         span: &tracing::Span,
@@ -182,10 +194,14 @@ impl<St: Store> Engine<St> {
                     None => missing_key(&snapshot, index, kind),
                 };
                 if let Some(key) = key {
-                    keys.push((index, key, cost));
+                    keys.push(Applied {
+                        rule: index,
+                        key,
+                        cost,
+                    });
                 }
             }
-            keys.sort_unstable_by_key(|(i, _, _)| *i);
+            keys.sort_unstable_by_key(|applied| applied.rule);
             let (applied, result, latency) = engine.check_timed(&snapshot, &keys, timed).await;
             let keys = (snapshot.keeps_keys() || log).then(|| Box::new(keys));
             Checked {

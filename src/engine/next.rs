@@ -15,7 +15,7 @@ use super::state::Engine;
 use super::verdict::{delay_of, denied, visible};
 use crate::observe::Verdict;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, AppliedRules, RuleIndices};
 use crate::response::Refusal;
 use crate::store::{Store, StoreError};
 use crate::{Decision, DecisionSource, FailureMode, RuleMode};
@@ -27,8 +27,8 @@ impl<St: Store> Engine<St> {
     pub(crate) fn after_check(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        applied: &mut Applied,
-        keys: Option<&FoundKeys>,
+        applied: &mut RuleIndices,
+        keys: Option<&AppliedRules>,
         result: Result<Decision, StoreError>,
         ctx: &Ctx<'_>,
     ) -> Decide<St::Future> {
@@ -96,8 +96,8 @@ impl<St: Store> Engine<St> {
     fn watched_denial(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        applied: &mut Applied,
-        keys: Option<&FoundKeys>,
+        applied: &mut RuleIndices,
+        keys: Option<&AppliedRules>,
         decision: Decision,
         ctx: &Ctx<'_>,
     ) -> Decide<St::Future> {
@@ -143,9 +143,9 @@ impl<St: Store> Engine<St> {
             }
             self.observer
                 .shadowed(snapshot, ctx.head, ctx.resolution, &shadow);
-            let enforced: FoundKeys = keys
+            let enforced: AppliedRules = keys
                 .iter()
-                .filter(|(i, _, _)| mode(*i) != RuleMode::Shadow)
+                .filter(|Applied { rule: i, .. }| mode(*i) != RuleMode::Shadow)
                 .cloned()
                 .collect();
             // A delayed request stays settled: it is never delayed twice.
@@ -183,8 +183,8 @@ impl<St: Store> Engine<St> {
     fn admitted(
         self: &Arc<Self>,
         snapshot: &Arc<Snapshot>,
-        applied: &mut Applied,
-        keys: Option<&FoundKeys>,
+        applied: &mut RuleIndices,
+        keys: Option<&AppliedRules>,
         decision: Decision,
         on_fallback: bool,
     ) -> Decide<St::Future> {
@@ -229,8 +229,8 @@ impl<St: Store> Engine<St> {
         &self,
         snapshot: &Snapshot,
         ctx: &Ctx<'_>,
-        applied: &mut Applied,
-        keys: Option<&FoundKeys>,
+        applied: &mut RuleIndices,
+        keys: Option<&AppliedRules>,
         decision: Decision,
         verdict: Verdict,
     ) -> Decide<St::Future> {
@@ -242,7 +242,7 @@ impl<St: Store> Engine<St> {
 /// The answer to a denied request (shadow rules left out of it).
 fn denied_answer<C>(
     snapshot: &Snapshot,
-    applied: &mut Applied,
+    applied: &mut RuleIndices,
     decision: Decision,
     grpc: bool,
 ) -> Decide<C> {

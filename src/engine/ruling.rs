@@ -9,7 +9,7 @@ use super::settle::Settle;
 use super::slots::Slots;
 use crate::Decision;
 use crate::policy::snapshot::Listing;
-use crate::policy::{Applied, FoundKeys, Resolution, TenantFuture};
+use crate::policy::{AppliedRules, Resolution, RuleIndices, TenantFuture};
 use crate::response::Refusal;
 
 /// What an admitted request carries to its response: the decision whose budget the response
@@ -18,7 +18,7 @@ use crate::response::Refusal;
 #[derive(Default)]
 pub(crate) struct Admitted {
     pub(crate) decision: Option<Decision>,
-    pub(crate) applied: Applied,
+    pub(crate) applied: RuleIndices,
     pub(crate) settle: Option<Box<Settle>>,
     pub(crate) slots: Option<Slots>,
 }
@@ -54,10 +54,10 @@ pub(crate) enum Decide<C> {
 pub(crate) struct Pending<C> {
     pub(super) wait: Wait<C>,
     /// The rules asked about.
-    pub(super) applied: Applied,
+    pub(super) applied: RuleIndices,
     /// The keys, kept only when they may be needed again (local fallback, shadow and delay
     /// rules, the rejection log's digest).
-    pub(super) keys: Option<Box<FoundKeys>>,
+    pub(super) keys: Option<Box<AppliedRules>>,
     /// Where the request stands in the policy, once its rules are resolved.
     pub(super) resolution: Option<Resolution>,
 }
@@ -80,14 +80,14 @@ impl<C> Decide<C> {
     pub(super) fn waiting(wait: Wait<C>) -> Self {
         Decide::Waiting(Pending {
             wait,
-            applied: Applied::new(),
+            applied: RuleIndices::new(),
             keys: None,
             resolution: None,
         })
     }
 
     /// Checks again (`check`): the rules asked about so far are `applied`.
-    pub(super) fn again(check: DeferredCheck, applied: Applied) -> Self {
+    pub(super) fn again(check: DeferredCheck, applied: RuleIndices) -> Self {
         Decide::Waiting(Pending {
             wait: Wait::Deferred { check },
             applied,

@@ -11,7 +11,7 @@ use super::state::Engine;
 use crate::Decision;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{Applied, FoundKeys};
+use crate::policy::{Applied, AppliedRules, RuleIndices};
 use crate::store::{Adjustment, Change, Store, StoreError, StoreFuture};
 
 /// Charges to settle once the response head is there: the rules that charge by the response
@@ -109,8 +109,8 @@ pub(crate) fn report_settle(result: Result<(), StoreError>) {
 /// The charges of `applied` rules that `wanted` picks, with when each was made (0 when the
 /// store did not say: "now" on its clock, when they are adjusted).
 pub(super) fn charges_of(
-    applied: &Applied,
-    keys: Option<&FoundKeys>,
+    applied: &RuleIndices,
+    keys: Option<&AppliedRules>,
     decision: &Decision,
     wanted: impl Fn(u16) -> bool,
 ) -> SmallVec<[(u16, Key, u64, u64); 1]> {
@@ -118,8 +118,8 @@ pub(super) fn charges_of(
         return SmallVec::new();
     };
     keys.iter()
-        .filter(|(i, _, _)| wanted(*i))
-        .filter_map(|(i, key, cost)| {
+        .filter(|Applied { rule: i, .. }| wanted(*i))
+        .filter_map(|Applied { rule: i, key, cost }| {
             let position = applied.iter().position(|j| j == i)?;
             Some((*i, key.clone(), *cost, decision.charged_at(position)))
         })

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::observe::Verdict;
-use crate::policy::Applied;
+use crate::policy::RuleIndices;
 use crate::policy::snapshot::Snapshot;
 use crate::{Decision, DecisionSource, RuleMode};
 
@@ -18,7 +18,11 @@ pub(super) fn denied(decision: &Decision) -> Verdict {
 }
 
 /// The decision without its shadow rules, which add nothing to answers; `applied` alike.
-pub(super) fn visible(snapshot: &Snapshot, applied: &mut Applied, decision: Decision) -> Decision {
+pub(super) fn visible(
+    snapshot: &Snapshot,
+    applied: &mut RuleIndices,
+    decision: Decision,
+) -> Decision {
     if !snapshot.watches {
         return decision;
     }

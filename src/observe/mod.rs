@@ -108,7 +108,7 @@ use http::{Extensions, HeaderMap, Uri};
 
 use crate::Decision;
 use crate::key::Route;
-use crate::policy::FoundKeys;
+use crate::policy::AppliedRules;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{FailureMode, Resolution, RuleMode, Tenant};
 
@@ -335,7 +335,7 @@ pub(crate) struct Decided<'a> {
     pub(crate) resolution: Option<Resolution>,
     pub(crate) applied: &'a [u16],
     pub(crate) decision: Option<&'a Decision>,
-    pub(crate) keys: Option<&'a FoundKeys>,
+    pub(crate) keys: Option<&'a AppliedRules>,
     pub(crate) verdict: Verdict,
     pub(crate) store_latency: Option<Duration>,
 }

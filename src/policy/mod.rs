@@ -296,7 +296,7 @@ pub use tenant::{
     TenantFromHeader, TenantFuture, TenantKey,
 };
 
-pub(crate) use applied::{Applied, FoundKeys};
+pub(crate) use applied::{Applied, AppliedRules, RuleIndices};
 pub(crate) use cost::Cost;
 pub(crate) use failure::FailureMode;
 pub(crate) use mode::RuleMode;
