@@ -8,9 +8,12 @@
 //!    is found, and the policy resolves which rules apply (`gate`).
 //! 1. Each rule's extractor finds the request's key (`keys`).
 //! 2. The store checks every key in one atomic step (`check`).
-//! 3. Its answer becomes what follows (`next`): call the inner service, or answer for it. A
-//!    store failure is decided by each rule's failure mode (`fallback`); a denial by shadow
-//!    rules only admits the request, one by delay rules waits and checks again (`delay`).
+//! 3. Its answer becomes what follows (`next`, in the shapes of `ruling`): call the inner
+//!    service, or answer for it. A store failure is decided by each rule's failure mode
+//!    (`fallback`); a denial by shadow rules only admits the request, one by delay rules waits
+//!    and checks again (`delay`); what answers show is decided by pure functions (`verdict`).
+//! 4. After the response: charges settled (`settle`), slots given back (`slots`); every
+//!    decision is told to the events (`events`).
 //!
 //! Nothing here knows about `Service`: the faces (`service`, `future`, `grpc`) call
 //! [`Engine::decide`] and drive what it could not decide with the [`Driver`].
