@@ -10,7 +10,7 @@ use super::ruling::{Admitted, Decide, Wait};
 use super::state::Engine;
 use crate::observe::{Head, Verdict};
 use crate::policy::snapshot::{Listing, Snapshot};
-use crate::policy::{Found, Tenant};
+use crate::policy::{Found, Resolved, Tenant};
 use crate::response::Refusal;
 use crate::shed::Priority;
 use crate::store::Store;
@@ -56,44 +56,62 @@ impl<St: Store> Engine<St> {
         parts: &mut Parts,
         span: &tracing::Span,
     ) -> Decide<St::Future> {
-        // The tenant found lives in the request's extensions: for the tenant's key, for
-        // handlers, and read from there without a copy.
-        let has_tenant = match tenant {
-            Found::Tenant(tenant) => {
-                if parts.extensions.get::<Tenant>() != Some(&tenant) {
-                    parts.extensions.insert(tenant);
+        let (found, in_place) = match tenant {
+            Found::Tenant(tenant) => (Some(tenant), false),
+            // An authentication layer's tenant: read where it is.
+            Found::InExtensions => (None, true),
+            Found::None | Found::Pending(_) => (None, false),
+        };
+        let gate = {
+            let tenant = match &found {
+                Some(tenant) => Some(tenant),
+                None if in_place => parts.extensions.get::<Tenant>(),
+                None => None,
+            };
+            let mut denied = false;
+            if let Some(tenant) = tenant
+                && snapshot.lists.has_tenant_entries()
+            {
+                match snapshot.lists.tenant(tenant) {
+                    Listing::Denied => denied = true,
+                    Listing::Allowed => listing = Listing::Allowed,
+                    Listing::Unlisted => {}
                 }
-                true
             }
-            Found::InExtensions => true,
-            Found::None | Found::Pending(_) => false,
+            if denied {
+                Gate::Forbidden
+            } else if listing == Listing::Allowed {
+                Gate::Allowed
+            } else if !self.count_preflight && is_preflight(parts) {
+                // After the lists: a denied client is refused whatever it sends.
+                Gate::Preflight
+            } else {
+                Gate::Rules(snapshot.resolver.resolve(tenant, parts))
+            }
         };
-        let parts = &*parts;
-        let tenant = if has_tenant {
-            parts.extensions.get::<Tenant>()
-        } else {
-            None
-        };
-        if let Some(tenant) = tenant
-            && snapshot.lists.has_tenant_entries()
+        // The tenant found goes into the request's extensions for handlers and for the
+        // tenant's key ([`TenantKey`](crate::policy::TenantKey) reads it there), and for the
+        // events; the lists and the rules above took it as a value.
+        if let Some(tenant) = found
+            && parts.extensions.get::<Tenant>() != Some(&tenant)
         {
-            match snapshot.lists.tenant(tenant) {
-                Listing::Denied => return self.forbidden(snapshot, parts, span),
-                Listing::Allowed => listing = Listing::Allowed,
-                Listing::Unlisted => {}
+            parts.extensions.insert(tenant);
+        }
+        let parts = &*parts;
+        match gate {
+            Gate::Forbidden => self.forbidden(snapshot, parts, span),
+            Gate::Allowed => {
+                self.emit_listed(snapshot, parts, None, span, Verdict::ListedAllowed);
+                nothing_applies()
+            }
+            Gate::Preflight => {
+                self.emit_listed(snapshot, parts, None, span, Verdict::NotLimited);
+                nothing_applies()
+            }
+            Gate::Rules(resolved) => {
+                self.check_rules(snapshot, resolved.rules, resolved.resolution, parts, span)
             }
         }
-        if listing == Listing::Allowed {
-            self.emit_listed(snapshot, parts, None, span, Verdict::ListedAllowed);
-            return nothing_applies();
-        }
-        // After the lists: a denied client is refused whatever it sends.
-        if !self.count_preflight && is_preflight(parts) {
-            self.emit_listed(snapshot, parts, None, span, Verdict::NotLimited);
-            return nothing_applies();
-        }
-        let resolved = snapshot.resolver.resolve(tenant, parts);
-        self.check_rules(snapshot, resolved.rules, resolved.resolution, parts, span)
     }
 
     /// A request shed before any check: 503 (gRPC `UNAVAILABLE`).
@@ -141,4 +159,16 @@ fn is_preflight(parts: &Parts) -> bool {
 /// No rule applies to this request: it goes through, with no budget to report.
 pub(super) fn nothing_applies<C>() -> Decide<C> {
     Decide::call(Admitted::default())
+}
+
+/// What the gate lets through: the rules resolved for the request, or a decision before them.
+enum Gate<'a> {
+    /// The tenant is on the deny list.
+    Forbidden,
+    /// The key or the tenant is on the allow list.
+    Allowed,
+    /// A CORS preflight, not counted.
+    Preflight,
+    /// The rules that apply, and where the request stands in the policy.
+    Rules(Resolved<'a>),
 }

@@ -301,7 +301,7 @@ pub(crate) use cost::Cost;
 pub(crate) use failure::FailureMode;
 pub(crate) use mode::RuleMode;
 pub(crate) use quota::Quota;
-pub(crate) use resolve::Resolution;
+pub(crate) use resolve::{Resolution, Resolved};
 pub(crate) use rule::{CompiledRule, Rule};
 pub(crate) use source::{Live, Registrar};
 pub(crate) use tenant::SharedTenantExtractor;
