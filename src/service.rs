@@ -110,7 +110,7 @@ where
         // Load shedding comes first: a busy process spends nothing on what it sheds.
         let mut in_flight = None;
         let (snapshot, decide) = match self.engine.shedder.as_ref().map(|s| s.enter(&parts)) {
-            Some(Err((priority, share))) => self.engine.decide_shed(&parts, &span, priority, share),
+            Some(Err((priority, share))) => self.engine.shed(&parts, &span, priority, share),
             entered => {
                 in_flight = entered.and_then(Result::ok);
                 self.engine.decide(&mut parts, &span)

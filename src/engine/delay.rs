@@ -29,26 +29,20 @@ impl<St: Store> Engine<St> {
         let snapshot = snapshot.clone();
         let timed = Stopwatch::times(span);
         Box::pin(async move {
-            let Some((mut delay, denied)) = delay else {
-                let (applied, result, latency) = engine.check_timed(&snapshot, &keys, timed).await;
-                return Checked {
-                    applied,
-                    keys: Some(Box::new(keys)),
-                    result,
-                    phase,
-                    latency,
-                    resolution,
-                };
-            };
-            let applied: RuleIndices = keys.iter().map(|applied| applied.rule).collect();
-            let denied_now = |applied, keys| Checked {
+            let checked = |applied, keys, result, latency| Checked {
                 applied,
                 keys: Some(Box::new(keys)),
-                result: Ok(denied),
+                result,
                 phase,
-                latency: None,
+                latency,
                 resolution,
             };
+            let Some((mut delay, denied)) = delay else {
+                let (applied, result, latency) = engine.check_timed(&snapshot, &keys, timed).await;
+                return checked(applied, keys, result, latency);
+            };
+            let applied: RuleIndices = keys.iter().map(|applied| applied.rule).collect();
+            let denied_now = |applied, keys| checked(applied, keys, Ok(denied), None);
             // Waiting needs tokio's timer; without a runtime the request is denied, not a panic.
             if tokio::runtime::Handle::try_current().is_err() {
                 tracing::debug!("tollgate: a delay rule needs a tokio runtime to wait; denied");
@@ -74,14 +68,7 @@ impl<St: Store> Engine<St> {
                         continue;
                     }
                 }
-                return Checked {
-                    applied,
-                    keys: Some(Box::new(keys)),
-                    result,
-                    phase,
-                    latency,
-                    resolution,
-                };
+                return checked(applied, keys, result, latency);
             }
         })
     }

@@ -18,7 +18,6 @@ use super::state::Engine;
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{AppliedRules, Resolution, RuleIndices};
-use crate::shed::Priority;
 use crate::store::Store;
 
 pin_project! {
@@ -55,17 +54,6 @@ impl<St: Store> Engine<St> {
         let snapshot = self.snapshot();
         let decide = self.begin(&snapshot, parts, span);
         (snapshot, decide)
-    }
-
-    /// A request shed before any check: answered at once.
-    pub(crate) fn decide_shed(
-        &self,
-        parts: &Parts,
-        span: &tracing::Span,
-        priority: Priority,
-        share: usize,
-    ) -> (Arc<Snapshot>, Decide<St::Future>) {
-        self.shed(parts, span, priority, share)
     }
 }
 

@@ -114,7 +114,7 @@ impl<St: Store> Engine<St> {
         }
     }
 
-    /// A request shed before any check: 503 (gRPC `UNAVAILABLE`).
+    /// A request shed before any check, answered at once: 503 (gRPC `UNAVAILABLE`).
     pub(crate) fn shed(
         &self,
         parts: &Parts,
