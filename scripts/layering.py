@@ -27,7 +27,7 @@ RANKS = {
     5: ["policy"],
     6: ["observe"],
     7: ["engine"],
-    8: ["layer", "service", "future", "limiter", "grpc", "client", "testing"],
+    8: ["layer", "service", "future", "body", "limiter", "grpc", "client", "testing"],
 }
 
 RANK_OF = {module: rank for rank, modules in RANKS.items() for module in modules}

@@ -31,18 +31,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::decide::{
-    Admitted, Applied, Check, Checked, Ctx, DeferredCheck, FoundKeys, Next, Phase, Shared, Start,
-};
-use crate::held::Held;
+use crate::body::ResponseBody;
+use crate::engine::{Admitted, Decide, Driver, Engine, Ruling, Slots, report_settle};
 use crate::observe::Head;
-use crate::policy::TenantFuture;
-use crate::policy::snapshot::{Listing, Snapshot};
-use crate::response::ResponseBody;
+use crate::policy::snapshot::Snapshot;
 use crate::shed::InFlight;
 use crate::store::{Store, StoreFuture};
 
@@ -54,20 +51,12 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<S, Request<ReqBody>, S::Future, Check<St::Future>, S::Response>,
-        applied: Applied,
-        // The keys, kept only when they may be needed again (local fallback, shadow and delay
-        // rules).
-        keys: Option<Box<FoundKeys>>,
+        state: State<S, ReqBody, S::Future, Driver<St>, S::Response>,
         // The policy the request started under: it finishes under it.
         snapshot: Arc<Snapshot>,
-        // Open until the request is decided.
-        span: tracing::Span,
-        // When the store was asked, when the latency is measured.
-        asked_at: Option<std::time::Instant>,
         // The request's place in the load shedder's count: it goes with the response body.
         in_flight: Option<InFlight>,
-        shared: Arc<Shared<St>>,
+        engine: Arc<Engine<St>>,
     }
 
     impl<S, ReqBody, St> PinnedDrop for ResponseFuture<S, ReqBody, St>
@@ -80,25 +69,17 @@ pin_project! {
         // work was done, its cost is charged.
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            let call = match this.state.project() {
-                StateProj::Tenant { call, .. }
-                | StateProj::Checking { call, .. }
-                | StateProj::Deferred { call, .. } => call.as_ref(),
+            match this.state.project() {
+                StateProj::Deciding {
+                    driver,
+                    call: Some((_, parts, _)),
+                } => driver.cancel(Head::of_parts(parts)),
                 StateProj::Settling { future, .. } => {
                     if let Some(future) = future.take() {
                         finish_settle(future);
                     }
-                    None
                 }
-                _ => None,
-            };
-            if let Some((_, request)) = call {
-                this.shared.cancelled(
-                    this.snapshot,
-                    Head::of_request(request),
-                    this.applied,
-                    this.span,
-                );
+                _ => {}
             }
         }
     }
@@ -106,21 +87,18 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<S, R, F, C, Resp> {
-        // The tenant is looked up; the ready inner service and the request wait here.
-        Tenant { future: TenantFuture, listing: Listing, call: Option<(S, R)> },
+    enum State<S, B, F, D, Resp> {
         // The ready inner service and the request wait here for the decision.
-        Checking { #[pin] check: C, call: Option<(S, R)> },
-        Deferred { check: DeferredCheck, call: Option<(S, R)> },
+        Deciding { #[pin] driver: D, call: Option<(S, Parts, B)> },
         // The inner service works; the request's slots are held here meanwhile.
         Calling { #[pin] future: F, admitted: Admitted },
         // The inner service answered; its charges are settled in the store first.
         Settling {
             future: Option<StoreFuture<()>>,
             response: Option<Resp>,
-            held: Option<Held>,
+            slots: Option<Slots>,
         },
-        // Decided in `call`: tollgate's own answer, ready.
+        // Decided: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
         Done,
     }
@@ -131,101 +109,52 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    /// The future of a request after [`Shared::start`]: the inner service is called now when it
-    /// was decided, else the future waits for the decision first.
+    /// The future of a request after [`Engine::decide`]: the inner service is called now when
+    /// it was decided, else the future drives the decision first.
     pub(crate) fn new(
-        start: Start<St::Future>,
+        decide: Decide<St::Future>,
         snapshot: Arc<Snapshot>,
         span: tracing::Span,
         service: S,
-        request: Request<ReqBody>,
-        shared: Arc<Shared<St>>,
+        request: (Parts, ReqBody),
+        engine: Arc<Engine<St>>,
         in_flight: Option<InFlight>,
     ) -> Self {
-        let mut applied = Applied::new();
-        let mut keys = None;
-        let mut asked_at = None;
-        let state = enter(
-            start,
-            service,
-            request,
-            &mut applied,
-            &mut keys,
-            &mut asked_at,
-        );
-        // Decided already: the span is closed now, not with the response.
-        let span = match state {
-            State::Calling { .. } | State::Answered { .. } => tracing::Span::none(),
-            _ => span,
+        let (parts, body) = request;
+        let state = match decide {
+            Decide::Ready(ruling) => enter(ruling, &snapshot, service, parts, body),
+            Decide::Waiting(pending) => State::Deciding {
+                driver: Driver::new(pending, engine.clone(), snapshot.clone(), span),
+                call: Some((service, parts, body)),
+            },
         };
         ResponseFuture {
             state,
-            applied,
-            keys,
             snapshot,
-            span,
-            asked_at,
             in_flight,
-            shared,
+            engine,
         }
     }
 }
 
-/// The state in which a request waits after `start`.
-#[allow(clippy::type_complexity)]
-fn enter<S, ReqBody, C>(
-    start: Start<C>,
+/// The state that follows a ruling.
+fn enter<S, ReqBody, D>(
+    ruling: Ruling,
+    snapshot: &Snapshot,
     mut service: S,
-    request: Request<ReqBody>,
-    applied: &mut Applied,
-    keys: &mut Option<Box<FoundKeys>>,
-    asked_at: &mut Option<std::time::Instant>,
-) -> State<S, Request<ReqBody>, S::Future, Check<C>, S::Response>
+    parts: Parts,
+    body: ReqBody,
+) -> State<S, ReqBody, S::Future, D, S::Response>
 where
     S: Service<Request<ReqBody>>,
 {
-    match start {
-        Start::Decided {
-            next,
-            applied: decided,
-        } => {
-            *applied = decided;
-            match next {
-                Next::Call(admitted) => State::Calling {
-                    future: service.call(request),
-                    admitted,
-                },
-                Next::Answer(response) => State::Answered {
-                    response: Some(response),
-                },
-                Next::Again(check) => State::Deferred {
-                    check,
-                    call: Some((service, request)),
-                },
-            }
-        }
-        Start::Checking {
-            check,
-            applied: checking,
-            keys: kept,
-            asked_at: asked,
-        } => {
-            *applied = checking;
-            *keys = kept;
-            *asked_at = asked;
-            State::Checking {
-                check,
-                call: Some((service, request)),
-            }
-        }
-        Start::Deferred(check) => State::Deferred {
-            check,
-            call: Some((service, request)),
+    match ruling {
+        Ruling::Call(admitted) => State::Calling {
+            future: service.call(Request::from_parts(parts, body)),
+            admitted,
         },
-        Start::Tenant { future, listing } => State::Tenant {
-            future,
-            listing,
-            call: Some((service, request)),
+        Ruling::Answer { refusal, grpc } => State::Answered {
+            response: Some(snapshot.answers.render(&refusal, grpc)),
         },
     }
 }
@@ -240,68 +169,28 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            let (result, call, phase, latency) = match this.state.as_mut().project() {
-                StateProj::Tenant {
-                    future,
-                    listing,
-                    call,
-                } => {
-                    let tenant = ready!(future.as_mut().poll(cx));
-                    let Some((service, request)) = call.take() else {
+            match this.state.as_mut().project() {
+                StateProj::Deciding { driver, call } => {
+                    let Some((_, parts, _)) = call.as_mut() else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let (mut parts, body) = request.into_parts();
-                    let start = this.shared.with_tenant(
-                        this.snapshot,
-                        tenant.into(),
-                        *listing,
-                        &mut parts,
-                        this.span,
-                    );
-                    let request = Request::from_parts(parts, body);
-                    let state = enter(
-                        start,
-                        service,
-                        request,
-                        this.applied,
-                        this.keys,
-                        this.asked_at,
-                    );
-                    if matches!(state, State::Calling { .. } | State::Answered { .. }) {
-                        // Decided: the span closes.
-                        *this.span = tracing::Span::none();
-                    }
-                    this.state.set(state);
-                    continue;
-                }
-                StateProj::Checking { check, call } => {
-                    let result = ready!(check.poll(cx));
-                    let latency = this.asked_at.take().map(|at| at.elapsed());
-                    this.shared.observer.store_checked(latency, &result);
-                    (result, call.take(), Phase::default(), latency)
-                }
-                StateProj::Deferred { check, call } => {
-                    let Checked {
-                        applied,
-                        keys,
-                        result,
-                        phase,
-                        latency,
-                    } = ready!(check.as_mut().poll(cx));
-                    *this.applied = applied;
-                    *this.keys = keys;
-                    (result, call.take(), phase, latency)
+                    let ruling = ready!(driver.poll_decide(cx, parts));
+                    let Some((service, parts, body)) = call.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    this.state
+                        .set(enter(ruling, this.snapshot, service, parts, body));
                 }
                 StateProj::Calling { future, admitted } => {
                     // An error of the inner service drops the slots with this state.
                     let mut response = ready!(future.poll(cx))?;
                     let mut decision = admitted.decision.take();
-                    let held = admitted.held.take();
+                    let slots = admitted.slots.take();
                     let mut pending = None;
                     if let Some(settle) = admitted.settle.take() {
-                        let answer = decision.as_mut().map(|d| (d, &this.applied[..]));
+                        let answer = decision.as_mut().map(|d| (d, &admitted.applied[..]));
                         (response, pending) =
-                            this.shared.settle(this.snapshot, &settle, response, answer);
+                            this.engine.settle(this.snapshot, &settle, response, answer);
                     }
                     let snapshot = &**this.snapshot;
                     for name in &snapshot.cost_headers {
@@ -310,8 +199,7 @@ where
                     if let Some(decision) = decision {
                         snapshot.answers.write_budget(
                             response.headers_mut(),
-                            &snapshot.rules,
-                            this.applied,
+                            &admitted.applied,
                             &decision,
                         );
                     }
@@ -319,31 +207,31 @@ where
                         this.state.set(State::Settling {
                             future: Some(future),
                             response: Some(response),
-                            held,
+                            slots,
                         });
                         continue;
                     }
                     this.state.set(State::Done);
                     return Poll::Ready(Ok(response
-                        .map(|body| ResponseBody::holding(body, held, this.in_flight.take()))));
+                        .map(|body| ResponseBody::holding(body, slots, this.in_flight.take()))));
                 }
                 StateProj::Settling {
                     future,
                     response,
-                    held,
+                    slots,
                 } => {
                     if let Some(pending) = future {
-                        crate::decide::report_settle(ready!(pending.as_mut().poll(cx)));
+                        report_settle(ready!(pending.as_mut().poll(cx)));
                         *future = None;
                     }
                     let response = response.take();
-                    let held = held.take();
+                    let slots = slots.take();
                     this.state.set(State::Done);
                     let Some(response) = response else {
                         panic!("ResponseFuture polled after completion");
                     };
                     return Poll::Ready(Ok(response
-                        .map(|body| ResponseBody::holding(body, held, this.in_flight.take()))));
+                        .map(|body| ResponseBody::holding(body, slots, this.in_flight.take()))));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take();
@@ -354,40 +242,6 @@ where
                     return Poll::Ready(Ok(response.map(ResponseBody::full)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
-            };
-            let Some((mut service, request)) = call else {
-                panic!("ResponseFuture polled after completion");
-            };
-            let ctx = Ctx {
-                head: Head::of_request(&request),
-                span: this.span,
-                latency,
-                phase,
-            };
-            let next = this.shared.after_check(
-                this.snapshot,
-                this.applied,
-                this.keys.as_deref(),
-                result,
-                &ctx,
-            );
-            if !matches!(next, Next::Again(_)) {
-                // Decided: the span closes.
-                *this.span = tracing::Span::none();
-            }
-            match next {
-                Next::Call(admitted) => this.state.set(State::Calling {
-                    future: service.call(request),
-                    admitted,
-                }),
-                Next::Answer(response) => {
-                    this.state.set(State::Done);
-                    return Poll::Ready(Ok(response.map(ResponseBody::full)));
-                }
-                Next::Again(check) => this.state.set(State::Deferred {
-                    check,
-                    call: Some((service, request)),
-                }),
             }
         }
     }
@@ -399,7 +253,7 @@ where
 fn finish_settle(future: StoreFuture<()>) {
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
-            runtime.spawn(async move { crate::decide::report_settle(future.await) });
+            runtime.spawn(async move { report_settle(future.await) });
         }
         Err(_) => tracing::warn!(
             "tollgate: a request dropped outside a Tokio runtime while its charge was settled; \

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tower_layer::Layer;
 
-use crate::decide::{Policies, Shared};
+use crate::engine::{Engine, PolicyInForce};
 use crate::key::{Extracted, FirstOfShared, Key, KeyExtractor, PeerIp, SharedExtractor};
 use crate::observe::{DecisionHook, DenialLog, Observer};
 use crate::policy::MAX_RULES;
@@ -43,7 +43,7 @@ pub const DEFAULT_MAX_WAITING: usize = 1024;
 /// It works with `Router::layer`, `Router::route_layer`, `tower::ServiceBuilder` and
 /// `tonic::transport::Server::builder().layer`, and keeps the inner service's error type.
 pub struct RateLimitLayer<St = MemoryStore> {
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
 }
 
 impl RateLimitLayer<MemoryStore> {
@@ -86,20 +86,20 @@ impl RateLimitLayer<MemoryStore> {
 impl<St> RateLimitLayer<St> {
     /// The store the layer checks.
     pub fn store(&self) -> &St {
-        &self.shared.store
+        &self.engine.store
     }
 
     /// What the layer's services share.
     #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
-    pub(crate) fn shared(&self) -> &Arc<Shared<St>> {
-        &self.shared
+    pub(crate) fn engine(&self) -> &Arc<Engine<St>> {
+        &self.engine
     }
 
     /// The layer's budgets from your own code: peek, charge, refund and reset one rule's key,
     /// with the layer's rules and store (see [`Limiter`](crate::Limiter)).
     pub fn limiter(&self) -> crate::Limiter<St> {
         crate::Limiter {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 
@@ -107,9 +107,9 @@ impl<St> RateLimitLayer<St> {
     /// [`policy_source`](RateLimitLayerBuilder::policy_source): the version in force, reload
     /// counts, and installing a policy from code. `None` for a layer whose rules are fixed.
     pub fn policy_handle(&self) -> Option<PolicyHandle> {
-        match &self.shared.policy {
-            Policies::Live(live) => Some(PolicyHandle { live: live.clone() }),
-            Policies::Fixed(_) => None,
+        match &self.engine.policy {
+            PolicyInForce::Live(live) => Some(PolicyHandle { live: live.clone() }),
+            PolicyInForce::Fixed(_) => None,
         }
     }
 }
@@ -117,14 +117,14 @@ impl<St> RateLimitLayer<St> {
 impl<St> Clone for RateLimitLayer<St> {
     fn clone(&self) -> Self {
         RateLimitLayer {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
 
 impl<St> fmt::Debug for RateLimitLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let snapshot = self.shared.snapshot();
+        let snapshot = self.engine.snapshot();
         f.debug_struct("RateLimitLayer")
             .field("version", &&*snapshot.version)
             .field(
@@ -144,7 +144,7 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
     type Service = RateLimit<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, self.shared.clone())
+        RateLimit::new(inner, self.engine.clone())
     }
 }
 
@@ -404,8 +404,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         let snapshot = Snapshot::compile(&policy, &compiler)?;
         let shedder = self.shed.map(Shedding::build).transpose()?;
         let policy = match source {
-            None => Policies::Fixed(Arc::new(snapshot)),
-            Some(_) => Policies::Live(Arc::new(Live::new(snapshot, compiler))),
+            None => PolicyInForce::Fixed(Arc::new(snapshot)),
+            Some(_) => PolicyInForce::Live(Arc::new(Live::new(snapshot, compiler))),
         };
         let store = match self.store {
             StoreChoice::Given(store) => store,
@@ -418,7 +418,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             self.hook,
             store.kind(),
         );
-        let shared = Arc::new(Shared {
+        let engine = Arc::new(Engine {
             policy,
             observer,
             store,
@@ -433,17 +433,17 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             shedder,
             uses: Default::default(),
         });
-        shared.register(&shared.snapshot())?;
-        if let (Policies::Live(live), Some(source)) = (&shared.policy, source) {
+        engine.register(&engine.snapshot())?;
+        if let (PolicyInForce::Live(live), Some(source)) = (&engine.policy, source) {
             #[cfg(feature = "metrics")]
             crate::telemetry::reloads_start();
-            let registrar: Arc<dyn Registrar> = shared.clone();
+            let registrar: Arc<dyn Registrar> = engine.clone();
             live.connect(Arc::downgrade(&registrar));
             if let Some(interval) = source.interval() {
                 live.watch(source, interval);
             }
         }
-        Ok(RateLimitLayer { shared })
+        Ok(RateLimitLayer { engine })
     }
 }
 

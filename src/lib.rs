@@ -36,7 +36,7 @@
 //! * [`Headers`], [`RateLimited`]: what clients are told — `RateLimit` / `RateLimit-Policy`
 //!   (draft-ietf-httpapi-ratelimit-headers-11), `X-RateLimit-*`, `Retry-After`, and an RFC 9457
 //!   problem body (below).
-//! * [`shed`]: load shedding; [`grpc`]: tonic services and streams; [`client`]: clients that
+//! * [`Shedding`]: load shedding; [`grpc`]: tonic services and streams; [`client`]: clients that
 //!   honour the limit; [`observe`]: metrics, the span, the rejection log, the decision hook.
 //!
 //! The layer keeps the inner service's error type, so it needs no `HandleErrorLayer`, and works
@@ -378,14 +378,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod algorithm;
+mod body;
 pub mod client;
 pub mod clock;
-mod decide;
+mod engine;
 mod error;
 pub mod future;
 #[cfg(feature = "tonic")]
 pub mod grpc;
-mod held;
 pub mod key;
 mod layer;
 mod limiter;
@@ -393,7 +393,7 @@ pub mod observe;
 pub mod policy;
 mod response;
 mod service;
-pub mod shed;
+mod shed;
 pub mod store;
 #[cfg(feature = "metrics")]
 mod telemetry;
@@ -412,6 +412,7 @@ struct ReadmeDoctests;
 
 pub use algorithm::decision::{Decision, DecisionSource};
 pub use algorithm::kind::Algorithm;
+pub use body::ResponseBody;
 pub use error::ConfigError;
 pub use layer::{DEFAULT_MAX_WAITING, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Limiter, LimiterError};
@@ -422,7 +423,7 @@ pub use policy::mode::RuleMode;
 pub use policy::outcome::{ActualCost, ChargeWhen};
 pub use policy::quota::Quota;
 pub use policy::rule::{DEFAULT_LEASE_TTL, DEFAULT_MAX_HOLD, Rule};
-pub use response::{Headers, RateLimited, ResetFormat, ResponseBody};
+pub use response::{Headers, RateLimited, ResetFormat};
 pub use service::RateLimit;
 pub use shed::{Priority, Shedding};
 #[cfg(feature = "redis")]

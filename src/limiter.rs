@@ -29,19 +29,19 @@ use std::sync::Arc;
 
 use crate::Decision;
 use crate::algorithm::Outcome;
-use crate::decide::Shared;
+use crate::engine::Engine;
 use crate::key::Key;
 use crate::store::{Adjustment, Change, Charge, RuleSpec, Store, StoreError};
 
 /// A layer's budgets from your own code: see [`RateLimitLayer::limiter`](crate::RateLimitLayer::limiter).
 pub struct Limiter<St> {
-    pub(crate) shared: Arc<Shared<St>>,
+    pub(crate) engine: Arc<Engine<St>>,
 }
 
 impl<St> Clone for Limiter<St> {
     fn clone(&self) -> Self {
         Limiter {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -91,7 +91,7 @@ impl From<StoreError> for LimiterError {
 
 impl<St: Store> Limiter<St> {
     fn rule(&self, name: &str) -> Result<Arc<RuleSpec>, LimiterError> {
-        self.shared
+        self.engine
             .snapshot()
             .rules
             .iter()
@@ -113,7 +113,7 @@ impl<St: Store> Limiter<St> {
         rule: &str,
         parts: &http::request::Parts,
     ) -> Result<Option<Key>, LimiterError> {
-        let snapshot = self.shared.snapshot();
+        let snapshot = self.engine.snapshot();
         let compiled = snapshot
             .rules
             .iter()
@@ -134,7 +134,7 @@ impl<St: Store> Limiter<St> {
             key,
             cost: 0,
         }];
-        let decision = self.shared.store.peek(&charge).await?;
+        let decision = self.engine.store.peek(&charge).await?;
         first(decision)
     }
 
@@ -147,7 +147,7 @@ impl<St: Store> Limiter<St> {
             key,
             cost,
         }];
-        Ok(self.shared.store.check(&charge).await?)
+        Ok(self.engine.store.check(&charge).await?)
     }
 
     /// Gives `cost` units back to `rule` for `key` (to the current window, for the window
@@ -189,7 +189,7 @@ impl<St: Store> Limiter<St> {
             change: Change::Refund(cost),
             charged_at: charged.charged_at(0),
         }];
-        Ok(self.shared.store.adjust(&adjustment).await?)
+        Ok(self.engine.store.adjust(&adjustment).await?)
     }
 
     /// Charges `cost` units to `rule` for `key` whatever its budget: past it, the key is in
@@ -212,7 +212,7 @@ impl<St: Store> Limiter<St> {
             change,
             charged_at: 0,
         }];
-        Ok(self.shared.store.adjust(&adjustment).await?)
+        Ok(self.engine.store.adjust(&adjustment).await?)
     }
 
     /// Forgets every charge of `rule` for `key`: its next request finds a full budget (after a
@@ -224,7 +224,7 @@ impl<St: Store> Limiter<St> {
             key,
             cost: 0,
         }];
-        Ok(self.shared.store.reset(&charge).await?)
+        Ok(self.engine.store.reset(&charge).await?)
     }
 }
 

@@ -7,9 +7,9 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::decide::Shared;
+use crate::body::ResponseBody;
+use crate::engine::Engine;
 use crate::future::ResponseFuture;
-use crate::response::ResponseBody;
 use crate::store::{MemoryStore, Store};
 
 /// The rate-limiting service made by [`RateLimitLayer`](crate::RateLimitLayer): it checks every
@@ -40,12 +40,12 @@ use crate::store::{MemoryStore, Store};
 /// ```
 pub struct RateLimit<S, St = MemoryStore> {
     inner: S,
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
 }
 
 impl<S, St> RateLimit<S, St> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared<St>>) -> Self {
-        RateLimit { inner, shared }
+    pub(crate) fn new(inner: S, engine: Arc<Engine<St>>) -> Self {
+        RateLimit { inner, engine }
     }
 
     /// The wrapped service.
@@ -75,7 +75,7 @@ impl<S: Clone, St> Clone for RateLimit<S, St> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -109,20 +109,20 @@ where
         let span = crate::observe::span();
         // Load shedding comes first: a busy process spends nothing on what it sheds.
         let mut in_flight = None;
-        let (snapshot, start) = match self.shared.shedder.as_ref().map(|s| s.enter(&parts)) {
-            Some(Err((priority, share))) => self.shared.shed(&parts, &span, priority, share),
+        let (snapshot, decide) = match self.engine.shedder.as_ref().map(|s| s.enter(&parts)) {
+            Some(Err((priority, share))) => self.engine.shed(&parts, &span, priority, share),
             entered => {
                 in_flight = entered.and_then(Result::ok);
-                self.shared.start(&mut parts, &span)
+                self.engine.decide(&mut parts, &span)
             }
         };
         ResponseFuture::new(
-            start,
+            decide,
             snapshot,
             span,
             ready,
-            Request::from_parts(parts, body),
-            self.shared.clone(),
+            (parts, body),
+            self.engine.clone(),
             in_flight,
         )
     }

@@ -1,49 +1,5 @@
-//! Load shedding: a capacity of requests in flight in this process, shared by priority classes,
-//! the lowest shed first and a share always kept for the critical ones.
-//!
-//! ```
-//! use tollgate::{Priority, Quota, RateLimitLayer, Rule, Shedding};
-//!
-//! // 200 requests in flight at most; `low` ones only while fewer than 100 are (50 %), `normal`
-//! // ones while fewer than 160 are (80 %): the last 40 are kept for `critical` requests.
-//! let shedding = Shedding::new(200).priority(|parts: &http::request::Parts| {
-//!     match parts.uri.path() {
-//!         "/checkout" => Priority::Critical,
-//!         path if path.starts_with("/reports") => Priority::Low,
-//!         _ => Priority::Normal,
-//!     }
-//! });
-//! let layer = RateLimitLayer::builder()
-//!     .rule(Rule::new("api", Quota::per_second(100)))
-//!     .shed(shedding)
-//!     .build()?;
-//! # Ok::<(), tollgate::ConfigError>(())
-//! ```
-//!
-//! A request is in flight from the moment the layer sees it until its response body ends (or
-//! is dropped): a long stream (server-sent events, a gRPC stream) or a client that reads
-//! slowly holds its place meanwhile, so give such routes a layer of their own. One that would pass its class's share is answered at once, before any rule is
-//! checked: `503 Service Unavailable` with `Retry-After: 1` and a
-//! `temporary-reduced-capacity` problem document (draft-ietf-httpapi-ratelimit-headers-11
-//! §5.2) whose violated policy is `"load-shedding"`, advertised as the draft allows with the
-//! class's share (`RateLimit-Policy: "load-shedding";q=100;qu="concurrent-requests"` and
-//! `RateLimit: "load-shedding";r=0`), or gRPC `UNAVAILABLE` with a one-second pushback. Shedding is the first thing the layer does, before the deny lists, so that a busy
-//! process spends nothing on what it sheds. Shed requests are counted as `shed` by
-//! `tollgate_requests_total` and by priority in `tollgate_shed_requests_total`.
-//!
-//! The capacity is this process's (Stripe's worker-utilisation shedder): what one replica can
-//! work on at once. It is counted per `Shedding`: give clones of one to every layer that
-//! shares it (one `route_layer` per route, say). For a cap on a whole fleet's requests in flight, add a
-//! [concurrency rule](crate::Rule::concurrent) with a [`Global`](crate::key::Global) key on a
-//! shared store (and a per-client one, so that one client cannot hold them all).
-//!
-//! * [`Shedding::shares`]`(low, normal)` sets the two shares (in percent;
-//!   `0 < low <= normal < 100`); a capacity is at least 2, so that critical requests always keep
-//!   one place.
-//! * Read the priority from what a client cannot choose (the route, an identity your
-//!   authentication layer put in the extensions), never from a header it sends as it likes.
-//! * `cargo bench --bench shedding` measures it under a load that exceeds a server's capacity
-//!   (figures in `BENCHMARKS.md`).
+//! Load shedding: [`Shedding`], a capacity of requests in flight in this process shared by
+//! priority classes, and the count of those in flight.
 
 use std::fmt;
 use std::sync::Arc;
@@ -86,9 +42,54 @@ impl fmt::Display for Priority {
 }
 
 /// A request's [`Priority`], read from its head.
-pub type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
+pub(crate) type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
 
-/// The load-shedding settings of a layer (see the [module](crate::shed)).
+/// Load shedding: a capacity of requests in flight in this process, shared by priority classes,
+/// the lowest shed first and a share always kept for the critical ones.
+///
+/// ```
+/// use tollgate::{Priority, Quota, RateLimitLayer, Rule, Shedding};
+///
+/// // 200 requests in flight at most; `low` ones only while fewer than 100 are (50 %), `normal`
+/// // ones while fewer than 160 are (80 %): the last 40 are kept for `critical` requests.
+/// let shedding = Shedding::new(200).priority(|parts: &http::request::Parts| {
+///     match parts.uri.path() {
+///         "/checkout" => Priority::Critical,
+///         path if path.starts_with("/reports") => Priority::Low,
+///         _ => Priority::Normal,
+///     }
+/// });
+/// let layer = RateLimitLayer::builder()
+///     .rule(Rule::new("api", Quota::per_second(100)))
+///     .shed(shedding)
+///     .build()?;
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// A request is in flight from the moment the layer sees it until its response body ends (or
+/// is dropped): a long stream (server-sent events, a gRPC stream) or a client that reads
+/// slowly holds its place meanwhile, so give such routes a layer of their own. One that would pass its class's share is answered at once, before any rule is
+/// checked: `503 Service Unavailable` with `Retry-After: 1` and a
+/// `temporary-reduced-capacity` problem document (draft-ietf-httpapi-ratelimit-headers-11
+/// §5.2) whose violated policy is `"load-shedding"`, advertised as the draft allows with the
+/// class's share (`RateLimit-Policy: "load-shedding";q=100;qu="concurrent-requests"` and
+/// `RateLimit: "load-shedding";r=0`), or gRPC `UNAVAILABLE` with a one-second pushback. Shedding is the first thing the layer does, before the deny lists, so that a busy
+/// process spends nothing on what it sheds. Shed requests are counted as `shed` by
+/// `tollgate_requests_total` and by priority in `tollgate_shed_requests_total`.
+///
+/// The capacity is this process's (Stripe's worker-utilisation shedder): what one replica can
+/// work on at once. It is counted per `Shedding`: give clones of one to every layer that
+/// shares it (one `route_layer` per route, say). For a cap on a whole fleet's requests in flight, add a
+/// [concurrency rule](crate::Rule::concurrent) with a [`Global`](crate::key::Global) key on a
+/// shared store (and a per-client one, so that one client cannot hold them all).
+///
+/// * [`Shedding::shares`]`(low, normal)` sets the two shares (in percent;
+///   `0 < low <= normal < 100`); a capacity is at least 2, so that critical requests always keep
+///   one place.
+/// * Read the priority from what a client cannot choose (the route, an identity your
+///   authentication layer put in the extensions), never from a header it sends as it likes.
+/// * `cargo bench --bench shedding` measures it under a load that exceeds a server's capacity
+///   (figures in `BENCHMARKS.md`).
 ///
 /// One `Shedding` is one count of requests in flight: layers built with clones of it (one per
 /// route with `route_layer`, say) share its capacity; layers given separate `Shedding::new`s

@@ -31,7 +31,7 @@ pub(crate) struct Slot {
     pub(crate) tier: u16,
     /// The outcome label, by address: a static text (two call sites with the same text may get
     /// two handles of the same series, which count as one).
-    pub(crate) outcome: Outcome,
+    pub(crate) outcome: OutcomeLabel,
     /// The route label, by address and length (a MatchedPath's, or the policy's own copy):
     /// checked against the stored text on a hit.
     pub(crate) route: (usize, usize),
@@ -47,15 +47,15 @@ pub(crate) enum Metric {
 
 /// A static outcome label, compared and hashed by address.
 #[derive(Clone, Copy)]
-pub(crate) struct Outcome(pub(crate) &'static str);
+pub(crate) struct OutcomeLabel(pub(crate) &'static str);
 
-impl PartialEq for Outcome {
+impl PartialEq for OutcomeLabel {
     fn eq(&self, other: &Self) -> bool {
         std::ptr::eq(self.0, other.0) && self.0.len() == other.0.len()
     }
 }
 
-impl Eq for Outcome {}
+impl Eq for OutcomeLabel {}
 
 impl std::hash::Hash for Slot {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
@@ -212,7 +212,7 @@ pub(crate) fn store_latency(
         metric: Metric::StoreLatency,
         rule: 0,
         tier: 0,
-        outcome: Outcome(result),
+        outcome: OutcomeLabel(result),
         route: (store.as_ptr() as usize, store.len()),
     };
     record(
@@ -244,7 +244,7 @@ pub(crate) fn store_error(layer: u64, store: &'static str, kind: &'static str) {
             metric: Metric::StoreErrors,
             rule: 0,
             tier: 0,
-            outcome: Outcome(kind),
+            outcome: OutcomeLabel(kind),
             route: (store.as_ptr() as usize, store.len()),
         },
         store,

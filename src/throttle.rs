@@ -52,6 +52,17 @@ impl Every {
     }
 }
 
+/// Says when concurrency slots could not be given back (at most once every 10 s: an outage
+/// would say it for every request): they are free when their hold expires.
+pub(crate) fn report_give_back(result: Result<(), crate::error::StoreError>) {
+    static WARNED: Every = Every::new();
+    if let Err(error) = result
+        && WARNED.due(crate::clock::unix_micros(), 10_000_000)
+    {
+        tracing::warn!(%error, "tollgate: could not give concurrency slots back; they are free when their hold expires (said at most every 10 s)");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

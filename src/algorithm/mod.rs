@@ -61,6 +61,10 @@
 //! * concurrency: units held beyond the limit, at most [`MAX_LOG_ENTRIES`], until they are
 //!   given back or their hold expires. Its refund gives back the units taken at `at`, and only
 //!   those: a unit whose hold expired is free already.
+//!
+//! [`Algorithm::uncharged`]: crate::Algorithm::uncharged
+//! [`Algorithm::force`]: crate::Algorithm::force
+//! [`Algorithm::refund`]: crate::Algorithm::refund
 
 mod adjust;
 mod concurrency;

@@ -105,11 +105,11 @@ struct Budget {
 /// Waits what the server asked, plus jitter, and retries (see the [module](crate::client)).
 #[derive(Clone, Debug)]
 pub struct RetryAfterLayer {
-    shared: Arc<Shared>,
+    shared: Arc<RetryState>,
 }
 
 #[derive(Debug)]
-struct Shared {
+struct RetryState {
     retry: Retry,
     waits: Arc<Waits>,
     budget: Mutex<Budget>,
@@ -122,7 +122,7 @@ impl RetryAfterLayer {
     /// A layer that retries as `retry` says.
     pub fn new(retry: Retry) -> Self {
         RetryAfterLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(RetryState {
                 retry,
                 waits: Arc::new(Waits::default()),
                 budget: Mutex::new(Budget {
@@ -147,7 +147,7 @@ impl<S> Layer<S> for RetryAfterLayer {
     }
 }
 
-impl Shared {
+impl RetryState {
     /// A call is sent: the budget grows.
     fn sent(&self) {
         let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
@@ -190,7 +190,7 @@ impl Shared {
 #[derive(Clone, Debug)]
 pub struct RetryAfter<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<RetryState>,
 }
 
 /// The response future of [`RetryAfter`].

@@ -9,8 +9,7 @@ use http::header::CONTENT_TYPE;
 use tonic::metadata::MetadataMap;
 
 use super::GrpcPath;
-use crate::decide::{Checked, Ctx, Next, Shared, Start};
-use crate::observe::Head;
+use crate::engine::{Decide, Driver, Engine, Ruling, Use};
 use crate::store::{MemoryStore, Store};
 use crate::throttle::Once;
 use crate::{ConfigError, RateLimitLayer};
@@ -30,13 +29,13 @@ impl DecidesAtOnce for MemoryStore {}
 /// A layer's rules checked by a tonic `Interceptor` (see the [module](crate::grpc)): made
 /// by [`RateLimitLayer::interceptor`].
 pub struct RateLimitInterceptor<St = MemoryStore> {
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
 }
 
 impl<St> Clone for RateLimitInterceptor<St> {
     fn clone(&self) -> Self {
         RateLimitInterceptor {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -73,9 +72,9 @@ impl<St> RateLimitLayer<St> {
     where
         St: DecidesAtOnce,
     {
-        let shared = self.shared().clone();
-        shared.adopt(crate::decide::Use::Interceptor)?;
-        Ok(RateLimitInterceptor { shared })
+        let engine = self.engine().clone();
+        engine.adopt(Use::Interceptor)?;
+        Ok(RateLimitInterceptor { engine })
     }
 }
 
@@ -105,47 +104,20 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
             .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         let (mut parts, ()) = http.into_parts();
         let span = crate::observe::span();
-        let (snapshot, start) = self.shared.start(&mut parts, &span);
-        let mut next = match start {
-            Start::Decided { next, .. } => Some(next),
-            _ => None,
+        // A store that decides at once decides here, a second check included (the enforced
+        // rules alone, after a shadow rule's denial): ready at its first poll.
+        let (snapshot, decide) = self.engine.decide(&mut parts, &span);
+        let ruling = match decide {
+            Decide::Ready(ruling) => Some(ruling),
+            Decide::Waiting(pending) => {
+                let driver = Driver::new(pending, self.engine.clone(), snapshot.clone(), span);
+                std::pin::pin!(driver).decide_now(&mut parts)
+            }
         };
-        // A second check (the enforced rules alone, after a shadow rule's denial): on a store
-        // that decides at once, it is ready at its first poll.
-        for _ in 0..2 {
-            let Some(Next::Again(mut check)) = next else {
-                break;
-            };
-            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-            next = match check.as_mut().poll(&mut context) {
-                std::task::Poll::Ready(Checked {
-                    mut applied,
-                    keys,
-                    result,
-                    phase,
-                    latency,
-                }) => {
-                    let ctx = Ctx {
-                        head: Head::of_parts(&parts),
-                        span: &span,
-                        latency,
-                        phase,
-                    };
-                    Some(self.shared.after_check(
-                        &snapshot,
-                        &mut applied,
-                        keys.as_deref(),
-                        result,
-                        &ctx,
-                    ))
-                }
-                std::task::Poll::Pending => None,
-            };
-        }
-        match next {
+        match ruling {
             // A policy reloaded since the interceptor was made may hold slots or settle after
             // the response: nothing here can, so they are given back at once (said once).
-            Some(Next::Call(admitted)) => {
+            Some(Ruling::Call(admitted)) => {
                 if admitted.holds_or_settles() && AFTER_RESPONSE.first() {
                     tracing::warn!(
                         "tollgate: the policy in force has rules that act after the response \
@@ -154,8 +126,8 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
                     );
                 }
             }
-            Some(Next::Answer(response)) => {
-                return Err(super::status_of(response.into_parts().0.headers));
+            Some(Ruling::Answer { refusal, .. }) => {
+                return Err(snapshot.answers.status(&refusal));
             }
             _ => {
                 if UNDECIDED.first() {

@@ -93,28 +93,3 @@ mod per_message;
 pub use interceptor::{DecidesAtOnce, RateLimitInterceptor};
 pub use path::{GrpcPath, GrpcPathLayer, GrpcPathService};
 pub use per_message::{PerMessage, PerMessageBody, PerMessageFuture, PerMessageLayer};
-
-/// The layer's gRPC answer (the head of a trailers-only response) as a `Status`: its code and
-/// message, its `google.rpc.Status` details, and the rest of its fields as metadata.
-pub(crate) fn status_of(mut headers: http::HeaderMap) -> tonic::Status {
-    let code = headers
-        .remove("grpc-status")
-        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
-        .map_or(tonic::Code::Unknown, tonic::Code::from_i32);
-    let message = headers
-        .remove("grpc-message")
-        .and_then(|v| v.to_str().ok().map(str::to_owned))
-        .unwrap_or_default();
-    let details = headers
-        .remove("grpc-status-details-bin")
-        .and_then(|v| crate::wire::base64_decode(v.as_bytes()))
-        .map(bytes::Bytes::from)
-        .unwrap_or_default();
-    headers.remove(http::header::CONTENT_TYPE);
-    tonic::Status::with_details_and_metadata(
-        code,
-        message,
-        details,
-        tonic::metadata::MetadataMap::from_headers(headers),
-    )
-}

@@ -1,9 +1,8 @@
 //! [`PerMessageLayer`]: a layer's rules charged for each message of a client or bidirectional
 //! stream, not once per call.
 
-use std::convert::Infallible;
 use std::fmt;
-use std::future::{Future, Ready, ready};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -17,9 +16,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::RateLimitLayer;
-use crate::decide::Shared;
-use crate::future::ResponseFuture;
-use crate::response::ResponseBody;
+use crate::engine::{Decide, Driver, Engine, Ruling, Use};
+use crate::observe::Head;
+use crate::policy::snapshot::Snapshot;
 use crate::store::{MemoryStore, Store};
 
 /// The most bytes of one message held while it waits for its check (tonic's default largest
@@ -35,9 +34,9 @@ impl<St> RateLimitLayer<St> {
     /// costs) mean nothing per message: they are refused, now and by every reload of the
     /// layer's policy from then on (the policy in force stays, and the error says why).
     pub fn per_message(&self) -> Result<PerMessageLayer<St>, crate::ConfigError> {
-        self.shared().adopt(crate::decide::Use::PerMessage)?;
+        self.engine().adopt(Use::PerMessage)?;
         Ok(PerMessageLayer {
-            shared: self.shared().clone(),
+            engine: self.engine().clone(),
         })
     }
 }
@@ -70,13 +69,13 @@ impl<St> RateLimitLayer<St> {
 /// # }
 /// ```
 pub struct PerMessageLayer<St = MemoryStore> {
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
 }
 
 impl<St> Clone for PerMessageLayer<St> {
     fn clone(&self) -> Self {
         PerMessageLayer {
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -93,7 +92,7 @@ impl<S, St> Layer<S> for PerMessageLayer<St> {
     fn layer(&self, inner: S) -> PerMessage<S, St> {
         PerMessage {
             inner,
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -101,14 +100,14 @@ impl<S, St> Layer<S> for PerMessageLayer<St> {
 /// The service of [`PerMessageLayer`].
 pub struct PerMessage<S, St = MemoryStore> {
     inner: S,
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
 }
 
 impl<S: Clone, St> Clone for PerMessage<S, St> {
     fn clone(&self) -> Self {
         PerMessage {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            engine: self.engine.clone(),
         }
     }
 }
@@ -153,7 +152,7 @@ where
         let metered = MeteredBody {
             inner: body,
             checker: Checker {
-                shared: self.shared.clone(),
+                engine: self.engine.clone(),
                 head: copy_head(&parts),
             },
             buffer: BytesMut::new(),
@@ -182,60 +181,113 @@ fn copy_head(parts: &Parts) -> Parts {
     head
 }
 
-/// An inner service that answers at once: what the layer's decision wraps, per message.
-#[derive(Clone, Copy)]
-struct Verdict;
+/// The check of one message: its answer when refused, `None` when admitted.
+type MessageCheck<St> = Pin<Box<MessageDecision<St>>>;
 
-impl Service<Request<()>> for Verdict {
-    type Response = Response<()>;
-    type Error = Infallible;
-    type Future = Ready<Result<Response<()>, Infallible>>;
+/// A message refused: the layer's gRPC answer, as the call's trailers and as the stream's error.
+struct Refused {
+    trailers: HeaderMap,
+    status: tonic::Status,
+}
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
+pin_project! {
+    /// One message's decision, driven by the engine's driver on a head of its own.
+    struct MessageDecision<St>
+    where
+        St: Store,
+    {
+        #[pin]
+        driver: Option<Driver<St>>,
+        parts: Parts,
+        snapshot: Arc<Snapshot>,
+        refused: Option<Option<Refused>>,
     }
 
-    fn call(&mut self, _: Request<()>) -> Self::Future {
-        ready(Ok(Response::new(())))
+    impl<St> PinnedDrop for MessageDecision<St>
+    where
+        St: Store,
+    {
+        // A message whose stream went away before it was decided is told to events.
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(driver) = this.driver.as_pin_mut() {
+                driver.cancel(Head::of_parts(this.parts));
+            }
+        }
     }
 }
 
-type MessageCheck =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<()>>, Infallible>> + Send>>;
+impl<St: Store> Future for MessageDecision<St> {
+    type Output = Option<Refused>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Refused>> {
+        let mut this = self.project();
+        if let Some(driver) = this.driver.as_mut().as_pin_mut() {
+            let ruling = std::task::ready!(driver.poll_decide(cx, this.parts));
+            this.driver.set(None);
+            *this.refused = Some(refusal(this.snapshot, ruling));
+        }
+        Poll::Ready(this.refused.take().flatten())
+    }
+}
+
+/// The headers of a refusal; none for a message admitted (it has no response: nothing to
+/// settle, and its slots, if a reload brought any, go back now).
+fn refusal(snapshot: &Snapshot, ruling: Ruling) -> Option<Refused> {
+    match ruling {
+        Ruling::Call(_) => None,
+        Ruling::Answer { refusal, .. } => Some(Refused {
+            trailers: snapshot
+                .answers
+                .render(&refusal, true)
+                .into_parts()
+                .0
+                .headers,
+            status: snapshot.answers.status(&refusal),
+        }),
+    }
+}
 
 /// Checks one message as the layer checks a request: the same rules, keys, store and events.
 struct Checker<St> {
-    shared: Arc<Shared<St>>,
+    engine: Arc<Engine<St>>,
     head: Parts,
 }
 
 impl<St: Store> Checker<St> {
-    fn check(&self) -> MessageCheck {
+    fn check(&self) -> MessageCheck<St> {
         let mut parts = copy_head(&self.head);
         let span = crate::observe::span();
-        let (snapshot, start) = self.shared.start(&mut parts, &span);
-        Box::pin(ResponseFuture::new(
-            start,
+        let (snapshot, decide) = self.engine.decide(&mut parts, &span);
+        let (driver, refused) = match decide {
+            Decide::Ready(ruling) => (None, Some(refusal(&snapshot, ruling))),
+            Decide::Waiting(pending) => {
+                let driver = Driver::new(pending, self.engine.clone(), snapshot.clone(), span);
+                (Some(driver), None)
+            }
+        };
+        Box::pin(MessageDecision {
+            driver,
+            parts,
             snapshot,
-            span,
-            Verdict,
-            Request::from_parts(parts, ()),
-            self.shared.clone(),
-            None,
-        ))
+            refused,
+        })
     }
 }
 
 pin_project! {
     /// A request stream whose messages are checked one by one.
-    struct MeteredBody<St> {
+    struct MeteredBody<St>
+    where
+        St: Store,
+    {
         #[pin]
         inner: tonic::body::Body,
         checker: Checker<St>,
         // Bytes of the message being received.
         buffer: BytesMut,
         // A whole message (or a long one's prefix, and how long its rest is), and its check.
-        waiting: Option<(Bytes, usize, MessageCheck)>,
+        waiting: Option<(Bytes, usize, MessageCheck<St>)>,
         // A message admitted, not yet passed on.
         accepted: Option<Bytes>,
         // Bytes of a long message admitted, still to pass on as they come.
@@ -277,18 +329,17 @@ impl<St: Store> Body for MeteredBody<St> {
                 return Poll::Ready(Some(Ok(Frame::data(this.buffer.split_to(n).freeze()))));
             }
             if let Some((_, _, check)) = this.waiting.as_mut() {
-                let Poll::Ready(Ok(answer)) = check.as_mut().poll(cx) else {
+                let Poll::Ready(refused) = check.as_mut().poll(cx) else {
                     return Poll::Pending;
                 };
                 let (message, rest, _) = this.waiting.take().expect("a message waits");
-                if answer.headers().contains_key("grpc-status") {
+                if let Some(Refused { trailers, status }) = refused {
                     // Refused: the stream fails before this message with the layer's answer,
                     // and the call ends with it.
-                    let answer = answer.into_parts().0.headers;
-                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer.clone());
+                    *this.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(trailers);
                     *this.ended = true;
                     this.buffer.clear();
-                    return Poll::Ready(Some(Err(super::status_of(answer))));
+                    return Poll::Ready(Some(Err(status)));
                 }
                 *this.passing = rest;
                 *this.accepted = Some(message);

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 
 use super::{Decided, RuleNames};
 use crate::clock::unix_micros;
-use crate::policy::Tenant;
+use crate::policy::{Applied, Tenant};
 
 /// The rejection log of one layer.
 pub(crate) struct DenialLog {
@@ -113,8 +113,8 @@ impl DenialLog {
         let denying = decided.denying();
         let key = decided.keys.and_then(|keys| {
             keys.iter()
-                .find(|(i, _, _)| denying.contains(i))
-                .map(|(_, key, _)| key)
+                .find(|Applied { rule: i, .. }| denying.contains(i))
+                .map(|applied| &applied.key)
         });
         let key = match key {
             Some(key) if self.raw_keys => key.to_string(),

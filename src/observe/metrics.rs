@@ -2,7 +2,7 @@
 
 use metrics::Label;
 
-use crate::telemetry::{Metric, Outcome, Slot, count, label, recorder};
+use crate::telemetry::{Metric, OutcomeLabel, Slot, count, label, recorder};
 
 use super::{Decided, rule_outcome};
 
@@ -28,7 +28,7 @@ pub(crate) fn decided(decided: &Decided<'_>, route: &str, tier: u16) {
             metric: Metric::Requests,
             rule: 0,
             tier,
-            outcome: Outcome(outcome),
+            outcome: OutcomeLabel(outcome),
             route: route_at,
         },
         route,
@@ -76,7 +76,7 @@ fn rule_decision(
             metric: Metric::RuleDecisions,
             rule,
             tier,
-            outcome: Outcome(outcome),
+            outcome: OutcomeLabel(outcome),
             route: (route.as_ptr() as usize, route.len()),
         },
         route,

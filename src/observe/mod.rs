@@ -107,10 +107,10 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, Uri};
 
 use crate::Decision;
-use crate::decide::FoundKeys;
 use crate::key::Route;
+use crate::policy::AppliedRules;
 use crate::policy::snapshot::Snapshot;
-use crate::policy::{FailureMode, RuleMode, Tenant};
+use crate::policy::{FailureMode, Resolution, RuleMode, Tenant};
 
 /// What became of a request, as metrics, logs and the hook name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -222,39 +222,40 @@ impl<'a> Head<'a> {
         }
     }
 
-    pub(crate) fn of_request<B>(request: &'a http::Request<B>) -> Self {
-        Head {
-            uri: request.uri(),
-            headers: request.headers(),
-            extensions: request.extensions(),
-        }
-    }
-
     pub(crate) fn is_grpc(&self) -> bool {
         crate::wire::is_grpc(self.headers)
     }
 
-    /// The route label: axum's route pattern, or a gRPC method the policy names (a client
-    /// chooses the method path it sends); `""` otherwise.
-    pub(crate) fn route_label<'s>(&self, snapshot: &'s Snapshot) -> &'s str
+    /// The route label: for a gRPC call, the method the policy names (a client chooses the
+    /// method path it sends; inside a tonic server, which routes with axum, the matched path is
+    /// the service's wildcard), else axum's route pattern; for other requests, axum's route
+    /// pattern, else the route the policy names; `""` otherwise. `route` is the request's
+    /// route as its rules were resolved by.
+    pub(crate) fn route_label<'s>(&self, snapshot: &'s Snapshot, route: Option<u16>) -> &'s str
     where
         'a: 's,
     {
-        // A gRPC method the policy names first: inside a tonic server (which routes with
-        // axum) the matched path is the service's wildcard.
-        if self.is_grpc()
-            && let Some(route) = Route::route_in(self.uri, self.headers, self.extensions)
-                .and_then(|route| snapshot.resolver.known_route(route))
-        {
-            return route;
-        }
+        let known = route.map(|route| snapshot.resolver.route_name(route));
         #[cfg(feature = "axum")]
-        if let Some(matched) = self.extensions.get::<axum::extract::MatchedPath>() {
-            return matched.as_str();
+        let matched = self
+            .extensions
+            .get::<axum::extract::MatchedPath>()
+            .map(|matched| matched.as_str());
+        #[cfg(not(feature = "axum"))]
+        let matched: Option<&str> = None;
+        if self.is_grpc() {
+            known.or(matched).unwrap_or("")
+        } else {
+            matched.or(known).unwrap_or("")
         }
-        Route::route_in(self.uri, self.headers, self.extensions)
-            .and_then(|route| snapshot.resolver.known_route(route))
-            .unwrap_or("")
+    }
+
+    /// Where a request decided before its rules were resolved stands in the policy.
+    fn place(&self, snapshot: &Snapshot) -> Resolution {
+        snapshot.resolver.place(
+            self.tenant(),
+            Route::route_in(self.uri, self.headers, self.extensions),
+        )
     }
 
     pub(crate) fn tenant(&self) -> Option<&'a Tenant> {
@@ -330,9 +331,11 @@ impl Observer {
 pub(crate) struct Decided<'a> {
     pub(crate) snapshot: &'a Snapshot,
     pub(crate) head: Head<'a>,
+    /// Where the request stands in the policy, when its rules were resolved.
+    pub(crate) resolution: Option<Resolution>,
     pub(crate) applied: &'a [u16],
     pub(crate) decision: Option<&'a Decision>,
-    pub(crate) keys: Option<&'a FoundKeys>,
+    pub(crate) keys: Option<&'a AppliedRules>,
     pub(crate) verdict: Verdict,
     pub(crate) store_latency: Option<Duration>,
 }
@@ -351,9 +354,12 @@ impl Observer {
         if !(cfg!(feature = "metrics") || log || self.hook.is_some()) {
             return;
         }
-        let route = decided.head.route_label(decided.snapshot);
+        let resolution = decided
+            .resolution
+            .unwrap_or_else(|| decided.head.place(decided.snapshot));
+        let route = decided.head.route_label(decided.snapshot, resolution.route);
         let tenant = decided.head.tenant();
-        let tier = decided.snapshot.resolver.tier_of(tenant);
+        let tier = resolution.tier;
         #[cfg(feature = "metrics")]
         metrics::decided(decided, route, tier);
         let tier_name = decided.snapshot.resolver.tier_name(tier);
@@ -367,15 +373,20 @@ impl Observer {
 
     /// Shadow rules that would have denied a request that is admitted (and checked again
     /// without them): counted as such by the per-rule metric.
-    pub(crate) fn shadowed(&self, snapshot: &Snapshot, head: Head<'_>, rules: &[u16]) {
+    pub(crate) fn shadowed(
+        &self,
+        snapshot: &Snapshot,
+        head: Head<'_>,
+        resolution: Resolution,
+        rules: &[u16],
+    ) {
         #[cfg(feature = "metrics")]
         {
-            let route = head.route_label(snapshot);
-            let tier = snapshot.resolver.tier_of(head.tenant());
-            metrics::shadowed(snapshot, rules, route, tier);
+            let route = head.route_label(snapshot, resolution.route);
+            metrics::shadowed(snapshot, rules, route, resolution.tier);
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (snapshot, head, rules);
+        let _ = (snapshot, head, resolution, rules);
     }
 
     /// One check of the store, answered or failed after `latency`.

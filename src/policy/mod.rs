@@ -270,15 +270,18 @@
 /// the charges of the outer ones: put rules that must be all-or-nothing in one layer.
 pub const MAX_RULES: usize = 32;
 
+mod applied;
 pub(crate) mod cost;
 pub(crate) mod failure;
 #[cfg(feature = "toml")]
 mod file;
 mod key_spec;
+pub(crate) mod lists;
 pub(crate) mod mode;
 mod model;
 pub(crate) mod outcome;
 pub(crate) mod quota;
+pub(crate) mod resolve;
 pub(crate) mod rule;
 pub(crate) mod snapshot;
 mod source;
@@ -293,10 +296,12 @@ pub use tenant::{
     TenantFromHeader, TenantFuture, TenantKey,
 };
 
+pub(crate) use applied::{Applied, AppliedRules, RuleIndices};
 pub(crate) use cost::Cost;
 pub(crate) use failure::FailureMode;
 pub(crate) use mode::RuleMode;
 pub(crate) use quota::Quota;
+pub(crate) use resolve::{Resolution, Resolved};
 pub(crate) use rule::{CompiledRule, Rule};
 pub(crate) use source::{Live, Registrar};
 pub(crate) use tenant::SharedTenantExtractor;

@@ -1,26 +1,21 @@
-//! [`Snapshot`]: a policy compiled for the request path, immutable, and how it resolves the rules
-//! of a request.
+//! [`Snapshot`]: a policy compiled for the request path, immutable: its rules, its answers
+//! rendered once, its resolver and its lists.
 
-use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::Method;
-use http::request::Parts;
 use ipnet::IpNet;
 
+pub(crate) use super::lists::Listing;
+use super::lists::Lists;
 use super::model::{Listed, Policy, Region, Subject};
-use super::{CompiledRule, Quota, Rule, RuleMode, Tenant};
-use crate::key::{Key, Route, SharedExtractor};
+use super::resolve::{Map, Resolver, RouteEntry, RouteTable, RuleSet, TenantTable, TierTable};
+use super::{CompiledRule, Quota, Rule, RuleMode};
+use crate::key::SharedExtractor;
 use crate::policy::MAX_RULES;
 use crate::response::{Answers, DeniedHandler, Headers};
 use crate::throttle::Once;
 use crate::{ConfigError, FailureMode};
-
-type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// A rule set: indices into [`Snapshot::rules`], in the order they were given.
-type RuleSet = Box<[u16]>;
 
 /// What a layer needs to compile a policy: its defaults and its answers.
 #[derive(Clone)]
@@ -224,12 +219,26 @@ impl Snapshot {
         let routed = tiers.iter().any(|t| !t.routes.is_empty())
             || tenants.values().any(|t| !t.routes.is_empty());
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        // Every route some rule set is for, numbered in name order.
+        let mut route_names: Vec<Box<str>> = tiers
+            .iter()
+            .map(|t| &t.routes)
+            .chain(tenants.values().map(|t| &t.routes))
+            .flat_map(|table| table.routes.keys().cloned())
+            .collect();
+        route_names.sort();
+        route_names.dedup();
+        let route_names: Box<[Box<str>]> = route_names.into();
         Ok(Snapshot {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             version: version.into(),
             layer_name: compiler.name.clone(),
             missing_key_hints: rules.iter().map(|_| [Once::new(), Once::new()]).collect(),
-            answers: Answers::new(&rules, compiler.headers, compiler.on_denied.clone()),
+            answers: Answers::new(
+                rules.iter().map(|rule| rule.spec.clone()).collect(),
+                compiler.headers,
+                compiler.on_denied.clone(),
+            ),
             uses_fallback: rules
                 .iter()
                 .any(|rule| rule.on_store_error == FailureMode::Local),
@@ -249,12 +258,12 @@ impl Snapshot {
             },
             rules,
             resolver: Resolver {
-                known_routes: tiers
+                known_routes: route_names
                     .iter()
-                    .map(|t| &t.routes)
-                    .chain(tenants.values().map(|t| &t.routes))
-                    .flat_map(|table| table.routes.keys().cloned())
+                    .enumerate()
+                    .map(|(n, route)| (route.clone(), n as u16))
                     .collect(),
+                route_names,
                 default_tier,
                 tier_names: policy
                     .tiers
@@ -565,42 +574,8 @@ fn check_region(region: &Region) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Which rules apply to a request.
-pub(crate) struct Resolver {
-    /// Every route some rule set is for.
-    known_routes: std::collections::HashSet<Box<str>, foldhash::fast::RandomState>,
-    default_tier: u16,
-    tier_names: Box<[Arc<str>]>,
-    tiers: Box<[TierTable]>,
-    tier_index: Map<Box<str>, u16>,
-    tenants: Map<Box<str>, TenantTable>,
-    /// Whether any rule set is for a route (else the route is never looked at).
-    routed: bool,
-}
-
-struct TierTable {
-    defaults: RuleSet,
-    routes: RouteTable,
-}
-
-struct TenantTable {
-    tier: Option<u16>,
-    routes: RouteTable,
-}
-
-/// Rule sets by route pattern, then by method.
-#[derive(Default)]
-struct RouteTable {
-    routes: Map<Box<str>, RouteEntry>,
-}
-
-#[derive(Default)]
-struct RouteEntry {
-    any_method: Option<RuleSet>,
-    methods: Vec<(Method, RuleSet)>,
-}
-
 impl RouteTable {
+    /// A route table of rule sets, compiled into `rules`.
     fn new(
         routes: &[(String, Vec<Rule>)],
         rules: &mut RuleTable<'_>,
@@ -630,39 +605,6 @@ impl RouteTable {
             }
         }
         Ok(table)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.routes.is_empty()
-    }
-
-    /// The rules for `method` on `route` as [`get`](Self::get) finds them, or with no method,
-    /// those for a method the route does not name.
-    fn lookup(&self, route: &str, method: Option<&Method>) -> Option<&[u16]> {
-        match method {
-            Some(method) => self.get(route, method),
-            None => self.routes.get(route)?.any_method.as_deref(),
-        }
-    }
-
-    /// The rules for `method` on `route`: its own, else (for `HEAD`, which axum serves with the
-    /// `GET` handler) those of `GET`, else those of the route for any method.
-    fn get(&self, route: &str, method: &Method) -> Option<&[u16]> {
-        let entry = self.routes.get(route)?;
-        let of = |method: &Method| {
-            entry
-                .methods
-                .iter()
-                .find(|(m, _)| m == method)
-                .map(|(_, set)| &**set)
-        };
-        of(method)
-            .or_else(|| {
-                (*method == Method::HEAD)
-                    .then(|| of(&Method::GET))
-                    .flatten()
-            })
-            .or(entry.any_method.as_deref())
     }
 }
 
@@ -699,178 +641,4 @@ fn parse_route(route: &str) -> Result<(Option<Method>, &str), &'static str> {
         }),
     };
     Ok((method, pattern))
-}
-
-/// The rules that apply to one request, and the tier they came from.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Resolved<'a> {
-    pub(crate) rules: &'a [u16],
-}
-
-impl Resolver {
-    /// The most specific rule set for a request of `tenant` (see [`Policy`]).
-    pub(crate) fn resolve<'a>(&'a self, tenant: Option<&Tenant>, parts: &Parts) -> Resolved<'a> {
-        let listed = tenant.and_then(|t| self.tenants.get(t.id()));
-        let tier = self.tier_index_of(tenant, listed);
-        let route = if self.routed {
-            Route::route(parts)
-        } else {
-            None
-        };
-        let method = &parts.method;
-        if let (Some(listed), Some(route)) = (listed, route)
-            && let Some(rules) = listed.routes.get(route, method)
-        {
-            return Resolved { rules };
-        }
-        let table = &self.tiers[usize::from(tier)];
-        if let Some(rules) = route.and_then(|route| table.routes.get(route, method)) {
-            return Resolved { rules };
-        }
-        if !table.defaults.is_empty() {
-            return Resolved {
-                rules: &table.defaults,
-            };
-        }
-        let default = &self.tiers[usize::from(self.default_tier)];
-        if let Some(rules) = route.and_then(|route| default.routes.get(route, method)) {
-            return Resolved { rules };
-        }
-        Resolved {
-            rules: &default.defaults,
-        }
-    }
-}
-
-impl Resolver {
-    /// The tier of a tenant: the policy's entry, else the extractor's tier if the policy has
-    /// it, else the default tier.
-    fn tier_index_of(&self, tenant: Option<&Tenant>, listed: Option<&TenantTable>) -> u16 {
-        listed
-            .and_then(|t| t.tier)
-            .or_else(|| {
-                tenant
-                    .and_then(Tenant::tier)
-                    .and_then(|name| self.tier_index.get(name).copied())
-            })
-            .unwrap_or(self.default_tier)
-    }
-
-    /// The policy's own copy of `route`, when some rule set is for it.
-    pub(crate) fn known_route(&self, route: &str) -> Option<&str> {
-        self.known_routes.get(route).map(|r| &**r)
-    }
-
-    /// The tier of a tenant (the default tier without a tenant), by index.
-    pub(crate) fn tier_of(&self, tenant: Option<&Tenant>) -> u16 {
-        let listed = tenant.and_then(|t| self.tenants.get(t.id()));
-        self.tier_index_of(tenant, listed)
-    }
-
-    /// A tier's name.
-    pub(crate) fn tier_name(&self, tier: u16) -> &Arc<str> {
-        &self.tier_names[usize::from(tier)]
-    }
-}
-
-/// The allow and deny lists of a policy.
-#[derive(Default)]
-pub(crate) struct Lists {
-    allow: ListSet,
-    deny: ListSet,
-}
-
-#[derive(Default)]
-struct ListSet {
-    addresses: std::collections::HashSet<IpAddr, foldhash::fast::RandomState>,
-    networks: Vec<IpNet>,
-    tenants: std::collections::HashSet<Arc<str>, foldhash::fast::RandomState>,
-    keys: std::collections::HashSet<Key, foldhash::fast::RandomState>,
-}
-
-impl ListSet {
-    fn new(entries: &[Listed]) -> Self {
-        let mut set = ListSet::default();
-        for entry in entries {
-            match entry {
-                Listed::Network(net) if net.prefix_len() == net.max_prefix_len() => {
-                    // As keys hold them: an IPv4-mapped address is its IPv4 address.
-                    set.addresses.insert(crate::key::canonical_ip(net.addr()));
-                }
-                Listed::Network(net) => set.networks.push(*net),
-                Listed::Tenant(id) => {
-                    set.tenants.insert(id.clone());
-                }
-                Listed::Key(key) => {
-                    set.keys.insert(key.clone());
-                }
-            }
-        }
-        set
-    }
-
-    fn has_key_entries(&self) -> bool {
-        !self.addresses.is_empty() || !self.networks.is_empty() || !self.keys.is_empty()
-    }
-
-    fn holds_key(&self, key: &Key) -> bool {
-        if let Some(ip) = key.as_ip()
-            && (self.addresses.contains(&ip) || self.networks.iter().any(|n| n.contains(&ip)))
-        {
-            return true;
-        }
-        self.keys.contains(key)
-    }
-}
-
-/// What the lists say of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Listing {
-    /// On the deny list: refused.
-    Denied,
-    /// On the allow list: not limited.
-    Allowed,
-    /// On neither.
-    Unlisted,
-}
-
-impl Lists {
-    fn new(allow: &[Listed], deny: &[Listed]) -> Self {
-        Lists {
-            allow: ListSet::new(allow),
-            deny: ListSet::new(deny),
-        }
-    }
-
-    /// Whether the lists name keys or networks (then the layer's key is extracted for them).
-    pub(crate) fn has_key_entries(&self) -> bool {
-        self.allow.has_key_entries() || self.deny.has_key_entries()
-    }
-
-    /// Whether the lists name tenants.
-    pub(crate) fn has_tenant_entries(&self) -> bool {
-        !self.allow.tenants.is_empty() || !self.deny.tenants.is_empty()
-    }
-
-    /// The listing of the layer's key of a request.
-    pub(crate) fn key(&self, key: &Key) -> Listing {
-        if self.deny.holds_key(key) {
-            Listing::Denied
-        } else if self.allow.holds_key(key) {
-            Listing::Allowed
-        } else {
-            Listing::Unlisted
-        }
-    }
-
-    /// The listing of a tenant.
-    pub(crate) fn tenant(&self, tenant: &Tenant) -> Listing {
-        if self.deny.tenants.contains(tenant.id()) {
-            Listing::Denied
-        } else if self.allow.tenants.contains(tenant.id()) {
-            Listing::Allowed
-        } else {
-            Listing::Unlisted
-        }
-    }
 }

@@ -7,10 +7,11 @@ use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use super::denied::{PROBLEM_JSON, ProblemBodies, RateLimited};
-use super::grpc::{grpc_denied, grpc_forbidden, grpc_shed, grpc_unavailable};
+use super::grpc::GrpcStatus;
 use super::headers::{Headers, PolicyItems, write_budget};
+use super::refusal::Refusal;
 use crate::Decision;
-use crate::policy::CompiledRule;
+use crate::store::RuleSpec;
 
 /// A function that writes the response to a denied request.
 pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> Response<Bytes> + Send + Sync>;
@@ -18,6 +19,8 @@ pub(crate) type DeniedHandler = Arc<dyn Fn(&RateLimited) -> Response<Bytes> + Se
 /// The answers of one layer: which budget fields it sends, its policies and problem documents
 /// rendered once, and the user's own denied response if any.
 pub(crate) struct Answers {
+    /// The specs of the rules answered for, by index.
+    rules: Box<[Arc<RuleSpec>]>,
     headers: Headers,
     policies: PolicyItems,
     problems: ProblemBodies,
@@ -25,15 +28,17 @@ pub(crate) struct Answers {
 }
 
 impl Answers {
+    /// The answers for rules of these specs, by index.
     pub(crate) fn new(
-        rules: &[CompiledRule],
+        rules: Box<[Arc<RuleSpec>]>,
         headers: Headers,
         on_denied: Option<DeniedHandler>,
     ) -> Self {
         Answers {
+            policies: PolicyItems::new(&rules),
+            problems: ProblemBodies::new(&rules),
+            rules,
             headers,
-            policies: PolicyItems::new(rules),
-            problems: ProblemBodies::new(rules),
             on_denied,
         }
     }
@@ -43,18 +48,45 @@ impl Answers {
         self.headers
     }
 
+    /// The answer `refusal` is, as an HTTP answer or, for a gRPC call, its trailers-only form.
+    pub(crate) fn render(&self, refusal: &Refusal, grpc: bool) -> Response<Bytes> {
+        match refusal {
+            Refusal::Denied { applied, decision } => self.denied(applied, decision, grpc),
+            Refusal::Unavailable { closed } => self.unavailable(closed, grpc),
+            Refusal::Forbidden => self.forbidden(grpc),
+            Refusal::Shed { share } => self.shed(grpc, *share),
+        }
+    }
+
+    /// The answer `refusal` is, as a `tonic::Status`: its code, message and `RetryInfo`, with
+    /// `grpc-retry-pushback-ms` and the budget fields as metadata.
+    #[cfg(feature = "tonic")]
+    pub(crate) fn status(&self, refusal: &Refusal) -> tonic::Status {
+        let mut metadata = HeaderMap::new();
+        let status = match refusal {
+            Refusal::Denied { decision, .. } => GrpcStatus::denied(decision.retry_after_micros()),
+            Refusal::Unavailable { .. } => GrpcStatus::UNAVAILABLE,
+            Refusal::Forbidden => GrpcStatus::FORBIDDEN,
+            Refusal::Shed { .. } => GrpcStatus::SHED,
+        };
+        status.write_pushback(&mut metadata);
+        if let Refusal::Denied { applied, decision } = refusal {
+            self.write_budget(&mut metadata, applied, decision);
+        }
+        status.status(metadata)
+    }
+
     /// Adds the budget fields of `decision` (and `Retry-After` for a denial) to an answer.
     pub(crate) fn write_budget(
         &self,
         headers: &mut HeaderMap,
-        rules: &[CompiledRule],
         applied: &[u16],
         decision: &Decision,
     ) {
         write_budget(
             headers,
             self.headers,
-            rules,
+            self.rules.len(),
             &self.policies,
             applied,
             decision,
@@ -63,39 +95,24 @@ impl Answers {
 
     /// The answer to a denied request: 429 with a problem document (or the user's own answer),
     /// or gRPC `RESOURCE_EXHAUSTED`, with the budget fields.
-    pub(crate) fn denied(
-        &self,
-        rules: &[CompiledRule],
-        applied: &[u16],
-        decision: &Decision,
-        grpc: bool,
-    ) -> Response<Bytes> {
+    fn denied(&self, applied: &[u16], decision: &Decision, grpc: bool) -> Response<Bytes> {
         let mut response = match &self.on_denied {
-            _ if grpc => grpc_denied(decision.retry_after_micros()),
-            Some(handler) => handler(&RateLimited::new(rules, applied, decision)),
-            None => self.problems.quota_exceeded(rules, applied, decision),
+            _ if grpc => GrpcStatus::denied(decision.retry_after_micros()).response(),
+            Some(handler) => handler(&RateLimited::new(&self.rules, applied, decision)),
+            None => self.problems.quota_exceeded(&self.rules, applied, decision),
         };
-        self.write_budget(response.headers_mut(), rules, applied, decision);
+        self.write_budget(response.headers_mut(), applied, decision);
         response
     }
 
-    /// The answer when the store failed and a rule of `applied` fails closed: 503 with
+    /// The answer when the store failed and rules fail closed (`closed`, by index): 503 with
     /// `Retry-After: 1` and a `temporary-reduced-capacity` problem document naming the rules
     /// that could not be checked, or gRPC `UNAVAILABLE`.
-    pub(crate) fn unavailable(
-        &self,
-        rules: &[CompiledRule],
-        applied: &[u16],
-        grpc: bool,
-    ) -> Response<Bytes> {
+    fn unavailable(&self, closed: &[u16], grpc: bool) -> Response<Bytes> {
         if grpc {
-            return grpc_unavailable();
+            return GrpcStatus::UNAVAILABLE.response();
         }
-        let closed = applied
-            .iter()
-            .map(|&i| &rules[usize::from(i)])
-            .filter(|rule| rule.on_store_error == crate::FailureMode::Closed)
-            .map(|rule| rule.spec.name());
+        let closed = closed.iter().map(|&i| self.rules[usize::from(i)].name());
         let mut response = Response::new(ProblemBodies::reduced_capacity(closed));
         *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         let headers = response.headers_mut();
@@ -108,9 +125,9 @@ impl Answers {
     /// `temporary-reduced-capacity` problem document naming the `"load-shedding"` policy,
     /// advertised with `share`, the requests in flight its class may join (draft-11 §5.2: "the
     /// new temporarily lower quota"); or gRPC `UNAVAILABLE`.
-    pub(crate) fn shed(&self, grpc: bool, share: usize) -> Response<Bytes> {
+    fn shed(&self, grpc: bool, share: usize) -> Response<Bytes> {
         if grpc {
-            return grpc_shed();
+            return GrpcStatus::SHED.response();
         }
         static BODY: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
         let body = BODY.get_or_init(ProblemBodies::shed).clone();
@@ -139,9 +156,9 @@ impl Answers {
 
     /// The answer to a request on the deny list: `403 Forbidden` with a problem document, or
     /// gRPC `PERMISSION_DENIED`.
-    pub(crate) fn forbidden(&self, grpc: bool) -> Response<Bytes> {
+    fn forbidden(&self, grpc: bool) -> Response<Bytes> {
         if grpc {
-            return grpc_forbidden();
+            return GrpcStatus::FORBIDDEN.response();
         }
         let mut response = Response::new(Bytes::from_static(
             br#"{"type":"about:blank","title":"Forbidden","status":403,"detail":"This client may not use this service."}"#,

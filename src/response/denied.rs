@@ -1,6 +1,8 @@
 //! The answers to denied requests: [`RateLimited`] for a custom answer, and the RFC 9457 problem
 //! documents of draft-11 (`quota-exceeded` for a 429, `temporary-reduced-capacity` for a 503).
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Response, StatusCode};
@@ -8,7 +10,7 @@ use http::{Response, StatusCode};
 use super::buffer::Buffer;
 use crate::Decision;
 use crate::algorithm::Outcome;
-use crate::policy::CompiledRule;
+use crate::store::RuleSpec;
 
 /// What a custom denied-response function is told: each rule checked for the request, and how
 /// long to wait.
@@ -37,12 +39,12 @@ pub struct RateLimited {
 }
 
 impl RateLimited {
-    pub(crate) fn new(rules: &[CompiledRule], applied: &[u16], decision: &Decision) -> Self {
+    pub(crate) fn new(rules: &[Arc<RuleSpec>], applied: &[u16], decision: &Decision) -> Self {
         RateLimited {
             rules: applied
                 .iter()
                 .zip(decision.outcomes())
-                .map(|(&i, o)| (rules[usize::from(i)].spec.name().to_owned(), *o))
+                .map(|(&i, o)| (rules[usize::from(i)].name().to_owned(), *o))
                 .collect(),
             retry_after_seconds: decision.retry_after_seconds(),
         }
@@ -85,11 +87,11 @@ pub(crate) struct ProblemBodies {
 }
 
 impl ProblemBodies {
-    pub(crate) fn new(rules: &[CompiledRule]) -> Self {
+    pub(crate) fn new(rules: &[Arc<RuleSpec>]) -> Self {
         ProblemBodies {
             single: rules
                 .iter()
-                .map(|rule| quota_exceeded_body([rule.spec.name()].into_iter(), true))
+                .map(|rule| quota_exceeded_body([rule.name()].into_iter(), true))
                 .collect(),
         }
     }
@@ -98,7 +100,7 @@ impl ProblemBodies {
     /// violated policies.
     pub(crate) fn quota_exceeded(
         &self,
-        rules: &[CompiledRule],
+        rules: &[Arc<RuleSpec>],
         applied: &[u16],
         decision: &Decision,
     ) -> Response<Bytes> {
@@ -113,7 +115,7 @@ impl ProblemBodies {
         let mut first_two = violated();
         let body = match (first_two.next(), first_two.next()) {
             (Some(only), None) if can_retry => self.single[only].clone(),
-            _ => quota_exceeded_body(violated().map(|i| rules[i].spec.name()), can_retry),
+            _ => quota_exceeded_body(violated().map(|i| rules[i].name()), can_retry),
         };
         let mut response = Response::new(body);
         *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;

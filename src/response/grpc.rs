@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 use http::Response;
-use http::header::{CONTENT_TYPE, HeaderValue};
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 
 use crate::wire::{GRPC_DETAILS, GRPC_MESSAGE, GRPC_PUSHBACK, GRPC_STATUS, base64};
 
@@ -23,60 +23,87 @@ const UNAVAILABLE: i32 = 14;
 /// `PERMISSION_DENIED`.
 const PERMISSION_DENIED: i32 = 7;
 
-/// The answer to a gRPC call over the limit; `retry_after_micros` is `None` when the call can
-/// never be admitted.
-pub(crate) fn grpc_denied(retry_after_micros: Option<u64>) -> Response<Bytes> {
-    let message = match retry_after_micros {
-        Some(_) => "rate limit exceeded; retry after grpc-retry-pushback-ms",
-        None => "this call costs more than the rate limit ever allows",
+/// A gRPC status the layer answers with, before it is written: as the headers of a
+/// trailers-only response, or as a `tonic::Status`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrpcStatus {
+    code: i32,
+    message: &'static str,
+    retry_after_micros: Option<u64>,
+}
+
+impl GrpcStatus {
+    /// A gRPC call over the limit; `retry_after_micros` is `None` when the call can never be
+    /// admitted.
+    pub(crate) fn denied(retry_after_micros: Option<u64>) -> Self {
+        let message = match retry_after_micros {
+            Some(_) => "rate limit exceeded; retry after grpc-retry-pushback-ms",
+            None => "this call costs more than the rate limit ever allows",
+        };
+        GrpcStatus {
+            code: RESOURCE_EXHAUSTED,
+            message,
+            retry_after_micros,
+        }
+    }
+
+    /// A gRPC call when the store failed and the layer fails closed.
+    pub(crate) const UNAVAILABLE: GrpcStatus = GrpcStatus {
+        code: UNAVAILABLE,
+        message: "the rate limiter cannot decide right now; retry shortly",
+        retry_after_micros: Some(1_000_000),
     };
-    grpc_answer(RESOURCE_EXHAUSTED, message, retry_after_micros)
-}
 
-/// The answer to a gRPC call when the store failed and the layer fails closed.
-pub(crate) fn grpc_unavailable() -> Response<Bytes> {
-    grpc_answer(
-        UNAVAILABLE,
-        "the rate limiter cannot decide right now; retry shortly",
-        Some(1_000_000),
-    )
-}
+    /// A gRPC call shed because the server has too many calls in flight.
+    pub(crate) const SHED: GrpcStatus = GrpcStatus {
+        code: UNAVAILABLE,
+        message: "the server is at capacity for calls of this priority; retry shortly",
+        retry_after_micros: Some(1_000_000),
+    };
 
-/// The answer to a gRPC call shed because the server has too many calls in flight.
-pub(crate) fn grpc_shed() -> Response<Bytes> {
-    grpc_answer(
-        UNAVAILABLE,
-        "the server is at capacity for calls of this priority; retry shortly",
-        Some(1_000_000),
-    )
-}
+    /// A gRPC call from a client on the deny list.
+    pub(crate) const FORBIDDEN: GrpcStatus = GrpcStatus {
+        code: PERMISSION_DENIED,
+        message: "this client may not call this service",
+        retry_after_micros: None,
+    };
 
-/// The answer to a gRPC call from a client on the deny list.
-pub(crate) fn grpc_forbidden() -> Response<Bytes> {
-    grpc_answer(
-        PERMISSION_DENIED,
-        "this client may not call this service",
-        None,
-    )
-}
-
-fn grpc_answer(code: i32, message: &str, retry_after_micros: Option<u64>) -> Response<Bytes> {
-    let mut response = Response::new(Bytes::new());
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    headers.insert(&GRPC_STATUS, HeaderValue::from(code));
-    // Messages here are plain ASCII: nothing to percent-encode.
-    if let Ok(value) = HeaderValue::from_str(message) {
-        headers.insert(&GRPC_MESSAGE, value);
+    /// The trailers-only response of this status.
+    pub(crate) fn response(self) -> Response<Bytes> {
+        let mut response = Response::new(Bytes::new());
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(&GRPC_STATUS, HeaderValue::from(self.code));
+        // Messages here are plain ASCII: nothing to percent-encode.
+        if let Ok(value) = HeaderValue::from_str(self.message) {
+            headers.insert(&GRPC_MESSAGE, value);
+        }
+        self.write_pushback(headers);
+        let details = status_details(self.code, self.message, self.retry_after_micros);
+        if let Ok(value) = HeaderValue::from_str(&base64(&details)) {
+            headers.insert(&GRPC_DETAILS, value);
+        }
+        response
     }
-    if let Some(micros) = retry_after_micros {
-        headers.insert(&GRPC_PUSHBACK, HeaderValue::from(micros.div_ceil(1000)));
+
+    /// `grpc-retry-pushback-ms`, when the status says when to retry.
+    pub(crate) fn write_pushback(self, headers: &mut HeaderMap) {
+        if let Some(micros) = self.retry_after_micros {
+            headers.insert(&GRPC_PUSHBACK, HeaderValue::from(micros.div_ceil(1000)));
+        }
     }
-    let details = status_details(code, message, retry_after_micros);
-    if let Ok(value) = HeaderValue::from_str(&base64(&details)) {
-        headers.insert(&GRPC_DETAILS, value);
+
+    /// This status as tonic's, with `metadata` (the pushback and the budget fields).
+    #[cfg(feature = "tonic")]
+    pub(crate) fn status(self, metadata: HeaderMap) -> tonic::Status {
+        let details = status_details(self.code, self.message, self.retry_after_micros);
+        tonic::Status::with_details_and_metadata(
+            tonic::Code::from_i32(self.code),
+            self.message,
+            Bytes::from(details),
+            tonic::metadata::MetadataMap::from_headers(metadata),
+        )
     }
-    response
 }
 
 /// `google.rpc.Status { code, message, details: [Any(google.rpc.RetryInfo { retry_delay })] }`,

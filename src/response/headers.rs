@@ -1,4 +1,4 @@
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
@@ -6,7 +6,7 @@ use super::buffer::Buffer;
 use crate::Decision;
 use crate::algorithm::{MICROS_PER_SECOND, Outcome};
 use crate::clock::unix_micros;
-use crate::policy::CompiledRule;
+use crate::store::RuleSpec;
 
 /// Which budget headers to send.
 ///
@@ -114,19 +114,16 @@ pub(crate) struct PolicyItems {
 }
 
 impl PolicyItems {
-    pub(crate) fn new(rules: &[CompiledRule]) -> Self {
+    pub(crate) fn new(rules: &[Arc<RuleSpec>]) -> Self {
         let items: Box<[String]> = rules
             .iter()
             .map(|rule| {
-                let (quota, window) = rule.spec.policy();
-                if rule.spec.algorithm().is_concurrency() {
+                let (quota, window) = rule.policy();
+                if rule.algorithm().is_concurrency() {
                     // draft-11 §3.1.2: a quota of concurrent requests has no window.
-                    format!(
-                        "\"{}\";q={quota};qu=\"concurrent-requests\"",
-                        rule.spec.name()
-                    )
+                    format!("\"{}\";q={quota};qu=\"concurrent-requests\"", rule.name())
                 } else {
-                    format!("\"{}\";q={quota};w={window}", rule.spec.name())
+                    format!("\"{}\";q={quota};w={window}", rule.name())
                 }
             })
             .collect();
@@ -137,7 +134,7 @@ impl PolicyItems {
             .collect();
         let budget_prefixes = rules
             .iter()
-            .map(|rule| format!("\"{}\";r=", rule.spec.name()).into_bytes().into())
+            .map(|rule| format!("\"{}\";r=", rule.name()).into_bytes().into())
             .collect();
         PolicyItems {
             items,
@@ -146,7 +143,7 @@ impl PolicyItems {
             budget_prefixes,
             windows: rules
                 .iter()
-                .map(|rule| !rule.spec.algorithm().is_concurrency())
+                .map(|rule| !rule.algorithm().is_concurrency())
                 .collect(),
         }
     }
@@ -188,7 +185,7 @@ fn seconds_up(micros: u64) -> u64 {
 pub(crate) fn write_budget(
     headers: &mut HeaderMap,
     style: Headers,
-    rules: &[CompiledRule],
+    rule_count: usize,
     policies: &PolicyItems,
     applied: &[u16],
     decision: &Decision,
@@ -203,7 +200,7 @@ pub(crate) fn write_budget(
         return;
     }
     if style.ietf {
-        headers.append(&RATELIMIT_POLICY, policies.value(applied, rules.len()));
+        headers.append(&RATELIMIT_POLICY, policies.value(applied, rule_count));
         let mut value = Buffer::<128>::default();
         for (&i, outcome) in applied.iter().zip(outcomes) {
             if !value.is_empty() {

@@ -15,20 +15,20 @@
 //!   metadata; `UNAVAILABLE` (`grpc-status: 14`) instead of the 503.
 
 mod answers;
-mod body;
 mod buffer;
 mod denied;
 mod grpc;
 mod headers;
+mod refusal;
 
-pub use body::ResponseBody;
 pub use denied::RateLimited;
 pub use headers::{Headers, ResetFormat};
 
 pub(crate) use answers::{Answers, DeniedHandler};
+pub(crate) use refusal::Refusal;
 
 /// A `RESOURCE_EXHAUSTED` answer with this delay, for the client's tests.
 #[cfg(test)]
 pub(crate) fn grpc_denied_for_tests(retry_after_micros: u64) -> http::Response<bytes::Bytes> {
-    grpc::grpc_denied(Some(retry_after_micros))
+    grpc::GrpcStatus::denied(Some(retry_after_micros)).response()
 }

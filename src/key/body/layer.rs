@@ -17,7 +17,7 @@ use tower_service::Service;
 
 use super::field::{Config, Normalize, content_kind, declared_len, find};
 use super::from_body::{BodyFieldKey, BodyOutcome, BodyScan};
-use super::replay::{End, Held};
+use super::replay::{BodyRead, End};
 #[cfg(doc)]
 use crate::key::{FromBody, Key, KeyExtractor};
 
@@ -193,7 +193,7 @@ where
         None => (BodyOutcome::NotChecked, 0, body),
         Some(_) if declared > config.limit as u64 => (BodyOutcome::TooLarge, 0, body),
         Some(kind) => {
-            let mut held = Held::default();
+            let mut held = BodyRead::default();
             let end = loop {
                 match poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
                     None => break End::Complete,

@@ -18,13 +18,13 @@ pub(super) enum End {
 
 /// What was read of a body.
 #[derive(Default)]
-pub(super) struct Held {
+pub(super) struct BodyRead {
     pub(super) chunks: VecDeque<Bytes>,
     pub(super) len: usize,
     pub(super) trailers: Option<HeaderMap>,
 }
 
-impl Held {
+impl BodyRead {
     pub(super) fn replay(self, rest: Option<Body>, error: Option<axum::Error>) -> Replay {
         Replay {
             chunks: self.chunks,

@@ -10,7 +10,7 @@ use crate::key::Key;
 use crate::store::redis::keys;
 use crate::store::redis::script::{self, Mode, Prepared};
 use crate::store::{Adjustment, Change, Charge, RuleSpec, StoreError, StoreFuture};
-use crate::throttle::Every;
+use crate::throttle::{Every, report_give_back};
 
 /// Tells the other replicas what `inner` forgot, in a task of its own (the operation's caller
 /// does not wait for it); a failure is logged (each replica's cap on a cached denial's life
@@ -151,19 +151,4 @@ pub(crate) fn give_back_orphan<T: Transport>(
             report_give_back(result);
         }
     });
-}
-
-/// Says when slots could not be given back (at most once every 10 s: an outage would say it
-/// for every reply): they are free when their hold expires.
-fn report_give_back(result: Result<(), StoreError>) {
-    static WARNED: Every = Every::new();
-    if let Err(error) = result
-        && WARNED.due(unix_micros(), 10_000_000)
-    {
-        tracing::warn!(
-            %error,
-            "tollgate: could not give concurrency slots back; they are free when their hold \
-             expires (said at most every 10 s)"
-        );
-    }
 }

@@ -1,3 +1,6 @@
+//! [`ResponseBody`]: the body of a rate-limited service's responses, which holds the request's
+//! concurrency slots and its place among the requests in flight until it ends.
+
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -5,7 +8,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::held::Held;
+use crate::engine::Slots;
 use crate::shed::InFlight;
 
 pin_project! {
@@ -19,7 +22,7 @@ pin_project! {
         kind: Kind<B>,
         // The concurrency slots of the request, given back with the last frame (or when the
         // body is dropped before it).
-        held: Option<Held>,
+        slots: Option<Slots>,
         // The request's place in the load shedder's count, given up at the same time.
         in_flight: Option<InFlight>,
     }
@@ -38,17 +41,17 @@ impl<B> ResponseBody<B> {
     pub fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            held: None,
+            slots: None,
             in_flight: None,
         }
     }
 
     /// Wraps the inner service's body, holding the request's slots and its place among the
     /// requests in flight until it ends.
-    pub(crate) fn holding(body: B, held: Option<Held>, in_flight: Option<InFlight>) -> Self {
+    pub(crate) fn holding(body: B, slots: Option<Slots>, in_flight: Option<InFlight>) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            held,
+            slots,
             in_flight,
         }
     }
@@ -60,7 +63,7 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
-            held: None,
+            slots: None,
             in_flight: None,
         }
     }
@@ -84,7 +87,7 @@ where
                 let frame = body.poll_frame(cx);
                 // The last frame, or an error that ends the body: the slots go back now.
                 if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
-                    this.held.take();
+                    this.slots.take();
                     this.in_flight.take();
                 }
                 frame

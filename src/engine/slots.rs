@@ -1,0 +1,75 @@
+//! [`Slots`]: the concurrency slots an admitted request holds, given back when it is dropped.
+//!
+//! A request of a [concurrency rule](crate::Rule::concurrent) takes its slots when it is
+//! admitted; they travel with it: in the response future while the inner service works, then
+//! in the response body until its last frame. Whichever way the request ends (the body ends,
+//! is dropped, the client leaves, the inner service fails or panics), the one `Slots` is
+//! dropped once, and gives the slots back in one store call.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use smallvec::SmallVec;
+
+use super::state::Engine;
+use crate::key::Key;
+use crate::policy::snapshot::Snapshot;
+use crate::store::{Adjustment, Change, Store, StoreError};
+use crate::throttle::report_give_back;
+
+/// Where slots go back to: the layer's store, or its fallback limiter for slots it took.
+pub(crate) trait GiveBack: Send + Sync {
+    /// Gives back `slots`. Never blocks: a store that cannot answer at once finishes on the
+    /// runtime.
+    fn give_back(&self, slots: &Slots);
+}
+
+/// The slots one request holds, per concurrency rule: the rule's index, the key, the units,
+/// and when they were taken on the store's clock.
+pub(crate) struct Slots {
+    pub(crate) giver: Arc<dyn GiveBack>,
+    /// The policy the request was decided under (its rules' numbers).
+    pub(crate) snapshot: Arc<Snapshot>,
+    pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
+    /// Taken by the fallback limiter (the store failed): given back there.
+    pub(crate) on_fallback: bool,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        self.giver.give_back(self);
+    }
+}
+
+impl<St: Store> GiveBack for Engine<St> {
+    fn give_back(&self, slots: &Slots) {
+        let adjustments: SmallVec<[Adjustment<'_>; 1]> = slots
+            .taken
+            .iter()
+            .map(|(i, key, units, at)| Adjustment {
+                rule: &slots.snapshot.rules[usize::from(*i)].spec,
+                key,
+                change: Change::Refund(*units),
+                charged_at: *at,
+            })
+            .collect();
+        let future = match self.fallback.get().filter(|_| slots.on_fallback) {
+            Some(fallback) => fallback.adjust(&adjustments),
+            None => self.store.adjust(&adjustments),
+        };
+        let mut future = future;
+        // A memory store answers at once; a Redis store outside a runtime refuses at once.
+        let mut context = Context::from_waker(std::task::Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(result) => report_give_back(result),
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report_give_back(future.await) });
+                }
+                Err(_) => report_give_back(Err(StoreError::Unavailable(
+                    "released outside a Tokio runtime".into(),
+                ))),
+            },
+        }
+    }
+}
