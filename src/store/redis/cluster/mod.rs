@@ -300,10 +300,10 @@ impl Transport for Cluster {
         self: Arc<Self>,
         prepared: Vec<Prepared>,
         now: Option<u64>,
+        alone: bool,
     ) -> impl Future<Output = Result<Reply, StoreError>> + Send {
-        let deadline = Instant::now() + self.parts.settings.response_timeout;
         let runtime = match tokio::runtime::Handle::try_current() {
-            Ok(runtime) if self.runs_alone(&prepared) => runtime,
+            Ok(runtime) if alone => runtime,
             _ => {
                 return futures_util::future::Either::Left(async move {
                     let deadline = Instant::now() + self.parts.settings.response_timeout;
@@ -311,6 +311,7 @@ impl Transport for Cluster {
                 });
             }
         };
+        let deadline = Instant::now() + self.parts.settings.response_timeout;
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
         let late = if prepared.iter().any(|p| p.algorithm.is_concurrency()) {

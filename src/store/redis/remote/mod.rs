@@ -67,7 +67,7 @@ impl<T: Transport> Store for Remote<T> {
         let now = transport.parts().settings.now();
         let alone = transport.runs_alone(&prepared);
         // One that runs alone is on its way already.
-        let decided = transport.clone().decide(prepared, now);
+        let decided = transport.clone().decide(prepared, now, alone);
         let decide = move |plan: Plan| async move {
             // Polled where no runtime runs, refused before it takes a breaker's probe.
             let reply = match runtime() {
@@ -155,6 +155,10 @@ macro_rules! store_by_remote {
                 $crate::store::Store::check(&self.remote, charges)
             }
 
+            /// Answers at once a check decided here (a denial Redis made moments ago, units
+            /// leased to this replica), or one that cannot be sent: the store has not connected
+            /// yet, or the circuit breaker of the server that holds every key of the check is
+            /// open.
             fn check_now(
                 &self,
                 charges: &[$crate::store::Charge<'_>],

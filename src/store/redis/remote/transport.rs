@@ -39,11 +39,12 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
 
     /// The reply to the check of `prepared` (the store's time, `now`, with an injected clock),
     /// within a check's time budget. Polled on a Tokio runtime; one that
-    /// [runs alone](Self::runs_alone) is sent at once, polled or not.
+    /// [runs alone](Self::runs_alone) (`alone`, as that said) is sent at once, polled or not.
     fn decide(
         self: Arc<Self>,
         prepared: Vec<Prepared>,
         now: Option<u64>,
+        alone: bool,
     ) -> impl Future<Output = Result<Reply, StoreError>> + Send;
 
     /// The reply to a peek of `prepared` (nothing charged), within a check's time budget.

@@ -354,6 +354,7 @@ impl Transport for Standalone {
         self: Arc<Self>,
         prepared: Vec<Prepared>,
         now: Option<u64>,
+        _alone: bool,
     ) -> Result<Reply, StoreError> {
         let permit = self.breaker.admit().ok_or(StoreError::CircuitOpen)?;
         self.batched(prepared, now, permit).await
