@@ -39,6 +39,13 @@
 //! * [`Shedding`]: load shedding; [`grpc`]: tonic services and streams; [`client`]: clients that
 //!   honour the limit; [`observe`]: metrics, the span, the rejection log, the decision hook.
 //!
+//! Inside, each module imports only from those below it: leaves (errors, [`clock`], log
+//! throttling, metric functions, gRPC wire helpers), then [`algorithm`] and load shedding,
+//! [`key`], [`store`], the answers, [`policy`], [`observe`], the request path (an `engine` that
+//! gates, checks, decides, falls back and settles, driven in one place), and last the faces:
+//! the layer, its service, future and body, [`Limiter`], [`grpc`], [`client`].
+//! `ARCHITECTURE.md` in the repository is the map; a check in CI holds it.
+//!
 //! The layer keeps the inner service's error type, so it needs no `HandleErrorLayer`, and works
 //! with `Router::layer`, `Router::route_layer`, `tower::ServiceBuilder` and
 //! `tonic::transport::Server::builder().layer`. The inner service is called only after the

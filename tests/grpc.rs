@@ -340,3 +340,38 @@ fn a_reload_that_brings_rules_the_interceptor_cannot_keep_is_refused() {
         .unwrap();
     assert_eq!(handle.version(), "v5");
 }
+
+#[tokio::test]
+async fn the_interceptor_never_starts_a_key_lookup_it_cannot_wait_for() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tollgate::key::{Key, async_fn};
+
+    // A lookup that would be ready at its first poll: the interceptor still does not poll it
+    // (a lookup started only to be dropped would cost the backend for nothing), and the calls
+    // go through undecided, as the grpc module says.
+    let polled = Arc::new(AtomicUsize::new(0));
+    let seen = polled.clone();
+    let lookup = async_fn(move |_: &http::request::Parts| {
+        let seen = seen.clone();
+        async move {
+            seen.fetch_add(1, Ordering::Relaxed);
+            Some(Key::text("account"))
+        }
+    });
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let limits = RateLimitLayer::builder()
+        .rule(Rule::new("by-account", Quota::per_hour(1)).key(lookup))
+        .build()
+        .unwrap();
+    let service = InterceptedService::new(health, limits.interceptor().unwrap());
+    let addr = serve(tonic::transport::Server::builder().add_service(service)).await;
+    let mut client = client_from(addr, [127, 0, 0, 1]).await;
+    for call in 0..3 {
+        client
+            .check(request())
+            .await
+            .unwrap_or_else(|status| panic!("call {call}: {status:?}"));
+    }
+    assert_eq!(polled.load(Ordering::Relaxed), 0, "the lookup was polled");
+}

@@ -128,7 +128,9 @@ impl<St: Store> Driver<St> {
                 latency,
                 phase,
                 // Known once the store was asked.
-                resolution: this.resolution.unwrap_or_default(),
+                resolution: this
+                    .resolution
+                    .unwrap_or_else(|| this.snapshot.resolver.place(None, None)),
             };
             let decide = this.engine.after_check(
                 this.snapshot,

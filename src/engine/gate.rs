@@ -37,7 +37,7 @@ impl<St: Store> Engine<St> {
             None => Found::None,
             Some(extractor) => match extractor.tenant(parts) {
                 Found::Pending(future) => {
-                    return Decide::waiting(Wait::Tenant { future, listing });
+                    return Decide::waiting(Wait::Tenant { future, listing }, None);
                 }
                 found => found,
             },

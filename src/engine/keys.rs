@@ -53,15 +53,18 @@ impl<St: Store> Engine<St> {
                 Extracted::Pending(future) => {
                     let mut pending = PendingKeys::new();
                     pending.push((index, future, cost));
-                    return Decide::waiting(Wait::Deferred {
-                        check: self.deferred(
-                            snapshot,
-                            (AppliedRules::new(), pending),
-                            resolution,
-                            parts,
-                            span,
-                        ),
-                    });
+                    return Decide::waiting(
+                        Wait::Deferred {
+                            check: self.deferred(
+                                snapshot,
+                                (AppliedRules::new(), pending),
+                                resolution,
+                                parts,
+                                span,
+                            ),
+                        },
+                        Some(resolution),
+                    );
                 }
             };
             let stopwatch = Stopwatch::start_for(span);
@@ -114,9 +117,12 @@ impl<St: Store> Engine<St> {
             }
         }
         if !pending.is_empty() {
-            return Decide::waiting(Wait::Deferred {
-                check: self.deferred(snapshot, (keys, pending), resolution, parts, span),
-            });
+            return Decide::waiting(
+                Wait::Deferred {
+                    check: self.deferred(snapshot, (keys, pending), resolution, parts, span),
+                },
+                Some(resolution),
+            );
         }
         let stopwatch = Stopwatch::start_for(span);
         let (check, applied) = self.ask(snapshot, &keys);
@@ -167,6 +173,7 @@ impl<St: Store> Engine<St> {
                 keys: (snapshot.keeps_keys() || self.observer.log.enabled())
                     .then(|| Box::new(keys)),
                 resolution: Some(resolution),
+                recheck: false,
             }),
         }
     }

@@ -60,6 +60,18 @@ pub(crate) struct Pending<C> {
     pub(super) keys: Option<Box<AppliedRules>>,
     /// Where the request stands in the policy, once its rules are resolved.
     pub(super) resolution: Option<Resolution>,
+    /// A second check (the enforced rules alone, after a shadow rule's denial), not a lookup
+    /// or the store's first answer.
+    pub(super) recheck: bool,
+}
+
+impl<C> Pending<C> {
+    /// Whether this waits for a second check only, which a store that decides at once
+    /// answers at its first poll (the interceptor drives nothing else).
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn is_recheck(&self) -> bool {
+        self.recheck
+    }
 }
 
 pin_project! {
@@ -76,13 +88,15 @@ pin_project! {
 }
 
 impl<C> Decide<C> {
-    /// Waits for `wait`, knowing nothing more yet.
-    pub(super) fn waiting(wait: Wait<C>) -> Self {
+    /// Waits for `wait`, knowing no more than where the request stands in the policy, if its
+    /// rules were resolved.
+    pub(super) fn waiting(wait: Wait<C>, resolution: Option<Resolution>) -> Self {
         Decide::Waiting(Pending {
             wait,
             applied: RuleIndices::new(),
             keys: None,
-            resolution: None,
+            resolution,
+            recheck: false,
         })
     }
 
@@ -93,6 +107,7 @@ impl<C> Decide<C> {
             applied,
             keys: None,
             resolution: None,
+            recheck: true,
         })
     }
 

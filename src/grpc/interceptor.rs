@@ -105,10 +105,12 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
         let (mut parts, ()) = http.into_parts();
         let span = crate::observe::span();
         // A store that decides at once decides here, a second check included (the enforced
-        // rules alone, after a shadow rule's denial): ready at its first poll.
+        // rules alone, after a shadow rule's denial): ready at its first poll. A key or tenant
+        // lookup is never started only to be dropped: such a call goes through undecided.
         let (snapshot, decide) = self.engine.decide(&mut parts, &span);
         let ruling = match decide {
             Decide::Ready(ruling) => Some(ruling),
+            Decide::Waiting(pending) if !pending.is_recheck() => None,
             Decide::Waiting(pending) => {
                 let driver = Driver::new(pending, self.engine.clone(), snapshot.clone(), span);
                 std::pin::pin!(driver).decide_now(&mut parts)

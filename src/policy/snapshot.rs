@@ -228,6 +228,15 @@ impl Snapshot {
             .collect();
         route_names.sort();
         route_names.dedup();
+        if u16::try_from(route_names.len()).is_err() {
+            return Err((
+                None,
+                ConfigError::new(format!(
+                    "a policy names {} routes; it may name at most 65535",
+                    route_names.len()
+                )),
+            ));
+        }
         let route_names: Box<[Box<str>]> = route_names.into();
         Ok(Snapshot {
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),

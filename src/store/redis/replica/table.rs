@@ -11,7 +11,10 @@ use crate::store::table;
 
 /// Shards of each table.
 pub(super) const SHARDS: usize = 16;
-const _: () = assert!(SHARDS.is_power_of_two(), "the table picks a shard by a hash's bits");
+const _: () = assert!(
+    SHARDS.is_power_of_two(),
+    "the table picks a shard by a hash's bits"
+);
 
 /// Entries by rule fingerprint and key.
 pub(super) type Shard<V> = HashMap<(u64, Key), V, foldhash::fast::RandomState>;
