@@ -199,6 +199,36 @@ pub(crate) fn describe() {
     });
 }
 
+/// The slot of a store metric of `layer`: no rule or tier, the store's name as its route.
+#[inline]
+fn store_slot(layer: u64, store: &'static str, metric: Metric, outcome: &'static str) -> Slot {
+    Slot {
+        recorder: recorder(),
+        snapshot: layer,
+        metric,
+        rule: 0,
+        tier: 0,
+        outcome: OutcomeLabel(outcome),
+        route: (store.as_ptr() as usize, store.len()),
+    }
+}
+
+/// The name and labels a store metric is registered with: the store's, and one of its own
+/// (made once, when its handle is first cached).
+fn store_labels(
+    name: &'static str,
+    store: &'static str,
+    (label, value): (&'static str, &'static str),
+) -> (&'static str, Vec<Label>) {
+    (
+        name,
+        vec![
+            Label::from_static_parts("store", store),
+            Label::from_static_parts(label, value),
+        ],
+    )
+}
+
 /// One store check that took `latency`: `ok` or `error`.
 pub(crate) fn store_latency(
     layer: u64,
@@ -206,25 +236,15 @@ pub(crate) fn store_latency(
     result: &'static str,
     latency: std::time::Duration,
 ) {
-    let slot = Slot {
-        recorder: recorder(),
-        snapshot: layer,
-        metric: Metric::StoreLatency,
-        rule: 0,
-        tier: 0,
-        outcome: OutcomeLabel(result),
-        route: (store.as_ptr() as usize, store.len()),
-    };
+    let slot = store_slot(layer, store, Metric::StoreLatency, result);
     record(
         slot,
         store,
         || {
-            (
+            store_labels(
                 "tollgate_store_check_duration_seconds",
-                vec![
-                    Label::from_static_parts("store", store),
-                    Label::from_static_parts("result", result),
-                ],
+                store,
+                ("result", result),
             )
         },
         |handle| {
@@ -238,25 +258,9 @@ pub(crate) fn store_latency(
 /// A failed store check, by kind: `timeout`, `unavailable`, `protocol`, `circuit_open`.
 pub(crate) fn store_error(layer: u64, store: &'static str, kind: &'static str) {
     count(
-        Slot {
-            recorder: recorder(),
-            snapshot: layer,
-            metric: Metric::StoreErrors,
-            rule: 0,
-            tier: 0,
-            outcome: OutcomeLabel(kind),
-            route: (store.as_ptr() as usize, store.len()),
-        },
+        store_slot(layer, store, Metric::StoreErrors, kind),
         store,
-        || {
-            (
-                "tollgate_store_errors_total",
-                vec![
-                    Label::from_static_parts("store", store),
-                    Label::from_static_parts("kind", kind),
-                ],
-            )
-        },
+        || store_labels("tollgate_store_errors_total", store, ("kind", kind)),
     );
 }
 

@@ -22,6 +22,8 @@
 //!
 //! How each algorithm holds a debt: see [`algorithm`](crate::algorithm#debts).
 
+use std::collections::VecDeque;
+
 use super::{
     ConcurrencyState, FixedWindowState, GcraState, Limits, MAX_LOG_ENTRIES,
     SlidingWindowCounterState, SlidingWindowLogState, State, TokenBucketState,
@@ -154,10 +156,8 @@ impl Algorithm {
                     Some(State::SlidingWindowLog(log)) => *log,
                     _ => SlidingWindowLogState::default(),
                 };
-                let first = super::SlidingWindowLog::first_live(limits, &log.entries, now);
-                log.entries.drain(..first);
+                let room = drain_left(limits, &mut log.entries, now);
                 let at = log.entries.back().map_or(now, |&t| t.max(now));
-                let room = (MAX_LOG_ENTRIES as usize).saturating_sub(log.entries.len());
                 log.entries
                     .extend(std::iter::repeat_n(at, (cost as usize).min(room)));
                 (!log.entries.is_empty()).then(|| State::SlidingWindowLog(Box::new(log)))
@@ -167,9 +167,7 @@ impl Algorithm {
                     Some(State::Concurrency(held)) => *held,
                     _ => ConcurrencyState::default(),
                 };
-                let first = super::SlidingWindowLog::first_live(limits, &held.taken, now);
-                held.taken.drain(..first);
-                let room = (MAX_LOG_ENTRIES as usize).saturating_sub(held.taken.len());
+                let room = drain_left(limits, &mut held.taken, now);
                 super::Concurrency::insert(&mut held, now, (cost as usize).min(room));
                 (!held.taken.is_empty()).then(|| State::Concurrency(Box::new(held)))
             }
@@ -182,6 +180,15 @@ impl Algorithm {
 pub const MAX_DEBT_MICROS: u64 = 2 * super::MAX_REFILL_MICROS;
 
 /// The time a token bucket is full again: `updated` plus the refill of the missing tokens.
+/// Drops the entries of a log (or the held units) that left the window by `now`; returns how
+/// many more it may hold.
+#[inline]
+fn drain_left(limits: &Limits, entries: &mut VecDeque<u64>, now: u64) -> usize {
+    let first = super::SlidingWindowLog::first_live(limits, entries, now);
+    entries.drain(..first);
+    (MAX_LOG_ENTRIES as usize).saturating_sub(entries.len())
+}
+
 fn bucket_full_at(limits: &Limits, s: &TokenBucketState) -> u64 {
     s.updated + limits.burst.saturating_sub(s.tokens) * limits.interval
 }

@@ -51,20 +51,8 @@ impl Concurrency {
             if count > 0 { expires(0) } else { limits.period }.clamp(1, CONCURRENCY_RETRY_MICROS);
         let newest = taken.back().filter(|_| count > 0).copied();
         if count + cost <= limits.limit {
-            let newest = match (newest, cost) {
-                (Some(t), 0) => Some(t),
-                (Some(t), _) => Some(t.max(now)),
-                (None, 0) => None,
-                (None, _) => Some(now),
-            };
-            Outcome {
-                allowed: true,
-                limit: limits.limit,
-                remaining: limits.limit - count - cost,
-                reset: newest.map_or(0, |t| t + limits.period - now),
-                retry_after: 0,
-                window,
-            }
+            // A held unit's hold has not ended: its reset never underflows.
+            super::SlidingWindowLog::admitted(limits, newest, now, count, cost, window)
         } else {
             // The `must_leave`-th oldest held unit expires, at the latest.
             let must_leave = count + cost - limits.limit;
@@ -74,14 +62,8 @@ impl Concurrency {
                 // A cost above the limit never fits.
                 u64::MAX
             };
-            Outcome {
-                allowed: false,
-                limit: limits.limit,
-                remaining: limits.limit.saturating_sub(count),
-                reset: newest.map_or(0, |t| t + limits.period - now),
-                retry_after,
-                window,
-            }
+            let reset = newest.map_or(0, |t| t + limits.period - now);
+            super::SlidingWindowLog::denied(limits, count, reset, retry_after, window)
         }
     }
 

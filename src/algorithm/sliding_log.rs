@@ -51,20 +51,7 @@ impl SlidingWindowLog {
         let oldest = entries.get(first).copied().unwrap_or(now);
         let window = (oldest + limits.period).saturating_sub(now).max(1);
         if count + cost <= limits.limit {
-            let newest = match (entries.back(), cost) {
-                (Some(&t), 0) => Some(t),
-                (Some(&t), _) => Some(t.max(now)),
-                (None, 0) => None,
-                (None, _) => Some(now),
-            };
-            Outcome {
-                allowed: true,
-                limit: limits.limit,
-                remaining: limits.limit - count - cost,
-                reset: newest.map_or(0, |t| (t + limits.period).saturating_sub(now)),
-                retry_after: 0,
-                window,
-            }
+            Self::admitted(limits, entries.back().copied(), now, count, cost, window)
         } else {
             // The `must_leave`-th oldest live entry has to leave the window first.
             let must_leave = (count + cost - limits.limit) as usize;
@@ -79,14 +66,55 @@ impl SlidingWindowLog {
                 // A cost above the quota never fits.
                 _ => u64::MAX,
             };
-            Outcome {
-                allowed: false,
-                limit: limits.limit,
-                remaining: limits.limit.saturating_sub(count),
-                reset,
-                retry_after,
-                window,
-            }
+            Self::denied(limits, count, reset, retry_after, window)
+        }
+    }
+
+    /// The outcome of `cost` units admitted where `count` are live, the newest of them (of those
+    /// kept) taken at `newest`: the budget is full again a period after the newest unit, the
+    /// one taken now included. Shared with [`Concurrency`](super::Concurrency).
+    #[inline]
+    pub(crate) fn admitted(
+        limits: &Limits,
+        newest: Option<u64>,
+        now: u64,
+        count: u64,
+        cost: u64,
+        window: u64,
+    ) -> Outcome {
+        let newest = match (newest, cost) {
+            (Some(t), 0) => Some(t),
+            (Some(t), _) => Some(t.max(now)),
+            (None, 0) => None,
+            (None, _) => Some(now),
+        };
+        Outcome {
+            allowed: true,
+            limit: limits.limit,
+            remaining: limits.limit - count - cost,
+            reset: newest.map_or(0, |t| (t + limits.period).saturating_sub(now)),
+            retry_after: 0,
+            window,
+        }
+    }
+
+    /// The outcome of a request denied where `count` units are live. Shared with
+    /// [`Concurrency`](super::Concurrency).
+    #[inline]
+    pub(crate) fn denied(
+        limits: &Limits,
+        count: u64,
+        reset: u64,
+        retry_after: u64,
+        window: u64,
+    ) -> Outcome {
+        Outcome {
+            allowed: false,
+            limit: limits.limit,
+            remaining: limits.limit.saturating_sub(count),
+            reset,
+            retry_after,
+            window,
         }
     }
 

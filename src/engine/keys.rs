@@ -31,7 +31,7 @@ impl<St: Store> Engine<St> {
         parts: &Parts,
         span: &tracing::Span,
     ) -> Decide<St::Future> {
-        if let [index] = *rules {
+        let (stopwatch, check, applied, keys) = if let [index] = *rules {
             // The common case, one rule: no lists to build.
             let rule = &snapshot.rules[usize::from(index)];
             let cost = rule.cost.of(parts);
@@ -83,49 +83,40 @@ impl<St: Store> Engine<St> {
                 key,
                 cost,
             });
-            return self.respond(
-                snapshot,
-                check,
-                (applied, keys),
-                resolution,
-                parts,
-                span,
-                stopwatch,
-            );
-        }
-
-        let mut keys = AppliedRules::new();
-        let mut pending = PendingKeys::new();
-        for &index in rules {
-            let rule = &snapshot.rules[usize::from(index)];
-            match rule.key.extract(parts) {
-                Extracted::Found(key) => keys.push(Applied {
-                    rule: index,
-                    key,
-                    cost: rule.cost.of(parts),
-                }),
-                Extracted::Missing => {
-                    if let Some(key) = missing_key(snapshot, index, RequestKind::of(parts)) {
-                        keys.push(Applied {
-                            rule: index,
-                            key,
-                            cost: rule.cost.of(parts),
-                        });
+            (stopwatch, check, applied, keys)
+        } else {
+            let mut keys = AppliedRules::new();
+            let mut pending = PendingKeys::new();
+            for &index in rules {
+                let rule = &snapshot.rules[usize::from(index)];
+                let key = match rule.key.extract(parts) {
+                    Extracted::Found(key) => Some(key),
+                    Extracted::Missing => missing_key(snapshot, index, RequestKind::of(parts)),
+                    Extracted::Pending(future) => {
+                        pending.push((index, future, rule.cost.of(parts)));
+                        None
                     }
+                };
+                if let Some(key) = key {
+                    keys.push(Applied {
+                        rule: index,
+                        key,
+                        cost: rule.cost.of(parts),
+                    });
                 }
-                Extracted::Pending(future) => pending.push((index, future, rule.cost.of(parts))),
             }
-        }
-        if !pending.is_empty() {
-            return Decide::waiting(
-                Wait::Deferred {
-                    check: self.deferred(snapshot, (keys, pending), resolution, parts, span),
-                },
-                Some(resolution),
-            );
-        }
-        let stopwatch = Stopwatch::start_for(span);
-        let (check, applied) = self.ask(snapshot, &keys);
+            if !pending.is_empty() {
+                return Decide::waiting(
+                    Wait::Deferred {
+                        check: self.deferred(snapshot, (keys, pending), resolution, parts, span),
+                    },
+                    Some(resolution),
+                );
+            }
+            let stopwatch = Stopwatch::start_for(span);
+            let (check, applied) = self.ask(snapshot, &keys);
+            (stopwatch, check, applied, keys)
+        };
         self.respond(
             snapshot,
             check,

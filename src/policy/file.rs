@@ -237,19 +237,17 @@ pub(crate) fn parse(text: &str, origin: &str) -> Result<Policy, ConfigError> {
         }
         policy = policy.tenant(tenant);
     }
-    for entry in &file.lists.allow {
-        let listed: Listed = entry
+    let listed = |entry: &Spanned<String>| {
+        entry
             .get_ref()
-            .parse()
-            .map_err(|e| at_error(&at, entry.span(), e))?;
-        policy = policy.allow(listed);
+            .parse::<Listed>()
+            .map_err(|e| at_error(&at, entry.span(), e))
+    };
+    for entry in &file.lists.allow {
+        policy = policy.allow(listed(entry)?);
     }
     for entry in &file.lists.deny {
-        let listed: Listed = entry
-            .get_ref()
-            .parse()
-            .map_err(|e| at_error(&at, entry.span(), e))?;
-        policy = policy.deny(listed);
+        policy = policy.deny(listed(entry)?);
     }
     if let Some(region) = &file.region {
         place(Subject::Region, region.span());

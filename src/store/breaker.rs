@@ -304,13 +304,15 @@ mod tests {
         }
     }
 
+    /// A breaker of `config` for a server of its own.
+    fn breaker_of(config: CircuitBreaker) -> Breaker {
+        Breaker::new(config, "test", Arc::from("server"))
+    }
+
     #[test]
     fn requests_leave_the_probe_to_the_background_unless_it_is_late() {
-        let breaker = Breaker::new(
-            CircuitBreaker::after_failures(1).cooldown(Duration::from_micros(1000)),
-            "test",
-            Arc::from("server"),
-        );
+        let breaker =
+            breaker_of(CircuitBreaker::after_failures(1).cooldown(Duration::from_micros(1000)));
         let p = breaker.admit_at(|| 10, 1000).unwrap();
         assert!(breaker.failure_at(p, 10));
         // Cooldown over: the probe's turn, not a request's.
@@ -322,11 +324,8 @@ mod tests {
 
     #[test]
     fn opens_after_consecutive_failures_probes_after_the_cooldown_and_closes_on_success() {
-        let breaker = Breaker::new(
-            CircuitBreaker::after_failures(3).cooldown(Duration::from_micros(1000)),
-            "test",
-            Arc::from("server"),
-        );
+        let breaker =
+            breaker_of(CircuitBreaker::after_failures(3).cooldown(Duration::from_micros(1000)));
         let p = breaker.admit_at_probe(|| 10).unwrap();
         assert!(!breaker.failure_at(p, 10));
         assert!(!breaker.failure_at(p, 11));
@@ -357,11 +356,8 @@ mod tests {
 
     #[test]
     fn a_check_that_started_before_the_breaker_opened_cannot_close_it() {
-        let breaker = Breaker::new(
-            CircuitBreaker::after_failures(2).cooldown(Duration::from_micros(1000)),
-            "test",
-            Arc::from("server"),
-        );
+        let breaker =
+            breaker_of(CircuitBreaker::after_failures(2).cooldown(Duration::from_micros(1000)));
         let early = breaker.admit_at_probe(|| 10).unwrap();
         let failing = breaker.admit_at_probe(|| 10).unwrap();
         assert!(!breaker.failure_at(failing, 11));
@@ -375,7 +371,7 @@ mod tests {
 
     #[test]
     fn a_disabled_breaker_never_opens() {
-        let breaker = Breaker::new(CircuitBreaker::disabled(), "test", Arc::from("server"));
+        let breaker = breaker_of(CircuitBreaker::disabled());
         for t in 1..100 {
             let p = breaker.admit_at_probe(|| t).unwrap();
             assert!(!breaker.failure_at(p, t));
@@ -389,7 +385,7 @@ mod tests {
             config,
             CircuitBreaker::after_failures(1).cooldown(CircuitBreaker::MAX_COOLDOWN)
         );
-        let breaker = Breaker::new(config, "test", Arc::from("server"));
+        let breaker = breaker_of(config);
         let p = breaker.admit_at_probe(|| u64::MAX - 5).unwrap();
         assert!(breaker.failure_at(p, u64::MAX - 5));
         assert!(breaker.admit_at_probe(|| u64::MAX - 1).is_none());

@@ -53,16 +53,7 @@ impl RuleRegistry {
     ) -> Result<(), ConfigError> {
         let mut registered = self.rules.lock().unwrap_or_else(|p| p.into_inner());
         let is_holder = |h: &Weak<()>| std::ptr::eq(h.as_ptr(), Arc::as_ptr(holder));
-        for rule in rules.clone() {
-            let Some(entry) = registered.get_mut(rule.name()) else {
-                continue;
-            };
-            entry.holders.retain(|h| h.strong_count() > 0);
-            let others = entry.holders.iter().any(|h| !is_holder(h));
-            if others && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits()) {
-                return Err(conflict(rule.name()));
-            }
-        }
+        check_free(&mut registered, rules.clone(), |h| !is_holder(h))?;
         for entry in registered.values_mut() {
             entry
                 .holders
@@ -84,20 +75,30 @@ impl RuleRegistry {
         holder: &Arc<()>,
     ) -> Result<(), ConfigError> {
         let mut registered = self.rules.lock().unwrap_or_else(|p| p.into_inner());
-        for rule in rules.clone() {
-            let Some(entry) = registered.get_mut(rule.name()) else {
-                continue;
-            };
-            entry.holders.retain(|h| h.strong_count() > 0);
-            if !entry.holders.is_empty()
-                && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits())
-            {
-                return Err(conflict(rule.name()));
-            }
-        }
+        check_free(&mut registered, rules.clone(), |_| true)?;
         insert(&mut registered, rules, holder);
         Ok(())
     }
+}
+
+/// Fails on the first of `rules` whose name a living holder that `counts` uses with another
+/// algorithm or other numbers (the holders that are gone are dropped on the way).
+fn check_free<'a>(
+    registered: &mut HashMap<Arc<str>, Entry>,
+    rules: impl IntoIterator<Item = &'a RuleSpec>,
+    counts: impl Fn(&Weak<()>) -> bool,
+) -> Result<(), ConfigError> {
+    for rule in rules {
+        let Some(entry) = registered.get_mut(rule.name()) else {
+            continue;
+        };
+        entry.holders.retain(|h| h.strong_count() > 0);
+        let others = entry.holders.iter().any(&counts);
+        if others && (entry.algorithm != rule.algorithm() || entry.limits != *rule.limits()) {
+            return Err(conflict(rule.name()));
+        }
+    }
+    Ok(())
 }
 
 fn conflict(name: &str) -> ConfigError {

@@ -56,6 +56,13 @@ fn refusal<'a>(mut rules: impl Iterator<Item = &'a RuleSpec>) -> Option<StoreErr
         ))
 }
 
+/// The rules and keys a change forgets here, owned (they outlive the change's call).
+fn owned<'a>(changed: impl Iterator<Item = (&'a RuleSpec, &'a Key)>) -> Vec<(RuleSpec, Key)> {
+    changed
+        .map(|(rule, key)| (rule.clone(), key.clone()))
+        .collect()
+}
+
 /// [`Store::adjust`](crate::store::Store::adjust): one call per time the units were charged;
 /// one that fails does not stop the others.
 pub(crate) fn adjust<T: Transport>(
@@ -66,16 +73,14 @@ pub(crate) fn adjust<T: Transport>(
         return Box::pin(std::future::ready(Err(error)));
     }
     let inner = inner.clone();
-    let forget: Vec<(RuleSpec, Key)> = adjustments
-        .iter()
-        .map(|a| (a.rule.clone(), a.key.clone()))
-        .collect();
+    let forget = owned(adjustments.iter().map(|a| (a.rule, a.key)));
     // Refunds give units back: the other replicas' denials of those keys may be out of date.
-    let refunded: Vec<(RuleSpec, Key)> = adjustments
-        .iter()
-        .filter(|a| matches!(a.change, Change::Refund(units) if units > 0))
-        .map(|a| (a.rule.clone(), a.key.clone()))
-        .collect();
+    let refunded = owned(
+        adjustments
+            .iter()
+            .filter(|a| matches!(a.change, Change::Refund(units) if units > 0))
+            .map(|a| (a.rule, a.key)),
+    );
     let calls = script::adjustments(&inner.parts().settings.prefix, adjustments);
     let now = inner.parts().settings.now();
     Box::pin(async move {
@@ -103,10 +108,7 @@ pub(crate) fn reset<T: Transport>(inner: &Arc<T>, charges: &[Charge<'_>]) -> Sto
         return Box::pin(std::future::ready(Err(error)));
     }
     let inner = inner.clone();
-    let forget: Vec<(RuleSpec, Key)> = charges
-        .iter()
-        .map(|c| (c.rule.clone(), c.key.clone()))
-        .collect();
+    let forget = owned(charges.iter().map(|c| (c.rule, c.key)));
     let prepared = prepared(&inner.parts().settings.prefix, charges);
     let now = inner.parts().settings.now();
     Box::pin(async move {

@@ -16,12 +16,17 @@ use crate::store::{Charge, StoreError};
 use crate::{Algorithm, DecisionSource};
 
 fn local(clock: &ManualClock) -> Arc<Replica> {
+    replica(clock, 1000)
+}
+
+/// A replica on `clock` that keeps at most `leases` leased keys.
+fn replica(clock: &ManualClock, leases: usize) -> Arc<Replica> {
     Arc::new(Replica::new(
         Arc::new(clock.clone()),
         "t".into(),
         1000,
         std::time::Duration::from_secs(3600),
-        1000,
+        leases,
     ))
 }
 
@@ -36,29 +41,43 @@ fn denied(retry: u64, window: u64) -> Outcome {
     }
 }
 
+/// A rule of `limit` per `period` microseconds, as much at once.
+fn rule(name: impl Into<Arc<str>>, algorithm: Algorithm, limit: u64, period: u64) -> RuleSpec {
+    RuleSpec::new(name, algorithm, Limits::new(limit, period, limit).unwrap()).unwrap()
+}
+
+/// One charge of `cost` to `key` of `rule`.
+fn one<'a>(rule: &'a RuleSpec, key: &'a Key, cost: u64) -> [Charge<'a>; 1] {
+    [Charge { rule, key, cost }]
+}
+
+/// Redis's denial of one charge, until `retry` microseconds from its time.
+fn denial(retry: u64) -> Reply {
+    Reply {
+        now: 1_000_000,
+        outcomes: smallvec::smallvec![denied(retry, retry)],
+        taken: smallvec::smallvec![0],
+        times: None,
+    }
+}
+
+/// The next request of `charges` refills a lease that holds nothing, with no refill out.
+fn assert_refills_anew(local: &Arc<Replica>, charges: &[Charge<'_>]) {
+    assert!(matches!(
+        local.plan(charges).charges[0].how,
+        How::Refill { held: 0, .. }
+    ));
+}
+
 #[test]
 fn a_denial_is_answered_here_until_its_retry_after_aged() {
     let clock = ManualClock::new(1_000_000);
     let local = local(&clock);
-    let rule = RuleSpec::new(
-        "r",
-        Algorithm::TokenBucket,
-        Limits::new(10, 60_000_000, 10).unwrap(),
-    )
-    .unwrap();
+    let rule = rule("r", Algorithm::TokenBucket, 10, 60_000_000);
     let key = Key::text("k");
-    let charges = [Charge {
-        rule: &rule,
-        key: &key,
-        cost: 1,
-    }];
+    let charges = one(&rule, &key, 1);
     let plan = local.plan(&charges);
-    let reply = Reply {
-        now: 1_000_000,
-        outcomes: smallvec::smallvec![denied(6_000_000, 6_000_000)],
-        taken: smallvec::smallvec![0],
-        times: None,
-    };
+    let reply = denial(6_000_000);
     assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
     clock.advance(std::time::Duration::from_secs(2));
     let cached = local.answer(&charges, true).expect("answered here");
@@ -66,11 +85,7 @@ fn a_denial_is_answered_here_until_its_retry_after_aged() {
     assert_eq!(cached.outcomes()[0].retry_after, 4_000_000);
     assert_eq!(cached.outcomes()[0].reset, 48_000_000);
     // Another cost is another request.
-    let other = [Charge {
-        rule: &rule,
-        key: &key,
-        cost: 2,
-    }];
+    let other = one(&rule, &key, 2);
     assert!(local.answer(&other, true).is_none());
     // At the retry-after, Redis decides again.
     clock.advance(std::time::Duration::from_secs(4));
@@ -81,18 +96,8 @@ fn a_denial_is_answered_here_until_its_retry_after_aged() {
 fn a_rule_whose_cost_never_fits_keeps_its_numbers_only_until_its_window() {
     let clock = ManualClock::new(1_000_000);
     let local = local(&clock);
-    let log = RuleSpec::new(
-        "log",
-        Algorithm::SlidingWindowLog,
-        Limits::new(7, 1_000_000, 7).unwrap(),
-    )
-    .unwrap();
-    let window = RuleSpec::new(
-        "window",
-        Algorithm::FixedWindow,
-        Limits::new(1, 60_000_000, 1).unwrap(),
-    )
-    .unwrap();
+    let log = rule("log", Algorithm::SlidingWindowLog, 7, 1_000_000);
+    let window = rule("window", Algorithm::FixedWindow, 1, 60_000_000);
     let key = Key::text("k");
     let charges = [
         Charge {
@@ -162,14 +167,9 @@ impl Hot {
         let hot = Hot {
             local: local(&clock),
             clock,
-            rule: RuleSpec::new(
-                "hot",
-                Algorithm::TokenBucket,
-                Limits::new(100, 3_600_000_000, 100).unwrap(),
-            )
-            .unwrap()
-            .with_lease(10, std::time::Duration::from_secs(60))
-            .unwrap(),
+            rule: rule("hot", Algorithm::TokenBucket, 100, 3_600_000_000)
+                .with_lease(10, std::time::Duration::from_secs(60))
+                .unwrap(),
             key: Key::text("k"),
         };
         warm(&hot.local, &hot.rule, &hot.key);
@@ -177,11 +177,7 @@ impl Hot {
     }
 
     fn charges(&self) -> [Charge<'_>; 1] {
-        [Charge {
-            rule: &self.rule,
-            key: &self.key,
-            cost: 1,
-        }]
+        one(&self.rule, &self.key, 1)
     }
 
     /// `requests` requests of cost 1, each paid from the lease without a call.
@@ -204,6 +200,25 @@ impl Hot {
         }
         let first = refill.settle(Some(Ok(admitted(89 - dry, 10)))).unwrap();
         assert!(first.allowed());
+    }
+
+    /// A mark of 6 (four requests find no unit while the first refill is out), then a refill
+    /// ahead of 4 units while four more are paid here: 1 unit held, 4 waiting behind it.
+    fn one_held_four_waiting(&self) {
+        let charges = self.charges();
+        self.fill(4);
+        assert_eq!(held(&self.local), (9, 0));
+        self.pay(3);
+        // The next request leaves 5 < 6: it asks for 4, and four more are paid meanwhile.
+        let ahead = self.local.plan(&charges);
+        assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 4, .. }));
+        self.pay(4);
+        ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
+        assert_eq!(
+            held(&self.local),
+            (1, 4),
+            "the units wait behind the one left"
+        );
     }
 }
 
@@ -265,10 +280,7 @@ fn a_request_paid_here_stands_when_its_refill_ahead_fails() {
     assert_eq!(decision.source(), DecisionSource::Lease);
     // Nothing held, no refill out: the next request refills as usual.
     assert!(local.answer(&charges, true).is_none());
-    assert!(matches!(
-        local.plan(&charges).charges[0].how,
-        How::Refill { held: 0, .. }
-    ));
+    assert_refills_anew(local, &charges);
 }
 
 /// Makes `key` of `rule` a key seen now, whose last lease spent all its units: its next
@@ -302,16 +314,7 @@ fn held(local: &Replica) -> (u64, u64) {
 fn a_refill_ahead_goes_out_while_units_wait_and_holds_at_most_n_minus_1() {
     let hot = Hot::new();
     let (local, charges) = (&hot.local, hot.charges());
-    // Four requests find no unit while the first refill is out: the mark is 6.
-    hot.fill(4);
-    assert_eq!(held(local), (9, 0));
-    hot.pay(3);
-    // The next request leaves 5 < 6: it asks for 4, and four more are paid meanwhile.
-    let ahead = local.plan(&charges);
-    assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 4, .. }));
-    hot.pay(4);
-    ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
-    assert_eq!(held(local), (1, 4), "the units wait behind the one left");
+    hot.one_held_four_waiting();
     // The mark is 6 again: the next request leaves 4 in all, and asks for what the lease
     // lacks while those wait.
     let ahead = local.plan(&charges);
@@ -331,10 +334,7 @@ fn a_lease_spent_faster_than_it_can_hold_is_refilled_when_it_runs_out() {
     for _ in 0..9 {
         assert!(local.answer(&charges, true).is_some(), "no refill ahead");
     }
-    assert!(matches!(
-        local.plan(&charges).charges[0].how,
-        How::Refill { held: 0, .. }
-    ));
+    assert_refills_anew(local, &charges);
 }
 
 /// A request paid here whose check only refills ahead of need is answered at once; what it
@@ -353,16 +353,10 @@ fn a_detached_request_keeps_what_it_spent() {
     // The call goes away unanswered: nothing comes back, and refills go out again.
     drop(ahead);
     assert_eq!(held(local), (0, 0));
-    assert!(matches!(
-        local.plan(&charges).charges[0].how,
-        How::Refill { held: 0, .. }
-    ));
+    assert_refills_anew(local, &charges);
     // A plan that must hear from Redis is not answered here.
-    let other = [Charge {
-        rule: &hot.rule,
-        key: &Key::text("other"),
-        cost: 1,
-    }];
+    let other_key = Key::text("other");
+    let other = one(&hot.rule, &other_key, 1);
     assert!(local.plan(&other).detach().is_none());
 }
 
@@ -376,12 +370,7 @@ fn units_held_are_spent_before_a_cached_denial() {
     let alone = local.plan(&charges);
     refill.settle(Some(Ok(admitted(0, 10)))).unwrap();
     // Redis had nothing left for the request sent meanwhile: a denial, cached.
-    let denial = Reply {
-        now: 1_000_000,
-        outcomes: smallvec::smallvec![denied(36_000_000, 36_000_000)],
-        taken: smallvec::smallvec![0],
-        times: None,
-    };
+    let denial = denial(36_000_000);
     assert!(!alone.settle(Some(Ok(denial))).unwrap().allowed());
     for _ in 0..8 {
         let decision = local.answer(&charges, true).expect("paid here");
@@ -406,19 +395,8 @@ fn units_held_are_spent_before_a_cached_denial() {
 fn costs_a_lease_cannot_pay_and_resets_lose_nothing_and_keep_nothing() {
     let hot = Hot::new();
     let (local, charges) = (&hot.local, hot.charges());
-    hot.fill(4);
-    hot.pay(3);
-    let ahead = local.plan(&charges);
-    hot.pay(4);
-    ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
-    assert_eq!(held(local), (1, 4));
-    let costly = |cost| {
-        [Charge {
-            rule: &hot.rule,
-            key: &hot.key,
-            cost,
-        }]
-    };
+    hot.one_held_four_waiting();
+    let costly = |cost| one(&hot.rule, &hot.key, cost);
     let decision = local
         .answer(&costly(3), false)
         .expect("1 left and 4 waiting");
@@ -448,20 +426,11 @@ fn costs_a_lease_cannot_pay_and_resets_lose_nothing_and_keep_nothing() {
 fn a_window_lease_ends_with_its_own_nodes_window() {
     let clock = ManualClock::new(1_000_000);
     let local = local(&clock);
-    let rule = RuleSpec::new(
-        "windowed",
-        Algorithm::FixedWindow,
-        Limits::new(100, 60_000_000, 100).unwrap(),
-    )
-    .unwrap()
-    .with_lease(10, std::time::Duration::from_secs(60))
-    .unwrap();
+    let rule = rule("windowed", Algorithm::FixedWindow, 100, 60_000_000)
+        .with_lease(10, std::time::Duration::from_secs(60))
+        .unwrap();
     let key = Key::text("k");
-    let charges = [Charge {
-        rule: &rule,
-        key: &key,
-        cost: 1,
-    }];
+    let charges = one(&rule, &key, 1);
     warm(&local, &rule, &key);
     let refill = local.plan(&charges);
     assert!(matches!(refill.charges[0].how, How::Refill { .. }));
@@ -486,14 +455,8 @@ fn a_window_lease_ends_with_its_own_nodes_window() {
 fn waiting_units_live_no_longer_than_their_time() {
     let hot = Hot::new();
     let (local, charges) = (&hot.local, hot.charges());
-    // A mark of 6: four requests asked for units while the first refill was out.
-    hot.fill(4);
-    hot.pay(3);
-    // A refill ahead asks for 4; four more are paid while it is out (the mark stays 6).
-    let first = local.plan(&charges);
-    hot.pay(4);
-    first.settle(Some(Ok(admitted(76, 4)))).unwrap();
-    assert_eq!(held(local), (1, 4));
+    // A mark of 6; a refill ahead of 4, sent 60 s before the units that wait expire.
+    hot.one_held_four_waiting();
     // 30 s later, another asks for 5, joining the units that wait (their time: 60 s after
     // the first refill ahead was sent).
     hot.clock.advance(std::time::Duration::from_secs(30));
@@ -504,10 +467,7 @@ fn waiting_units_live_no_longer_than_their_time() {
     // Past the first refill ahead's time, though within the second's: nothing is left.
     hot.clock.advance(std::time::Duration::from_secs(31));
     assert!(local.answer(&charges, true).is_none());
-    assert!(matches!(
-        local.plan(&charges).charges[0].how,
-        How::Refill { held: 0, .. }
-    ));
+    assert_refills_anew(local, &charges);
 }
 
 /// A lease entry evicted and made again does not take back the units of a request that
@@ -517,19 +477,8 @@ fn waiting_units_live_no_longer_than_their_time() {
 fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
     let hot = Hot::new();
     // One leased key per shard.
-    let local = Arc::new(Replica::new(
-        Arc::new(hot.clock.clone()),
-        "t".into(),
-        1000,
-        std::time::Duration::from_secs(3600),
-        SHARDS,
-    ));
-    let strict = RuleSpec::new(
-        "strict",
-        Algorithm::FixedWindow,
-        Limits::new(1, 3_600_000_000, 1).unwrap(),
-    )
-    .unwrap();
+    let local = replica(&hot.clock, SHARDS);
+    let strict = rule("strict", Algorithm::FixedWindow, 1, 3_600_000_000);
     let both = [
         Charge {
             rule: &hot.rule,
@@ -543,12 +492,7 @@ fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
         },
     ];
     // Only the strict rule is sent: it denies.
-    let strict_denies = Reply {
-        now: 1_000_000,
-        outcomes: smallvec::smallvec![denied(3_600_000_000, 3_600_000_000)],
-        taken: smallvec::smallvec![0],
-        times: None,
-    };
+    let strict_denies = denial(3_600_000_000);
     let refill = |local: &Arc<Replica>| {
         let charges = hot.charges();
         warm(local, &hot.rule, &hot.key);
@@ -567,11 +511,7 @@ fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
         .map(|i| Key::text(format!("other-{i}")))
         .find(|k| local.leases.index(&(lease_key(&hot.rule), k.clone())) == slot)
         .unwrap();
-    let theirs = [Charge {
-        rule: &hot.rule,
-        key: &other,
-        cost: 1,
-    }];
+    let theirs = one(&hot.rule, &other, 1);
     drop(local.plan(&theirs));
     // The key comes back: a new entry, a new lease, one unit spent of it.
     local.leases.remove(&(lease_key(&hot.rule), other.clone()));
@@ -596,19 +536,10 @@ fn unspent_units_of_a_window_go_back_with_the_next_call_once() {
     let local = local(&clock);
     let key = Key::text("k");
     for algorithm in [Algorithm::FixedWindow, Algorithm::TokenBucket] {
-        let rule = RuleSpec::new(
-            format!("back-{algorithm}"),
-            algorithm,
-            Limits::new(100, 3_600_000_000, 100).unwrap(),
-        )
-        .unwrap()
-        .with_lease(10, std::time::Duration::from_secs(1))
-        .unwrap();
-        let charges = [Charge {
-            rule: &rule,
-            key: &key,
-            cost: 1,
-        }];
+        let rule = rule(format!("back-{algorithm}"), algorithm, 100, 3_600_000_000)
+            .with_lease(10, std::time::Duration::from_secs(1))
+            .unwrap();
+        let charges = one(&rule, &key, 1);
         let lease_then_expire = |reset: bool| {
             warm(&local, &rule, &key);
             let refill = local.plan(&charges);
