@@ -342,13 +342,13 @@ fn a_reload_that_brings_rules_the_interceptor_cannot_keep_is_refused() {
 }
 
 #[tokio::test]
-async fn the_interceptor_never_starts_a_key_lookup_it_cannot_wait_for() {
+async fn the_interceptor_never_polls_a_key_lookup_it_cannot_wait_for() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tollgate::key::{Key, async_fn};
 
     // A lookup that would be ready at its first poll: the interceptor still does not poll it
-    // (a lookup started only to be dropped would cost the backend for nothing), and the calls
+    // (a lookup polled only to be dropped would cost the backend for nothing), and the calls
     // go through undecided, as the grpc module says.
     let polled = Arc::new(AtomicUsize::new(0));
     let seen = polled.clone();

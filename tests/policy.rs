@@ -297,6 +297,27 @@ fn a_policy_that_could_leave_requests_unlimited_does_not_build() {
 }
 
 #[test]
+fn a_policy_of_more_than_65535_routes_does_not_build() {
+    let routes = |n: usize| {
+        (0..n).fold(
+            Tier::new("free").rule(Rule::new("free", Quota::per_minute(5))),
+            |tier, i| tier.route(format!("/r{i}"), [Rule::new("r", Quota::per_minute(1))]),
+        )
+    };
+    let build = |n| {
+        RateLimitLayer::builder()
+            .policy(Policy::new("v").tier(routes(n)).default_tier("free"))
+            .build()
+    };
+    assert!(build(65_535).is_ok());
+    let error = build(65_536).unwrap_err().to_string();
+    assert!(
+        error.contains("65536 routes; it may name at most 65535"),
+        "{error}"
+    );
+}
+
+#[test]
 fn one_rule_in_several_places_is_one_budget() {
     let shared = Rule::new("daily", Quota::per_day(1000));
     let policy = Policy::new("v")

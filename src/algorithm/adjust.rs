@@ -179,7 +179,6 @@ impl Algorithm {
 /// (about 20 years), which keeps every time of the model below 2^53.
 pub const MAX_DEBT_MICROS: u64 = 2 * super::MAX_REFILL_MICROS;
 
-/// The time a token bucket is full again: `updated` plus the refill of the missing tokens.
 /// Drops the entries of a log (or the held units) that left the window by `now`; returns how
 /// many more it may hold.
 #[inline]
@@ -189,6 +188,7 @@ fn drain_left(limits: &Limits, entries: &mut VecDeque<u64>, now: u64) -> usize {
     (MAX_LOG_ENTRIES as usize).saturating_sub(entries.len())
 }
 
+/// The time a token bucket is full again: `updated` plus the refill of the missing tokens.
 fn bucket_full_at(limits: &Limits, s: &TokenBucketState) -> u64 {
     s.updated + limits.burst.saturating_sub(s.tokens) * limits.interval
 }

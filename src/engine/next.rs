@@ -154,7 +154,7 @@ impl<St: Store> Engine<St> {
                 ..ctx.phase
             };
             let check = self.check_again(snapshot, enforced, None, phase, ctx.resolution, ctx.span);
-            return Decide::again(check, std::mem::take(applied));
+            return Decide::again(check, std::mem::take(applied), ctx.resolution, true);
         }
         if !ctx.phase.delayed
             && let Some(wait) = delay_of(snapshot, applied, &decision)
@@ -171,7 +171,7 @@ impl<St: Store> Engine<St> {
                 ctx.resolution,
                 ctx.span,
             );
-            return Decide::again(check, std::mem::take(applied));
+            return Decide::again(check, std::mem::take(applied), ctx.resolution, false);
         }
         let verdict = denied(&decision);
         self.deny(snapshot, ctx, applied, Some(keys), decision, verdict)

@@ -100,14 +100,21 @@ impl<C> Decide<C> {
         })
     }
 
-    /// Checks again (`check`): the rules asked about so far are `applied`.
-    pub(super) fn again(check: DeferredCheck, applied: RuleIndices) -> Self {
+    /// Checks again (`check`): the rules asked about so far are `applied`, the request stands
+    /// at `resolution`; `recheck` for the second check after a shadow rule's denial (not a
+    /// delay rule's wait).
+    pub(super) fn again(
+        check: DeferredCheck,
+        applied: RuleIndices,
+        resolution: Resolution,
+        recheck: bool,
+    ) -> Self {
         Decide::Waiting(Pending {
             wait: Wait::Deferred { check },
             applied,
             keys: None,
-            resolution: None,
-            recheck: true,
+            resolution: Some(resolution),
+            recheck,
         })
     }
 

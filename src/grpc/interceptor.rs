@@ -106,7 +106,7 @@ impl<St: DecidesAtOnce> tonic::service::Interceptor for RateLimitInterceptor<St>
         let span = crate::observe::span();
         // A store that decides at once decides here, a second check included (the enforced
         // rules alone, after a shadow rule's denial): ready at its first poll. A key or tenant
-        // lookup is never started only to be dropped: such a call goes through undecided.
+        // lookup is never polled only to be dropped: such a call goes through undecided.
         let (snapshot, decide) = self.engine.decide(&mut parts, &span);
         let ruling = match decide {
             Decide::Ready(ruling) => Some(ruling),
