@@ -31,18 +31,23 @@ ensure_redis() {
     fi
 }
 
+# Installs Debian packages with apt-get where there is one (as root, or through sudo); whether
+# the command is there afterwards is for the caller to check and report.
+apt_install() {
+    command -v apt-get >/dev/null 2>&1 || return 0
+    local sudo=""
+    if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
+    $sudo apt-get update -qq || true
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null || true
+}
+
 # The TLS tests make their certificates with the openssl command.
 ensure_openssl() {
     if command -v openssl >/dev/null 2>&1; then
         return 0
     fi
     say "openssl not found: installing it (Debian package openssl)"
-    if command -v apt-get >/dev/null 2>&1; then
-        local sudo=""
-        if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
-        $sudo apt-get update -qq || true
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openssl >/dev/null || true
-    fi
+    apt_install openssl
     if ! command -v openssl >/dev/null 2>&1; then
         echo "error: the TLS tests make their certificates with openssl; install it (Debian/Ubuntu:" >&2
         echo "       apt-get install openssl; macOS: brew install openssl) and run again." >&2
@@ -55,12 +60,7 @@ ensure_promtool() {
         return 0
     fi
     say "promtool not found: installing it (Debian package prometheus)"
-    if command -v apt-get >/dev/null 2>&1; then
-        local sudo=""
-        if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then sudo="sudo"; fi
-        $sudo apt-get update -qq || true
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true
-    fi
+    apt_install --no-install-recommends prometheus
     if ! command -v promtool >/dev/null 2>&1; then
         echo "error: checking examples/metrics/alerts.yml needs promtool (Prometheus) on PATH." >&2
         echo "       Install it (Debian/Ubuntu: apt-get install prometheus) and run again." >&2
