@@ -22,6 +22,13 @@
 //!   `fixed_tenant`, `policy_tenant`, `policy_tenant_header`), called in process.
 //! * `stacked <1|2|4> <n>`: memory-store decisions of 1, 2 or 4 stacked rules over 1,000,000
 //!   clients whose keys are all in the store (`benches/support/stacked.rs`).
+//! * `redis <router> <n>` (feature `redis`, a server at `REDIS_URL`): in-process axum requests
+//!   in waves of 32 at once, as 32 connections would send them, so that the store batches them
+//!   as it does under load: `bare` (no limiter, the same waves), `memory_allow` (tollgate on
+//!   its memory store), `redis_allow` (batched), `redis_allow_unbatched` (`max_batch(1)`),
+//!   `redis_reject` (a known-denied key) and `redis_leased` (a lease of 200 units on the one
+//!   hot key). Only this process's instructions are counted: Redis's own are its `INFO
+//!   commandstats` (`./scripts/instructions.sh` with `REDIS=1` starts a server and prints both).
 //!
 //! Run each once with `n = 0` and once with a large `n`: the difference over `n` is the cost of
 //! one decision or request, setup excluded.
@@ -50,7 +57,9 @@ const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_g
                      tower_governor_allow|tower_governor_reject> <n>\n       \
                      instructions policy <fixed_ip|policy_ip|fixed_tenant|policy_tenant|\
                      policy_tenant_header> <n>\n       \
-                     instructions stacked <1|2|4> <n>";
+                     instructions stacked <1|2|4> <n>\n       \
+                     instructions redis <bare|memory_allow|redis_allow|redis_allow_unbatched|\
+                     redis_reject|redis_leased> <n>";
 
 fn main() -> ExitCode {
     // `cargo bench` adds `--bench`.
@@ -64,6 +73,8 @@ fn main() -> ExitCode {
         ["layer", router, n] => count(n).and_then(|n| layer(router, n)),
         ["policy", router, n] => count(n).and_then(|n| policy(router, n)),
         ["stacked", rules, n] => count(n).and_then(|n| stacked_rules(rules, n)),
+        #[cfg(feature = "redis")]
+        ["redis", router, n] => count(n).and_then(|n| redis_waves(router, n)),
         _ => Err(String::from("wrong arguments")),
     };
     match result {
@@ -200,4 +211,98 @@ fn layer(router: &str, n: usize) -> Result<String, String> {
         }
     });
     Ok(format!("{router}: {n} requests"))
+}
+
+/// Requests sent at once in [`redis_waves`]: the load harness's connections.
+#[cfg(feature = "redis")]
+const WAVE: usize = 32;
+
+/// `n` requests (rounded up to whole waves) in waves of [`WAVE`] at once, through `router`; one
+/// wave first, also with `n = 0`, so that connecting and loading the code are setup.
+#[cfg(feature = "redis")]
+fn redis_waves(router: &str, n: usize) -> Result<String, String> {
+    use std::time::Duration;
+    use tollgate::store::{DEFAULT_MAX_BATCH, RedisStore};
+    use tollgate::{Quota, RateLimitLayer, Rule};
+
+    let allow = Quota::per_second(1_000_000).burst(1_000_000_000);
+    let (store, quota, max_batch, lease) = match router {
+        "bare" => (None, allow, DEFAULT_MAX_BATCH, 0),
+        "memory_allow" => (Some(false), allow, DEFAULT_MAX_BATCH, 0),
+        "redis_allow" => (Some(true), allow, DEFAULT_MAX_BATCH, 0),
+        "redis_allow_unbatched" => (Some(true), allow, 1, 0),
+        "redis_reject" => (Some(true), Quota::per_hour(1), DEFAULT_MAX_BATCH, 0),
+        "redis_leased" => (Some(true), allow, DEFAULT_MAX_BATCH, 200),
+        _ => return Err(format!("unknown router {router:?}")),
+    };
+    let url = std::env::var("REDIS_URL").map_err(|_| {
+        String::from("set REDIS_URL (REDIS=1 ./scripts/instructions.sh starts a server)")
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot build a runtime: {e}"))?;
+    let served = runtime.block_on(async {
+        let hello =
+            axum::Router::new().route("/", axum::routing::get(|| async { "Hello, World!" }));
+        let rule = Rule::new("load", quota);
+        let rule = if lease > 0 { rule.lease(lease) } else { rule };
+        let app = match store {
+            None => hello,
+            Some(false) => hello.layer(
+                RateLimitLayer::builder()
+                    .rule(rule)
+                    .build()
+                    .map_err(|e| e.to_string())?,
+            ),
+            Some(true) => {
+                // A prefix of this run's own: every run starts from an empty budget. Budgets
+                // far above valgrind's pace: no check times out.
+                let store = RedisStore::builder(url)
+                    .prefix(format!("instructions{}", std::process::id()))
+                    .max_batch(max_batch)
+                    .response_timeout(Duration::from_secs(10))
+                    .connect()
+                    .await
+                    .map_err(|e| format!("cannot connect to REDIS_URL: {e}"))?;
+                hello.layer(
+                    RateLimitLayer::builder()
+                        .rule(rule)
+                        .store(store)
+                        .build()
+                        .map_err(|e| e.to_string())?,
+                )
+            }
+        }
+        .with_state::<()>(());
+        // Statuses of the counted waves: 200s for a router that allows, 429s for one that
+        // rejects; anything else (a store that failed open, say) is an error of the run.
+        let (mut ok, mut limited) = (0, 0);
+        for wave in 0..1 + n.div_ceil(WAVE) {
+            let statuses =
+                futures_util::future::join_all((0..WAVE).map(|_| layer_apps::serve_one(&app)))
+                    .await;
+            for status in statuses.into_iter().filter(|_| wave > 0) {
+                match status.as_u16() {
+                    200 => ok += 1,
+                    429 => limited += 1,
+                    other => return Err(format!("{router}: a request answered {other}")),
+                }
+            }
+        }
+        Ok::<_, String>((ok, limited))
+    })?;
+    let (ok, limited) = served;
+    let expected = if router == "redis_reject" {
+        ok == 0
+    } else {
+        limited == 0
+    };
+    if !expected {
+        return Err(format!("{router}: {ok} allowed and {limited} limited"));
+    }
+    Ok(format!(
+        "{router}: {} requests in waves of {WAVE}, {ok} allowed, {limited} limited",
+        ok + limited
+    ))
 }

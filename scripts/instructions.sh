@@ -5,6 +5,8 @@
 #
 #   ./scripts/instructions.sh                  # 1,000,000 decisions and 20,000 requests per case
 #   N=200000 REQUESTS=5000 STACKED=100000 ./scripts/instructions.sh
+#   REDIS=1 ./scripts/instructions.sh          # also requests through the Redis store (below)
+#   ONLY=redis REDIS=1 ./scripts/instructions.sh   # only those
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,6 +43,8 @@ per() { # count, then the example's arguments without the count -> instructions 
     awk -v t="$total" -v s="$setup" -v n="$count" 'BEGIN { printf "%.1f", (t - s) / n }'
 }
 
+only=${ONLY:-all}
+if [ "$only" = all ]; then
 printf '%-18s %-22s %14s %12s\n' case limiter instr/decision vs-governor
 for case in hot_key_allowed hot_key_denied 100k_keys_allowed; do
     governor=""
@@ -73,6 +77,7 @@ for router in bare tollgate_allow tollgate_reject tower_governor_allow tower_gov
     ratio=$(awk -v p="$cost" -v b="$bare" 'BEGIN { printf "%.2fx", p / b }')
     printf '%-22s %16s %12s %10s\n' "$router" "$cost" "$added" "$ratio"
 done
+fi
 
 # METRICS=1: what recording costs. The same requests, built with the feature `metrics`: with no
 # recorder installed, and with a Prometheus recorder.
@@ -104,5 +109,42 @@ if [ "${POLICY:-0}" = 1 ]; then
             added=$(awk -v p="$cost" -v b="$fixed" 'BEGIN { printf "%+.0f", p - b }')
             printf '%-22s %16s %12s\n' "$router" "$cost" "$added"
         done
+    done
+fi
+
+# REDIS=1: requests in waves of 32 through the Redis store (benches/instructions.rs, `redis`),
+# against a redis-server of this run's own on a free port, stopped at the end: this process's
+# instructions per request, and Redis's own time (`INFO commandstats`, usec of FCALL and
+# EVALSHA) per request and per call.
+if [ "${REDIS:-0}" = 1 ]; then
+    for tool in redis-server redis-cli; do
+        command -v "$tool" >/dev/null || { echo "error: $tool is not installed (Debian: apt-get install redis-server redis-tools)" >&2; exit 1; }
+    done
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --daemonize no >/dev/null &
+    redis_pid=$!
+    trap 'kill "$redis_pid" 2>/dev/null || true' EXIT
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    export REDIS_URL="redis://127.0.0.1:$port"
+    commandstats() { # -> "calls usec" of tollgate's code since the last reset
+        redis-cli -p "$port" info commandstats | tr -d '\r' |
+            awk -F'[=,:]' '/^cmdstat_(fcall|evalsha):/ { c += $3; u += $5 } END { printf "%d %d", c, u }'
+    }
+    waves=${WAVES_REQUESTS:-$requests}
+    echo
+    printf '%-24s %14s %10s %12s %12s %12s\n' router instr/request added calls/request "redis us/req" "redis us/call"
+    bare=""
+    for router in bare memory_allow redis_allow redis_allow_unbatched redis_reject redis_leased; do
+        redis-cli -p "$port" config resetstat >/dev/null
+        setup=$(refs redis "$router" 0)
+        read -r c0 u0 <<<"$(commandstats)"
+        total=$(refs redis "$router" "$waves")
+        read -r c1 u1 <<<"$(commandstats)"
+        # The n = 0 run made calls too (its wave): only the second run's count.
+        cost=$(awk -v t="$total" -v s="$setup" -v n="$waves" 'BEGIN { printf "%.1f", (t - s) / n }')
+        [ -z "$bare" ] && bare=$cost
+        awk -v r="$router" -v p="$cost" -v b="$bare" -v n="$waves" -v c0="$c0" -v u0="$u0" -v c1="$c1" -v u1="$u1" 'BEGIN {
+            c = c1 - 2 * c0; u = u1 - 2 * u0; per_call = c > 0 ? u / c : 0
+            printf "%-24s %14s %+10.0f %12.3f %12.2f %12.2f\n", r, p, p - b, c / n, u / n, per_call }'
     done
 fi

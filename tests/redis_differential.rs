@@ -453,6 +453,75 @@ async fn standalone_batched_checks_match_the_model_one_by_one() {
     );
 }
 
+/// A batch reads and writes a hot key once, however many of its checks the key has (token
+/// bucket and GCRA, whose keys hold one number): far fewer writes than admitted checks, each
+/// decision the model's one by one, and the value written the one they leave (the next
+/// check and a peek say so).
+#[tokio::test]
+async fn a_batch_reads_and_writes_a_hot_key_once() {
+    let server = support::RedisServer::start();
+    let mut conn = server.conn();
+    let writes_of = |conn: &mut redis::Connection| {
+        support::command_calls(conn, "set") + support::command_calls(conn, "del")
+    };
+    for (round, algorithm) in [Algorithm::TokenBucket, Algorithm::Gcra]
+        .into_iter()
+        .enumerate()
+    {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let redis = RedisStore::builder(server.url())
+            .pool_size(1)
+            .deny_cache(0)
+            .response_timeout(Duration::from_secs(10))
+            .prefix(support::unique_prefix("hot-batch"))
+            .clock(clock.clone())
+            .connect()
+            .await
+            .unwrap();
+        // 30 of the 40 checks are admitted.
+        let rule =
+            RuleSpec::new("hot", algorithm, Limits::new(10, 1_000_000, 30).unwrap()).unwrap();
+        let key = Key::text(format!("hot-{round}"));
+        let charge = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let (calls, writes) = (code_calls(&server), writes_of(&mut conn));
+        let checks: Vec<_> = (0..40).map(|_| redis.check(&charge)).collect();
+        let mut expected = Vec::new();
+        for _ in 0..40 {
+            expected.push(memory.check(&charge).await.unwrap());
+        }
+        let actual = futures_util::future::join_all(checks).await;
+        for (i, (actual, expected)) in actual.into_iter().zip(expected).enumerate() {
+            assert_eq!(actual.unwrap(), expected, "{algorithm}, check {i}");
+        }
+        let calls = code_calls(&server) - calls;
+        let writes = writes_of(&mut conn) - writes;
+        assert!(
+            calls < 10,
+            "{algorithm}: {calls} calls for 40 checks: batched"
+        );
+        assert!(
+            writes <= calls,
+            "{algorithm}: {writes} writes of the key in {calls} calls that admitted 30 checks"
+        );
+        clock.advance(Duration::from_millis(250));
+        assert_eq!(
+            redis.peek(&charge).await.unwrap(),
+            memory.peek(&charge).await.unwrap(),
+            "{algorithm}: the state the batch wrote"
+        );
+        assert_eq!(
+            redis.check(&charge).await.unwrap(),
+            memory.check(&charge).await.unwrap(),
+            "{algorithm}: the next check"
+        );
+    }
+}
+
 /// Batches decided on the server's clock (no clock injected: one `TIME` per call, a charge
 /// argument per check, or one for the whole batch when its checks share one rule and cost):
 /// each decision equals the model's at the time the call was made, the decisions replayed in

@@ -55,8 +55,9 @@ pub fn apps() -> Vec<(&'static str, Router)> {
     .collect()
 }
 
-/// One request from 127.0.0.1, answered and its body read to the end, as a server would.
-pub async fn serve_one(app: &Router) {
+/// One request from 127.0.0.1, answered and its body read to the end, as a server would; its
+/// status.
+pub async fn serve_one(app: &Router) -> http::StatusCode {
     let mut request = Request::get("/")
         .body(Body::empty())
         .expect("valid request");
@@ -72,8 +73,10 @@ pub async fn serve_one(app: &Router) {
         .call(request)
         .await
         .expect("axum routers never fail");
+    let status = response.status();
     let body = http_body_util::BodyExt::collect(response.into_body())
         .await
         .expect("in-memory bodies never fail");
     std::hint::black_box(body);
+    status
 }

@@ -25,8 +25,9 @@
 --
 -- A server spends more on each argument, table, call and number written as text here than on
 -- anything else: hence one argument per charge (one per batch when they are all the same),
--- parsed once, a request of one charge decided without tables, and integers answered as
--- integers (Redis writes them itself; Lua would format each one as a double).
+-- parsed once, a request of one charge decided without tables, integers answered as integers
+-- (Redis writes them itself; Lua would format each one as a double), and in a batch each key of
+-- one number (token bucket, GCRA) read and written once (`hold`, `release`).
 local ALGORITHMS = {
   tb = TokenBucket,
   gcra = Gcra,
@@ -232,6 +233,8 @@ local function check(KEYS, ARGV)
   if call == nil then
     bind()
   end
+  -- A call that failed midway (a function library keeps its locals) left nothing held.
+  HELD, HELD_EXPIRY = nil, nil
   local mode = ARGV[1]
   local now = nil
   if SERVER_CLOCK then
@@ -252,9 +255,11 @@ local function check(KEYS, ARGV)
     local out = { now }
     local len = 1
     local shared = #ARGV == 2 and charge_of(ARGV[2])
+    hold()
     for i = 1, #KEYS do
       len = charge_one(KEYS[i], shared or charge_of(ARGV[i + 1]), now, out, len)
     end
+    release()
     return out
   end
   if mode ~= 'B' then
@@ -281,6 +286,7 @@ local function check(KEYS, ARGV)
   end
   local out = { now or 0 }
   local len, a, k = 1, 1, 0
+  hold()
   while a < #ARGV do
     local n = tonumber(ARGV[a + 1])
     if n == nil then
@@ -292,5 +298,6 @@ local function check(KEYS, ARGV)
     len = request(KEYS, ARGV, 'c', now, k, a + 1, n, out, len)
     a, k = a + 1 + n, k + n
   end
+  release()
   return out
 end

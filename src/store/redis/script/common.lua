@@ -62,6 +62,60 @@ local function get_string(key)
   return v
 end
 
+-- The values of the keys that hold one number (token bucket, GCRA) while a batch is decided:
+-- each key is read from Redis once and written once, at the end of the call, however many
+-- requests of the batch it decides (a hot key's batch costs two commands, not two per request).
+-- `false`: no value. Outside a batch (nil), reads and writes go to Redis at once.
+local HELD, HELD_EXPIRY = nil, nil
+
+-- The number a key holds, or nil.
+local function number_at(key)
+  if HELD == nil then
+    return tonumber(get_string(key))
+  end
+  local v = HELD[key]
+  if v == nil then
+    v = tonumber(get_string(key)) or false
+    HELD[key] = v
+  end
+  return v or nil
+end
+
+-- Sets a key to the integer `n`, expiring in `ms` milliseconds; with `n` nil, deletes it.
+local function set_number(key, n, ms)
+  if HELD == nil then
+    if n == nil then
+      call('DEL', key)
+    else
+      call('SET', key, int(n), 'PX', ms)
+    end
+    return
+  end
+  HELD[key] = n or false
+  HELD_EXPIRY[key] = ms or 0
+end
+
+-- Starts holding the values of number keys (a batch).
+local function hold()
+  HELD, HELD_EXPIRY = {}, {}
+end
+
+-- Writes every value changed while held, once, and stops holding.
+local function release()
+  if HELD == nil then
+    return
+  end
+  for key, ms in pairs(HELD_EXPIRY) do
+    local n = HELD[key]
+    if n then
+      call('SET', key, int(n), 'PX', ms)
+    else
+      call('DEL', key)
+    end
+  end
+  HELD, HELD_EXPIRY = nil, nil
+end
+
 -- The `n` integers of a value written as "a:b[:c]"; nil when the key is missing or holds anything
 -- else (another algorithm's state counts as no state).
 local function get_integers(key, n)

@@ -9,7 +9,7 @@ function Gcra.capacity(l)
 end
 
 function Gcra.load(key, l, now)
-  local v = tonumber(get_string(key))
+  local v = number_at(key)
   if v == nil or v <= 0 then
     return nil
   end
@@ -43,22 +43,22 @@ end
 -- time minus `now`.
 function Gcra.commit(key, l, s, now, cost, reset)
   if reset > 0 then
-    call('SET', key, int(now + reset), 'PX', expiry_ms(reset))
+    set_number(key, now + reset, expiry_ms(reset))
   else
-    call('DEL', key)
+    set_number(key, nil)
   end
 end
 
 function Gcra.refund(key, l, now, cost, at)
-  local v = tonumber(get_string(key))
+  local v = number_at(key)
   if v == nil or v <= 0 then
     return
   end
   local tat = v - cost * l.interval
   if tat > now then
-    call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
+    set_number(key, tat, expiry_ms(tat - now))
   else
-    call('DEL', key)
+    set_number(key, nil)
   end
 end
 
@@ -67,6 +67,6 @@ end
 function Gcra.force(key, l, s, now, cost)
   local tat = later(l, Gcra.start(s, now), now, cost)
   if tat > now then
-    call('SET', key, int(tat), 'PX', expiry_ms(tat - now))
+    set_number(key, tat, expiry_ms(tat - now))
   end
 end

@@ -12,7 +12,7 @@ function TokenBucket.capacity(l)
 end
 
 function TokenBucket.load(key, l, now)
-  local v = tonumber(get_string(key))
+  local v = number_at(key)
   if v == nil or v >= 0 then
     return nil
   end
@@ -59,23 +59,23 @@ end
 -- full again, so the new value is `-(now + reset)` (no refill computed twice).
 function TokenBucket.commit(key, l, s, now, cost, reset)
   if reset > 0 then
-    call('SET', key, int(-(now + reset)), 'PX', expiry_ms(reset))
+    set_number(key, -(now + reset), expiry_ms(reset))
   else
-    call('DEL', key)
+    set_number(key, nil)
   end
 end
 
 -- Gives back `cost` tokens taken by a commit (cross-slot compensation).
 function TokenBucket.refund(key, l, now, cost, at)
-  local v = tonumber(get_string(key))
+  local v = number_at(key)
   if v == nil or v >= 0 then
     return
   end
   local tat = -v - cost * l.interval
   if tat > now then
-    call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
+    set_number(key, -tat, expiry_ms(tat - now))
   else
-    call('DEL', key)
+    set_number(key, nil)
   end
 end
 
@@ -88,6 +88,6 @@ function TokenBucket.force(key, l, s, now, cost)
   end
   local tat = later(l, full_at, now, cost)
   if tat > now then
-    call('SET', key, int(-tat), 'PX', expiry_ms(tat - now))
+    set_number(key, -tat, expiry_ms(tat - now))
   end
 end
