@@ -107,6 +107,7 @@ impl Config {
         let redis_store = |max_batch: usize| async move {
             RedisStore::builder(&redis.0)
                 .prefix(&redis.1)
+                .pool_size(std::env::var("XPOOL").ok().and_then(|v| v.parse().ok()).unwrap_or(2))
                 .max_batch(max_batch)
                 .connect()
                 .await
@@ -250,16 +251,29 @@ impl Server {
 }
 
 impl Server {
-    /// CPU time (user + system) the serving thread used so far, in seconds; from /proc on Linux.
-    fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(self.task.as_ref()?.join("stat")).ok()?;
+    /// What the serving thread used so far: CPU time in user space and in the kernel, in
+    /// seconds, and the times it went to sleep (voluntary context switches: it waited for
+    /// the network or Redis, and something had to wake it); from /proc on Linux.
+    fn usage(&self) -> Option<Usage> {
+        let task = self.task.as_ref()?;
+        let stat = std::fs::read_to_string(task.join("stat")).ok()?;
         // Fields after the command name (which is in parentheses): state is field 3; utime and
         // stime are fields 14 and 15, in clock ticks (100 per second on Linux).
         let rest = &stat[stat.rfind(')')? + 2..];
         let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 =
-            fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-        Some(ticks / 100.0)
+        let ticks = |i: usize| Some(fields.get(i)?.parse::<f64>().ok()? / 100.0);
+        let status = std::fs::read_to_string(task.join("status")).ok()?;
+        let sleeps = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(Usage {
+            user: ticks(11)?,
+            system: ticks(12)?,
+            sleeps,
+        })
     }
 }
 
@@ -272,6 +286,14 @@ impl Drop for Server {
             let _ = thread.join();
         }
     }
+}
+
+/// What a thread used: CPU seconds in user space and in the kernel, and its sleeps.
+#[derive(Clone, Copy, Debug)]
+struct Usage {
+    user: f64,
+    system: f64,
+    sleeps: f64,
 }
 
 /// Idle and total CPU time of the whole machine so far (`/proc/stat`, in clock ticks).
@@ -316,8 +338,12 @@ fn redis_calls(url: &str) -> Option<(f64, f64)> {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Measurement {
-    /// Server CPU time per request, in µs (NaN where /proc is not available).
+    /// Server CPU time per request, in µs (NaN where /proc is not available), and the part of
+    /// it spent in the kernel.
     cpu_micros_per_request: f64,
+    system_micros_per_request: f64,
+    /// Times the serving thread went to sleep, per request.
+    sleeps_per_request: f64,
     /// Redis calls per request, and Redis µs per request (NaN without Redis).
     redis_calls_per_request: f64,
     redis_micros_per_request: f64,
@@ -378,6 +404,8 @@ fn measure_wrk(addr: SocketAddr, seconds: u64, connections: u64) -> Measurement 
         .unwrap_or(0.0);
     Measurement {
         cpu_micros_per_request: f64::NAN,
+        system_micros_per_request: f64::NAN,
+        sleeps_per_request: f64::NAN,
         redis_calls_per_request: f64::NAN,
         redis_micros_per_request: f64::NAN,
         requests_per_second: field("Requests/sec:")
@@ -447,6 +475,8 @@ fn measure_hyper(addr: SocketAddr, seconds: u64, connections: u64) -> Measuremen
         };
         Measurement {
             cpu_micros_per_request: f64::NAN,
+            system_micros_per_request: f64::NAN,
+            sleeps_per_request: f64::NAN,
             redis_calls_per_request: f64::NAN,
             redis_micros_per_request: f64::NAN,
             requests_per_second: all.len() as f64 / seconds as f64,
@@ -519,7 +549,7 @@ fn main() {
             }
             let prefix = format!("tollgate-load-{}-{round}-{i}", std::process::id());
             let server = Server::start(*config, (url.clone(), prefix));
-            let cpu_before = server.cpu_seconds();
+            let usage_before = server.usage();
             let machine_before = machine_cpu_ticks();
             let redis_before = config.uses_redis().then(|| redis_calls(&url)).flatten();
             let mut m = if wrk {
@@ -527,11 +557,16 @@ fn main() {
             } else {
                 measure_hyper(server.addr, seconds, connections)
             };
-            if let (Some(before), Some(after)) = (cpu_before, server.cpu_seconds()) {
-                m.cpu_micros_per_request =
-                    (after - before) * 1e6 / (m.requests_per_second * seconds as f64);
+            let requests = m.requests_per_second * seconds as f64;
+            if let (Some(before), Some(after)) = (usage_before, server.usage()) {
+                let system = after.system - before.system;
+                m.cpu_micros_per_request = (after.user - before.user + system) * 1e6 / requests;
+                m.system_micros_per_request = system * 1e6 / requests;
+                m.sleeps_per_request = (after.sleeps - before.sleeps) / requests;
             } else {
                 m.cpu_micros_per_request = f64::NAN;
+                m.system_micros_per_request = f64::NAN;
+                m.sleeps_per_request = f64::NAN;
             }
             if let (Some((idle, total)), Some((idle_after, total_after))) =
                 (machine_before, machine_cpu_ticks())
@@ -541,19 +576,20 @@ fn main() {
             if let (Some((calls, usec)), Some((calls_after, usec_after))) =
                 (redis_before, redis_calls(&url))
             {
-                let requests = m.requests_per_second * seconds as f64;
                 m.redis_calls_per_request = (calls_after - calls) / requests;
                 m.redis_micros_per_request = (usec_after - usec) / requests;
             }
             drop(server);
             eprintln!(
-                "round {round}: {:<30} {:>10.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  non-2xx {:>5.1}%  server CPU {:.2} µs/req  machine idle {:>4.1}%",
+                "round {round}: {:<30} {:>10.0} req/s  p50 {:>7.0} µs  p99 {:>7.0} µs  non-2xx {:>5.1}%  server CPU {:.2} µs/req ({:.2} in the kernel, {:.3} sleeps/req)  machine idle {:>4.1}%",
                 config.name(),
                 m.requests_per_second,
                 m.p50_micros,
                 m.p99_micros,
                 100.0 * m.non_2xx_share,
                 m.cpu_micros_per_request,
+                m.system_micros_per_request,
+                m.sleeps_per_request,
                 100.0 * m.machine_idle_share
             );
             results[i].push(m);
@@ -574,6 +610,10 @@ fn main() {
                     cpu_micros_per_request: median(
                         ms.iter().map(|m| m.cpu_micros_per_request).collect(),
                     ),
+                    system_micros_per_request: median(
+                        ms.iter().map(|m| m.system_micros_per_request).collect(),
+                    ),
+                    sleeps_per_request: median(ms.iter().map(|m| m.sleeps_per_request).collect()),
                     redis_calls_per_request: median(
                         ms.iter().map(|m| m.redis_calls_per_request).collect(),
                     ),
@@ -588,9 +628,9 @@ fn main() {
     let bare = summary[0];
     println!();
     println!(
-        "| configuration | req/s | × bare | server CPU µs/req | × bare CPU | p50 µs | p99 µs | added p99 µs | non-2xx | machine idle | Redis calls/req | Redis µs/req |"
+        "| configuration | req/s | × bare | server CPU µs/req | over bare | in the kernel | sleeps/req | p50 µs | p99 µs | added p99 µs | non-2xx | machine idle | Redis calls/req | Redis µs/req |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for ((config, m), measured) in configs.iter().zip(&summary).zip(&results) {
         if measured.is_empty() {
             // Left out by LOAD_ONLY.
@@ -604,12 +644,14 @@ fn main() {
             }
         };
         println!(
-            "| {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:+.0} | {:.1}% | {:.0}% | {} | {} |",
+            "| {} | {:.0} | {:.2} | {:.2} | {:+.2} | {:.2} | {:.3} | {:.0} | {:.0} | {:+.0} | {:.1}% | {:.0}% | {} | {} |",
             config.name(),
             m.requests_per_second,
             m.requests_per_second / bare.requests_per_second,
             m.cpu_micros_per_request,
-            m.cpu_micros_per_request / bare.cpu_micros_per_request,
+            m.cpu_micros_per_request - bare.cpu_micros_per_request,
+            m.system_micros_per_request,
+            m.sleeps_per_request,
             m.p50_micros,
             m.p99_micros,
             m.p99_micros - bare.p99_micros,

@@ -605,6 +605,71 @@ async fn standalone_batches_on_the_server_clock_match_the_model() {
     );
 }
 
+/// A hot key's checks of one batch, on the server's clock, are decided and answered as one run
+/// (token bucket and GCRA): each answer is the model's one by one, across the first denial
+/// of a run, for costs of one unit and more, and the state the run leaves is the model's.
+#[tokio::test]
+async fn a_hot_keys_run_of_checks_matches_the_model_one_by_one() {
+    let server = support::RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .pool_size(1)
+        .deny_cache(0)
+        .response_timeout(Duration::from_secs(10))
+        .prefix(support::unique_prefix("runs"))
+        .connect()
+        .await
+        .unwrap();
+    let calls_before = code_calls(&server);
+    let mut checks_made = 0u64;
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        for cost in [1, 3] {
+            let clock = ManualClock::new(0);
+            let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+            // 25 units: a batch of 40 is admitted up to its 25th unit, then denied.
+            let rule = RuleSpec::new(
+                format!("run-{algorithm}-{cost}"),
+                algorithm,
+                Limits::new(10, 1_000_000, 25).unwrap(),
+            )
+            .unwrap();
+            let key = Key::text(format!("run-{algorithm}-{cost}"));
+            let charge = [Charge {
+                rule: &rule,
+                key: &key,
+                cost,
+            }];
+            for wave in 0..3 {
+                let actual =
+                    futures_util::future::join_all((0..40).map(|_| redis.check(&charge))).await;
+                let actual: Vec<Decision> = actual.into_iter().map(Result::unwrap).collect();
+                checks_made += actual.len() as u64;
+                // The order Redis made them in: by the time of their call, then as they were
+                // made.
+                let mut order: Vec<usize> = (0..actual.len()).collect();
+                order.sort_by_key(|&i| actual[i].made_at());
+                for i in order {
+                    clock.set(actual[i].made_at());
+                    let expected = memory.check(&charge).await.unwrap();
+                    assert_eq!(
+                        actual[i], expected,
+                        "{algorithm}, cost {cost}, wave {wave}, check {i}"
+                    );
+                }
+                assert!(
+                    actual.iter().any(Decision::allowed) || wave > 0,
+                    "{algorithm}, cost {cost}: the first wave admits"
+                );
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        }
+    }
+    let calls = code_calls(&server) - calls_before;
+    assert!(
+        calls * 4 < checks_made,
+        "{calls} calls for {checks_made} checks: batched"
+    );
+}
+
 /// Costs settled after the fact (a refund of what was not used, a forced charge of the rest,
 /// into debt, bounded however large): Redis holds them as the model does, over random
 /// timelines of estimates and real costs settled at once or later (across a window's end), for

@@ -6,6 +6,9 @@ use std::sync::Arc;
 
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisError};
 
+use super::connection::Target;
+#[cfg(feature = "tls")]
+use super::connection::Tls;
 use super::error::{AtServer, store_error};
 use crate::ConfigError;
 use crate::store::StoreError;
@@ -83,7 +86,7 @@ impl Access {
                 if tls { "rediss" } else { "redis" }
             ))
         };
-        if tls && !cfg!(feature = "tls") && !tls_in_redis() {
+        if tls && !cfg!(feature = "tls") {
             return Err(ConfigError::new(format!(
                 "{store}: the URL {shown} asks for TLS (rediss://), which needs tollgate's \
                  feature `tls`; enable it in Cargo.toml (tollgate = {{ features = [\"tls\"] }})"
@@ -114,6 +117,30 @@ impl Access {
             info = self.with_tls(store, info)?;
         }
         Ok(info)
+    }
+
+    /// Where the connections of `info` go (as [`connection_info`](Self::connection_info) made
+    /// it), and how: over TLS with the CA and client certificate given, for a `rediss://` URL.
+    pub(super) fn target(&self, info: &ConnectionInfo) -> Result<Target, ConfigError> {
+        #[cfg(feature = "tls")]
+        {
+            let tls = match info.addr() {
+                ConnectionAddr::TcpTls { insecure: true, .. } => {
+                    return Err(ConfigError::new(
+                        "a rediss:// URL with #insecure (no check of the server's certificate) \
+                         is not supported; give the server's CA with tls_ca",
+                    ));
+                }
+                ConnectionAddr::TcpTls { .. } => Some(Arc::new(Tls::new(
+                    self.ca.clone(),
+                    self.client_cert.clone(),
+                ))),
+                _ => None,
+            };
+            Ok(Target::new(info, tls))
+        }
+        #[cfg(not(feature = "tls"))]
+        Ok(Target::new(info))
     }
 
     /// `info` (a `rediss://` address) with the CA and client certificate, checked now so that
@@ -245,17 +272,6 @@ fn tls_hint(_: &RedisError) -> Option<&'static str> {
 pub(super) fn is_tls(url: &str) -> bool {
     let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
     scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
-}
-
-/// Whether redis-rs was built with TLS another way (a dependent enabled one of its own TLS
-/// features): its `rediss://` URLs then work without tollgate's `tls`, as they always have.
-fn tls_in_redis() -> bool {
-    matches!(
-        "rediss://127.0.0.1:1"
-            .into_connection_info()
-            .map(|i| i.addr().clone()),
-        Ok(ConnectionAddr::TcpTls { .. })
-    )
 }
 
 /// Makes rustls's ring provider the process default, unless the application chose one: rustls

@@ -21,11 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, PushInfo, PushKind};
+use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 
+use super::connection::Connection;
 use super::error::store_error;
-use super::health::Health;
 use super::replica::Replica;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY};
 use crate::store::StoreError;
@@ -35,17 +34,27 @@ pub(crate) fn channel(prefix: &str) -> String {
     format!("{prefix}:forget")
 }
 
+/// The client of a listening connection to the server of `info`: RESP3, whose push messages
+/// carry what the channel hears (Redis 6 and later, Valkey).
+pub(crate) fn client(info: ConnectionInfo) -> redis::RedisResult<Client> {
+    let redis = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    Client::open(info.set_redis_settings(redis))
+}
+
 /// Publishes `names` on `channel` on the connection `connection` brings (to `server`), within
 /// `budget`.
 pub(crate) async fn publish_within(
-    connection: impl Future<Output = Result<(MultiplexedConnection, Arc<Health>), StoreError>>,
+    connection: impl Future<Output = Result<Connection, StoreError>>,
     server: &Arc<str>,
     channel: &str,
     names: &[String],
     budget: Duration,
 ) -> Result<(), StoreError> {
     let publish = async {
-        let (mut conn, _) = connection.await?;
+        let mut conn = connection.await?;
         publish(&mut conn, channel, names)
             .await
             .map_err(|e| store_error(server, e))
@@ -57,7 +66,7 @@ pub(crate) async fn publish_within(
 
 /// Publishes `names` (Redis key names) on `channel`, in one pipeline, on `conn`.
 async fn publish(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Connection,
     channel: &str,
     names: &[String],
 ) -> redis::RedisResult<()> {

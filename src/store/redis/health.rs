@@ -1,4 +1,4 @@
-//! When a multiplexed connection is replaced: on an I/O error at once, and on a time-out only
+//! When a connection is replaced: on an I/O error at once, and on a time-out only
 //! when nothing has come back on it for a while. One time-out says little about a connection
 //! that many checks share: a server that stalls for a moment (a fork, an fsync) times out every
 //! check in flight, and replacing the connection then would only add reconnects to the stall. A
@@ -6,56 +6,13 @@
 //! time-out after a long silence retires it. A connection the server closed (a restart, an idle
 //! time-out, a failover) is retired the moment its stream ends, before a check is sent on it.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-use redis::{AsyncConnectionConfig, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
-
-/// Tells `health` how a command on its connection went: an answer, or a broken stream.
-pub(crate) fn tell<T>(health: &Health, result: &redis::RedisResult<T>) {
-    match result {
-        Ok(_) => health.answered(),
-        Err(e) if e.is_timeout() => health.timed_out(),
-        Err(e) if super::error::breaks_connection(e) => health.broke(),
-        Err(_) => health.answered(),
-    }
-}
-
-/// The connection settings the stores use: RESP3, whose push channel is how redis-rs tells that
-/// a connection's stream ended (RESP3 servers: Redis 6 and later, Valkey).
-pub(crate) fn resp3(info: ConnectionInfo) -> ConnectionInfo {
-    let redis = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    info.set_redis_settings(redis)
-}
-
-/// `config` with a push channel that marks `health` broken as soon as the connection's stream
-/// ends: the server closed it or reset it, with no check in flight to find out. Without it, the
-/// next check sent on the connection would fail with a broken pipe.
-pub(crate) fn watched(
-    config: &AsyncConnectionConfig,
-    health: &Arc<Health>,
-) -> AsyncConnectionConfig {
-    let health = Arc::downgrade(health);
-    config.clone().set_push_sender(
-        move |info: PushInfo| -> Result<(), std::convert::Infallible> {
-            if info.kind == PushKind::Disconnection
-                && let Some(health) = health.upgrade()
-            {
-                health.broke();
-            }
-            Ok(())
-        },
-    )
-}
 
 /// The shortest silence after which a time-out replaces a connection.
 pub(crate) const MIN_SILENCE: Duration = Duration::from_secs(1);
 
-/// The health of one multiplexed connection, shared by every check that uses it.
+/// The health of one connection, shared by every check that uses it.
 #[derive(Debug)]
 pub(crate) struct Health {
     broken: AtomicBool,

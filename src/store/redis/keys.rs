@@ -39,13 +39,7 @@ pub(crate) fn write_key(out: &mut String, prefix: &str, identity: &Key, rule: &s
 /// key when `part` is `None`. The part is inside the hash tag, so that a cluster spreads the
 /// sub-keys of one identity over its slots; `~` is escaped in text identities, so no identity
 /// reads like another's sub-key.
-pub(crate) fn write_part_key(
-    out: &mut String,
-    prefix: &str,
-    identity: &Key,
-    part: Option<u16>,
-    rule: &str,
-) {
+fn write_part_key(out: &mut String, prefix: &str, identity: &Key, part: Option<u16>, rule: &str) {
     out.clear();
     out.push_str(prefix);
     out.push_str(":{");
@@ -53,12 +47,22 @@ pub(crate) fn write_part_key(
     match (identity.as_ip(), identity.as_text()) {
         // The common keys without the formatting machinery: they are written on every check.
         (Some(IpAddr::V4(v4)), _) => {
+            // "255.255.255.255" at most.
+            let mut text = [0u8; 15];
+            let mut len = 0;
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    text[len] = b'.';
+                    len += 1;
                 }
-                push_integer(out, u64::from(octet));
+                let digits = [octet / 100, octet / 10 % 10, octet % 10];
+                let skip = if octet >= 100 { 0 } else if octet >= 10 { 1 } else { 2 };
+                for digit in &digits[skip..] {
+                    text[len] = b'0' + digit;
+                    len += 1;
+                }
             }
+            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
         (_, Some(text)) => out.push_str(text),
         _ => {
@@ -70,25 +74,11 @@ pub(crate) fn write_part_key(
     }
     if let Some(part) = part {
         out.push('~');
-        push_integer(out, u64::from(part));
+        let mut digits = crate::store::redis::resp::Digits::default();
+        out.push_str(std::str::from_utf8(digits.of(u64::from(part))).unwrap_or_default());
     }
     out.push_str("}:");
     out.push_str(rule);
-}
-
-/// Appends the decimal digits of `n`.
-pub(crate) fn push_integer(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend(digits[start..].iter().map(|&d| char::from(d)));
 }
 
 /// The key of one charge, as a new string.
@@ -98,7 +88,9 @@ pub(crate) fn key_name(prefix: &str, identity: &Key, rule: &str) -> String {
 
 /// The key of one charge of a sub-key (or the whole key), as a new string.
 pub(crate) fn part_key_name(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> String {
-    let mut out = String::with_capacity(prefix.len() + rule.len() + 52);
+    // IPv6 addresses are at most 39 characters; "~<part>" and the braces at most 9.
+    let identity_len = identity.as_text().map_or(39, str::len);
+    let mut out = String::with_capacity(prefix.len() + rule.len() + identity_len + 12);
     write_part_key(&mut out, prefix, identity, part, rule);
     out
 }

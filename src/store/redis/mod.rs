@@ -2,8 +2,8 @@
 //! [`store`](crate::store#redis-and-redis-cluster).
 
 mod access;
-mod batch;
 mod cluster;
+mod connection;
 mod error;
 mod forget;
 mod health;
@@ -12,6 +12,7 @@ mod opening;
 mod probe;
 mod remote;
 mod replica;
+mod resp;
 mod script;
 mod settings;
 mod standalone;

@@ -6,10 +6,8 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-
-use super::error::is_server_answer;
-use super::health::{self, Health};
+use super::connection::Connection;
+use super::error::{breaks_connection, is_server_answer};
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 
@@ -21,9 +19,8 @@ pub(crate) trait Probed: Send + Sync + 'static {
     fn probe_timeout(&self) -> Duration;
 
     /// A connection to the server (opened when there is none).
-    fn probe_connection(
-        self: Arc<Self>,
-    ) -> impl Future<Output = Result<(MultiplexedConnection, Arc<Health>), StoreError>> + Send;
+    fn probe_connection(self: Arc<Self>)
+    -> impl Future<Output = Result<Connection, StoreError>> + Send;
 }
 
 /// Probes `target` once per cooldown while its breaker is open, until a probe is answered, the
@@ -53,10 +50,14 @@ pub(crate) fn in_background<P: Probed>(target: &Arc<P>, max_failures: u32) {
             };
             let mut in_use = None;
             let ping = async {
-                let (mut conn, health) = probed.clone().probe_connection().await?;
-                in_use = Some(health.clone());
+                let mut conn = probed.clone().probe_connection().await?;
+                in_use = Some(conn.clone());
                 let pong = redis::cmd("PING").query_async::<()>(&mut conn).await;
-                health::tell(&health, &pong);
+                match &pong {
+                    Err(e) if e.is_timeout() => conn.health().timed_out(),
+                    Err(e) if breaks_connection(e) => conn.health().broke(),
+                    _ => conn.health().answered(),
+                }
                 Ok::<_, StoreError>(pong)
             };
             match tokio::time::timeout(probed.probe_timeout(), ping).await {
@@ -69,8 +70,8 @@ pub(crate) fn in_background<P: Probed>(target: &Arc<P>, max_failures: u32) {
                 }
                 Err(_) => {
                     // A connection that stays silent is retired, as a check's would be.
-                    if let Some(health) = in_use {
-                        health.timed_out();
+                    if let Some(conn) = in_use {
+                        conn.health().timed_out();
                     }
                     failed += 1;
                     probed.breaker().failure(permit);

@@ -11,7 +11,6 @@ mod topology;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -26,10 +25,11 @@ use self::topology::Topology;
 use crate::ConfigError;
 use crate::store::redis::access::redact;
 use crate::store::redis::access::{self, Access};
+use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::forget;
 use crate::store::redis::keys;
-use crate::store::redis::remote::{self, Parts, Remote, Transport, store_by_remote};
+use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
 use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
 use crate::store::{Charge, StoreError};
@@ -80,6 +80,8 @@ pub(crate) struct Cluster {
     /// The credentials of the first URL (or those given to the builder), and whether and how
     /// to speak TLS, for every node.
     template: ConnectionInfo,
+    /// Where the first node's connections go, and how (a node's go to its own address).
+    targets: Target,
     topology: RwLock<Option<Arc<Topology>>>,
     /// Every node seen, by address: connections and breakers outlive a new slot map.
     nodes: Mutex<HashMap<String, Arc<Node>>>,
@@ -160,6 +162,7 @@ impl RedisClusterStoreBuilder {
         let mut seeds = Vec::new();
         let first = &self.nodes[0];
         let template = self.access.connection_info("Redis Cluster store", first)?;
+        let targets = self.access.target(&template)?;
         for url in &self.nodes {
             if access::is_tls(url) != access::is_tls(first) {
                 return Err(ConfigError::new(format!(
@@ -195,6 +198,7 @@ impl RedisClusterStoreBuilder {
             seeds,
             servers: format!("Redis Cluster ({servers})").into(),
             template,
+            targets,
             parts: Parts::new(self.settings),
             topology: RwLock::new(None),
             nodes: Mutex::new(HashMap::new()),
@@ -215,7 +219,7 @@ impl RedisClusterStoreBuilder {
         inner.parts.connected_within(budget, &inner.servers).await?;
         let topology = inner.topology().ok_or(StoreError::Timeout)?;
         let loads = topology.primaries().iter().map(|node| async move {
-            let (mut conn, _) = node.connection().await?;
+            let mut conn = node.connection().await?;
             let form = inner
                 .parts
                 .program
@@ -296,19 +300,15 @@ impl Transport for Cluster {
                 .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()))
     }
 
-    fn decide(
-        self: Arc<Self>,
-        prepared: Vec<Prepared>,
-        now: Option<u64>,
-        alone: bool,
-    ) -> impl Future<Output = Result<Reply, StoreError>> + Send {
+    fn send(self: &Arc<Self>, prepared: Vec<Prepared>, now: Option<u64>, alone: bool) -> Sent {
+        let me = self.clone();
         let runtime = match tokio::runtime::Handle::try_current() {
             Ok(runtime) if alone => runtime,
             _ => {
-                return futures_util::future::Either::Left(async move {
-                    let deadline = Instant::now() + self.parts.settings.response_timeout;
-                    self.check_slots(&prepared, now, deadline.into()).await
-                });
+                return Sent::Deciding(Box::pin(async move {
+                    let deadline = Instant::now() + me.parts.settings.response_timeout;
+                    me.check_slots(&prepared, now, deadline.into()).await
+                }));
             }
         };
         let deadline = Instant::now() + self.parts.settings.response_timeout;
@@ -319,18 +319,22 @@ impl Transport for Cluster {
         } else {
             deadline
         };
-        let (answer, answered) = remote::channel(now);
+        let (answer, answered) = remote::channel();
         drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
                 late,
             };
-            let reply = self.check_slots(&prepared, now, budget).await;
-            answer.send(&self, reply, prepared);
+            let reply = me.check_slots(&prepared, now, budget).await;
+            let give_back = || -> remote::GiveBackOrphan {
+                let inner = me.clone();
+                Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds))
+            };
+            answer.send(reply, prepared, give_back);
         }));
-        futures_util::future::Either::Right(remote::wait(answered, deadline.into(), || {
+        Sent::Deciding(Box::pin(remote::wait(answered, deadline.into(), || {
             StoreError::Unavailable("the check's task ended without an answer".into())
-        }))
+        })))
     }
 
     async fn peek(

@@ -1,18 +1,18 @@
-//! One node of a cluster: its multiplexed connection, opened when first needed and replaced when
-//! it breaks, and its own circuit breaker.
+//! One node of a cluster: its connection, opened when first needed and replaced when it breaks,
+//! and its own circuit breaker.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, Value};
+use redis::{Client, ConnectionAddr, ConnectionInfo};
 
 use crate::CircuitBreaker;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access;
+use crate::store::redis::connection::{self, Connection, Target};
 use crate::store::redis::error::{AtServer, store_error};
-use crate::store::redis::health::{self, Health};
+use crate::store::redis::forget;
 use crate::store::redis::opening::{Done, Opening};
 use crate::store::redis::probe::{self, Probed};
 use crate::store::redis::script::ServerForm;
@@ -26,11 +26,13 @@ pub(crate) struct Node {
     addr: String,
     /// `redis://host:port` (`rediss://` over TLS), to name it in errors.
     server: Arc<str>,
+    /// The node's client (RESP3), for the listener of forgotten keys.
     client: Client,
-    config: AsyncConnectionConfig,
+    /// Where its connection goes.
+    target: Target,
     connect_timeout: Duration,
     response_timeout: Duration,
-    conn: Mutex<Option<(MultiplexedConnection, Arc<Health>)>>,
+    conn: Mutex<Option<Connection>>,
     /// The connection attempt under way, if any: one at a time, shared by the checks waiting.
     /// (The connection itself is kept in the node.)
     opening: Opening<()>,
@@ -41,10 +43,12 @@ pub(crate) struct Node {
 
 impl Node {
     /// The node at `addr` (`host:port`), with the credentials of `template`, over TLS when it
-    /// is (with its certificates).
+    /// is (with its certificates); its connection goes where `targets` (the first node's) does,
+    /// at `addr`.
     pub(super) fn new(
         addr: &str,
         template: &ConnectionInfo,
+        targets: &Target,
         connect_timeout: Duration,
         response_timeout: Duration,
         breaker: CircuitBreaker,
@@ -59,25 +63,16 @@ impl Node {
             .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
             .ok_or_else(|| StoreError::Protocol(format!("the node address {addr} has no port")))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let info = health::resp3(
-            template
-                .clone()
-                .set_addr(access::node_addr(template, host, port)),
-        );
-        let client = Client::open(info).map_err(|e| store_error(&server, e))?;
+        let info = template
+            .clone()
+            .set_addr(access::node_addr(template, host, port));
+        let client = forget::client(info).map_err(|e| store_error(&server, e))?;
         let breaker = Breaker::new(breaker, "redis_cluster", server.clone());
         Ok(Node {
             addr: addr.to_owned(),
             server,
             client,
-            config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                // Each call has its own deadline; this one only bounds a reply the
-                // connection still waits for, as long as a call that takes concurrency slots
-                // waits for its own.
-                .set_response_timeout(Some(crate::store::redis::settings::late_reply_wait(
-                    response_timeout,
-                ))),
+            target: targets.at(host, port),
             connect_timeout,
             response_timeout,
             conn: Mutex::new(None),
@@ -113,9 +108,7 @@ impl Node {
     /// task of its own, bounded by the connect timeout and not by the check's budget: on a slow
     /// network, opening a connection and sending a check can take longer than a check may wait,
     /// and an opening cut short by every check in turn would never end.
-    pub(super) async fn connection(
-        self: &Arc<Self>,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+    pub(super) async fn connection(self: &Arc<Self>) -> Result<Connection, StoreError> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
@@ -140,14 +133,15 @@ impl Node {
     /// One attempt to open the node's connection, within the connect timeout; its outcome goes
     /// to every check waiting for it.
     async fn open(self: Arc<Self>, done: Done<()>) {
-        let health = Arc::new(Health::new(self.response_timeout));
-        let config = health::watched(&self.config, &health);
-        let connect = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let connect = connection::open(
+            &self.target,
+            self.server.clone(),
+            self.response_timeout,
+            None,
+        );
         let outcome = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(conn)) => {
-                *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some((conn, health));
+                *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = Some(conn);
                 Ok(())
             }
             Ok(Err(e)) => Err(access::explained(&e)),
@@ -164,29 +158,12 @@ impl Node {
     }
 
     /// The current connection, unless it broke (then it is dropped).
-    fn current(&self) -> Option<(MultiplexedConnection, Arc<Health>)> {
+    fn current(&self) -> Option<Connection> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        if conn.as_ref().is_some_and(|(_, health)| health.is_broken()) {
+        if conn.as_ref().is_some_and(Connection::is_broken) {
             *conn = None;
         }
         conn.clone()
-    }
-
-    /// Sends `cmd`, preceded by `ASKING` when `asking`.
-    pub(super) async fn send(
-        conn: &mut MultiplexedConnection,
-        cmd: &Cmd,
-        asking: bool,
-    ) -> redis::RedisResult<Value> {
-        if !asking {
-            return cmd.query_async::<Value>(conn).await;
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-        let mut values: Vec<Value> = pipe.query_async(conn).await?;
-        values
-            .pop()
-            .ok_or_else(|| (redis::ErrorKind::UnexpectedReturnType, "no reply").into())
     }
 }
 
@@ -199,9 +176,7 @@ impl Probed for Node {
         self.response_timeout
     }
 
-    async fn probe_connection(
-        self: Arc<Self>,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+    async fn probe_connection(self: Arc<Self>) -> Result<Connection, StoreError> {
         self.connection().await
     }
 }

@@ -78,27 +78,17 @@ impl Cluster {
             // `in_use` tells which connection a time-out caught.
             let mut in_use = None;
             let attempt = async {
-                let (mut conn, health) = node.connection().await?;
-                in_use = Some(health.clone());
-                let cmd = program.command(node.form().get(), mode, &requests);
-                let mut result = Node::send(&mut conn, &cmd, asking).await;
-                if let Err(e) = &result
-                    && script::not_run(e)
-                {
-                    // The node lost the code (a restart, a failover), or has no functions: it
-                    // did not run.
-                    result = match program.reload(&mut conn, node.form(), e).await {
-                        Ok(form) => {
-                            let cmd = program.command(form, mode, &requests);
-                            Node::send(&mut conn, &cmd, asking).await
-                        }
-                        Err(e) => Err(e),
-                    };
-                }
+                let conn = node.connection().await?;
+                in_use = Some(conn.clone());
+                // The node lost the code (a restart, a failover), or has no functions: it did
+                // not run, and is loaded and sent again.
+                let result = conn
+                    .call(program, node.form(), mode, &requests, asking)
+                    .await;
                 match &result {
-                    Err(e) if e.is_timeout() => health.timed_out(),
-                    Err(e) if breaks_connection(e) => health.broke(),
-                    _ => health.answered(),
+                    Err(e) if e.is_timeout() => conn.health().timed_out(),
+                    Err(e) if breaks_connection(e) => conn.health().broke(),
+                    _ => conn.health().answered(),
                 }
                 Ok::<_, StoreError>(result)
             };
@@ -110,8 +100,8 @@ impl Cluster {
                     return Err(error);
                 }
                 Err(_) => {
-                    if let Some(health) = in_use {
-                        health.timed_out();
+                    if let Some(conn) = in_use {
+                        conn.health().timed_out();
                     }
                     self.failed(&node, permit, &StoreError::Timeout);
                     return Err(StoreError::Timeout);
@@ -121,8 +111,8 @@ impl Cluster {
                 Ok(value) if Instant::now() > budget => {
                     // Answered after a check's budget (a call that waits longer for its reply):
                     // for the breaker and the connection, a time-out.
-                    if let Some(health) = in_use {
-                        health.timed_out();
+                    if let Some(conn) = in_use {
+                        conn.health().timed_out();
                     }
                     self.failed(&node, permit, &StoreError::Timeout);
                     return Ok(value);

@@ -99,6 +99,7 @@ impl Cluster {
         let node = Arc::new(Node::new(
             addr,
             &self.template,
+            &self.targets,
             self.parts.settings.connect_timeout,
             self.parts.settings.response_timeout,
             self.parts.settings.breaker,
@@ -131,7 +132,7 @@ impl Cluster {
                 }
             };
             let ask = async {
-                let (mut conn, _) = node.connection().await?;
+                let mut conn = node.connection().await?;
                 redis::cmd("CLUSTER")
                     .arg("SLOTS")
                     .query_async::<Value>(&mut conn)

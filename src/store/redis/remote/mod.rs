@@ -2,6 +2,7 @@
 //! adjustments, resets) and the replies no request read, written once for both.
 
 mod changes;
+mod checking;
 mod late_reply;
 mod transport;
 mod unclaimed;
@@ -10,12 +11,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use self::checking::Checking;
 use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
-pub(crate) use late_reply::{Answer, channel, wait};
-pub(crate) use transport::{Parts, Transport, runtime};
+pub(crate) use changes::give_back_orphan;
+pub(crate) use late_reply::{Answer, channel, orphan, received, wait};
+pub(crate) use transport::{Parts, Sent, Transport, runtime};
+pub(crate) use unclaimed::GiveBackOrphan;
 
 /// The future of a Redis check (or, for another output, of an operation outside checks).
 pub(crate) type CheckFuture<T = Decision> =
@@ -66,21 +70,13 @@ impl<T: Transport> Store for Remote<T> {
         let prepared = plan.prepared(&transport.parts().settings.prefix, charges);
         let now = transport.parts().settings.now();
         let alone = transport.runs_alone(&prepared);
-        // One that runs alone is on its way already.
-        let decided = transport.clone().decide(prepared, now, alone);
-        let decide = move |plan: Plan| async move {
-            // Polled where no runtime runs, refused before it takes a breaker's probe.
-            let reply = match runtime() {
-                Ok(_) => decided.await,
-                Err(error) => Err(error),
-            };
-            plan.settle(Some(reply))
-        };
         if alone {
-            Box::pin(decide(plan))
-        } else {
-            sent(plan, decide)
+            // On its way already: its request waits for it.
+            return Box::pin(Checking::new(transport.clone(), plan, prepared, now, true));
         }
+        sent(plan, |plan| {
+            Checking::new(transport.clone(), plan, prepared, now, false)
+        })
     }
 
     /// Answers at once a check decided here (a denial Redis made moments ago, units leased to

@@ -5,6 +5,8 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use super::CheckFuture;
+use super::late_reply::Answered;
 use crate::store::redis::forget;
 use crate::store::redis::replica::Replica;
 use crate::store::redis::script::{Mode, Prepared, Program, Reply};
@@ -37,15 +39,16 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// waits for it (it is never answered ahead of its call from leases).
     fn runs_alone(&self, prepared: &[Prepared]) -> bool;
 
-    /// The reply to the check of `prepared` (the store's time, `now`, with an injected clock),
-    /// within a check's time budget. Polled on a Tokio runtime; one that
-    /// [runs alone](Self::runs_alone) (`alone`, as that said) is sent at once, polled or not.
-    fn decide(
-        self: Arc<Self>,
+    /// Sends the check of `prepared` (the store's time, `now`, with an injected clock): queued
+    /// on a connection, whose reply comes within the check's time budget, or a future that
+    /// decides it (one [that runs alone](Self::runs_alone), `alone` as that said, is on its
+    /// way already). Called on a Tokio runtime.
+    fn send(
+        self: &Arc<Self>,
         prepared: Vec<Prepared>,
         now: Option<u64>,
         alone: bool,
-    ) -> impl Future<Output = Result<Reply, StoreError>> + Send;
+    ) -> Sent;
 
     /// The reply to a peek of `prepared` (nothing charged), within a check's time budget.
     fn peek(
@@ -69,6 +72,14 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
         self: Arc<Self>,
         names: Vec<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// How a transport took a check.
+pub(crate) enum Sent {
+    /// Queued on a connection: the reply comes here, by the check's deadline.
+    Queued(Answered),
+    /// To be decided by this future (a connection to open first, a cluster's slots).
+    Deciding(CheckFuture<Reply>),
 }
 
 /// What both transports hold alike.

@@ -11,7 +11,9 @@
 -- ARGV[1], for a batch: "B". Then per request its number of charges (with an injected clock,
 --          "<n>@<time>"), then one argument per charge. A batch of requests of one charge each,
 --          with the server's time, is "b", then one argument per charge: no counts; or a single
---          argument, the charge of every key.
+--          argument, the charge of every key. A batch of requests of one charge, all alike, of
+--          an algorithm of one number (token bucket, GCRA), with no lease, is "R": the charge,
+--          then per key the number of requests of that key, one after the other (a run).
 -- A charge: "<algorithm>:<limit>:<period>:<burst>:<interval>:<cost>:<lease>" (lease 0: charge
 -- `cost`; n > 0: take every unit there is up to n, at least `cost`), optionally followed by
 -- ":<units>@<time>": units of a lease that expired unspent, charged at <time>, given back
@@ -19,15 +21,19 @@
 --
 -- Returns an array of integers: the time of the call, then per charge: remaining, reset,
 -- retry_after (0 when admitted; -1: never), window, and for a lease the units taken (0 unless
--- admitted). A request that is not charged (denied, or a peek) reports every rule's budget as it
--- stands: a rule that would admit it is checked again at cost 0 for its numbers. A refund
--- returns only the time.
+-- admitted). For "R", per run: the number admitted, the first admitted request's remaining,
+-- reset and window (if one was), the first denied request's four numbers (if one was); each
+-- later request admitted has `cost` less remaining and a reset `cost` intervals later, and each
+-- later one denied the same numbers (see `charge_run`). A request that is not charged (denied,
+-- or a peek) reports every rule's budget as it stands: a rule that would admit it is checked
+-- again at cost 0 for its numbers. A refund returns only the time.
 --
 -- A server spends more on each argument, table, call and number written as text here than on
 -- anything else: hence one argument per charge (one per batch when they are all the same),
 -- parsed once, a request of one charge decided without tables, integers answered as integers
--- (Redis writes them itself; Lua would format each one as a double), and in a batch each key of
--- one number (token bucket, GCRA) read and written once (`hold`, `release`).
+-- (Redis writes them itself; Lua would format each one as a double), in a batch each key of
+-- one number (token bucket, GCRA) read and written once (`hold`, `release`), and a hot key's
+-- requests of one batch decided and answered as a run.
 local ALGORITHMS = {
   tb = TokenBucket,
   gcra = Gcra,
@@ -130,6 +136,49 @@ local function charge_one(key, c, now, out, len)
     if c.lease > 0 then
       out[at + 5] = take
     end
+  end
+  return len
+end
+
+-- Checks and charges `count` requests in a row of the one charge `c` on `key` (a hot key's
+-- batch), for an algorithm whose state is one number (`after`): the state is carried from one
+-- check to the next instead of stored and read again, and written once, by the commit of the
+-- last check admitted (a commit of these algorithms writes `now + reset` alone). The answers
+-- are alike, and told once: at one time, each check admitted takes `cost` more (`remaining`
+-- goes down by `cost`, `reset` up by `cost` intervals, the window stays), and once one is
+-- denied every later one is denied alike (nothing changed). Appends to `out` after position
+-- `len` the number admitted, then the first admitted check's remaining, reset and window if
+-- any was, then the first denied check's remaining, reset, retry_after and window if any was;
+-- the new length.
+local function charge_run(key, c, now, count, out, len)
+  local A, l, cost = c.algorithm, c.limits, c.cost
+  local state, other = A.load(key, l, now)
+  local at = len + 1
+  local admitted, last_reset = 0, nil
+  len = at
+  while admitted < count do
+    local allowed, remaining, reset, retry, window = A.check(l, state, now, cost)
+    if not allowed then
+      out[len + 1] = remaining
+      out[len + 2] = reset
+      out[len + 3] = retry
+      out[len + 4] = window
+      len = len + 4
+      break
+    end
+    if admitted == 0 then
+      out[len + 1] = remaining
+      out[len + 2] = reset
+      out[len + 3] = window
+      len = len + 3
+    end
+    admitted = admitted + 1
+    state = A.after(l, now, reset)
+    last_reset = reset
+  end
+  out[at] = admitted
+  if last_reset ~= nil then
+    A.commit(key, l, nil, now, cost, last_reset, other)
   end
   return len
 end
@@ -258,6 +307,22 @@ local function check(KEYS, ARGV)
     hold()
     for i = 1, #KEYS do
       len = charge_one(KEYS[i], shared or charge_of(ARGV[i + 1]), now, out, len)
+    end
+    release()
+    return out
+  end
+  if mode == 'R' then
+    -- Runs of requests of one charge, with the server's time: ARGV[2] the charge, then each
+    -- key's number of requests in a row.
+    local c = charge_of(ARGV[2])
+    if c.algorithm.after == nil or c.lease > 0 or c.give ~= nil or c.cost > c.capacity then
+      return redis.error_reply('ERR tollgate: runs of this charge are not supported')
+    end
+    local out = { now }
+    local len = 1
+    hold()
+    for i = 1, #KEYS do
+      len = charge_run(KEYS[i], c, now, tonumber(ARGV[i + 2]), out, len)
     end
     release()
     return out

@@ -24,19 +24,31 @@ function Gcra.start(s, now)
 end
 
 function Gcra.check(l, s, now, cost)
-  local tat = Gcra.start(s, now)
-  local capacity_end = now + l.burst * l.interval
-  local new_tat = tat + cost * l.interval
-  -- The time until `remaining + 1` tokens fit after a theoretical arrival time `after`.
-  local function window(after, remaining)
-    return max(after + (remaining + 1) * l.interval - capacity_end, 0)
+  local interval = l.interval
+  local tat = now
+  if s ~= nil and s > now then
+    tat = s
   end
+  local capacity_end = now + l.burst * interval
+  local new_tat = tat + cost * interval
+  -- The window is the time until `remaining + 1` tokens fit after the theoretical arrival time
+  -- that stands.
   if new_tat <= capacity_end then
-    local remaining = idiv(capacity_end - new_tat, l.interval)
-    return true, remaining, new_tat - now, 0, window(new_tat, remaining)
+    local remaining = idiv(capacity_end - new_tat, interval)
+    return true, remaining, new_tat - now, 0,
+      max(new_tat + (remaining + 1) * interval - capacity_end, 0)
   end
-  local remaining = idiv(max(capacity_end - tat, 0), l.interval)
-  return false, remaining, tat - now, new_tat - capacity_end, window(tat, remaining)
+  local remaining = idiv(max(capacity_end - tat, 0), interval)
+  return false, remaining, tat - now, new_tat - capacity_end,
+    max(tat + (remaining + 1) * interval - capacity_end, 0)
+end
+
+-- The state a commit of a check answered `reset` at `now` leaves, as `load` would read it.
+function Gcra.after(l, now, reset)
+  if reset > 0 then
+    return now + reset
+  end
+  return nil
 end
 
 -- Charges the check that admitted `cost` at `now`: its `reset` is the new theoretical arrival

@@ -7,15 +7,15 @@
 //! requests, each all or nothing by itself, with the server's time read once.
 
 use std::borrow::Borrow;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, LazyLock};
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use smallvec::SmallVec;
 
 use super::keys;
+use super::resp;
 use crate::Algorithm;
 use crate::algorithm::{Limits, Outcome};
 use crate::store::{Charge, StoreError};
@@ -122,124 +122,137 @@ impl Program {
         cmd.query_async::<Value>(conn).await.map(drop)
     }
 
-    /// The call of `requests` in `form`: `FCALL` of the function, or `EVALSHA` of the script.
-    pub(crate) fn command<P: Borrow<Prepared>>(
+    /// Writes the call of `requests` in `form` into `out` as one command: `FCALL` of the
+    /// function, or `EVALSHA` of the script; says how its reply is read.
+    pub(crate) fn encode<'a, P, I>(
         &self,
+        out: &mut Vec<u8>,
         form: Form,
         mode: Mode,
-        requests: &[Request<'_, P>],
-    ) -> Cmd {
+        requests: I,
+    ) -> Shape
+    where
+        P: Borrow<Prepared> + 'a,
+        I: Iterator<Item = Request<'a, P>> + Clone,
+    {
+        use resp::{array, bulk, bulk_integer, decimal, digits};
+
+        let count = requests.clone().count();
         // Batches charge: peeks, refunds, adjustments and resets are of one request.
-        debug_assert!(requests.len() == 1 || mode == Mode::Charge);
-        let mut cmd = match form {
+        debug_assert!(count == 1 || mode == Mode::Charge);
+        let single = count == 1 || mode.answers_time_only();
+        // A batch of requests of one charge each, on the server's clock, needs no counts.
+        let simple = requests
+            .clone()
+            .all(|r| r.charges.len() == 1 && r.now.is_none());
+        // A batch of one charge each, all alike (one rule, one cost): its charge once.
+        let shared = (!single && simple)
+            .then(|| {
+                let mut charges = requests.clone().map(|r| r.charges[0].borrow());
+                let first = charges.next()?;
+                charges
+                    .all(|b| {
+                        (first.cost, first.lease, first.give_back, &first.descriptor)
+                            == (b.cost, b.lease, b.give_back, &b.descriptor)
+                    })
+                    .then_some(first)
+            })
+            .flatten();
+        // …of a rule that runs: each key's requests in a row go as one run.
+        let runs = shared.is_some_and(Prepared::runs);
+        let keys: usize = if runs {
+            runs_of(requests.clone().map(|r| r.charges[0].borrow())).count()
+        } else {
+            requests.clone().map(|r| r.charges.len()).sum()
+        };
+        let counts = if runs || !single && !simple {
+            if runs { keys } else { count }
+        } else {
+            0
+        };
+        let charge_args = if shared.is_some() { 1 } else { keys };
+        array(out, 4 + keys + counts + charge_args);
+        match form {
             Form::Function => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(&self.function);
-                cmd
+                bulk(out, b"FCALL");
+                bulk(out, self.function.as_bytes());
             }
             Form::Script => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&self.sha);
-                cmd
+                bulk(out, b"EVALSHA");
+                bulk(out, self.sha.as_bytes());
             }
-        };
-        let keys: usize = requests.iter().map(|r| r.charges.len()).sum();
-        cmd.arg(keys);
-        for request in requests {
-            for charge in request.charges {
-                cmd.arg(&charge.borrow().key);
+        }
+        bulk_integer(out, keys as u64);
+        if runs {
+            for (first, _) in runs_of(requests.clone().map(|r| r.charges[0].borrow())) {
+                bulk(out, first.key.as_bytes());
+            }
+        } else {
+            for request in requests.clone() {
+                for charge in request.charges {
+                    bulk(out, charge.borrow().key.as_bytes());
+                }
             }
         }
         // The mode: one request ("c", "p", "r<time>", each "@<time>" with an injected clock),
-        // or a batch ("b", each request led by its count).
-        let mut text = String::with_capacity(64);
-        let at = |text: &mut String, now: Option<u64>| {
-            if let Some(now) = now {
-                let _ = write!(text, "@{now}");
-            }
+        // or a batch ("b"; "B" with counts; "R" of runs).
+        let (letter, time) = match (mode, single) {
+            (Mode::Charge, true) => (b'c', None),
+            (Mode::Peek, true) => (b'p', None),
+            (Mode::Refund(time), _) => (b'r', Some(time)),
+            (Mode::Adjust(time), _) => (b'a', Some(time)),
+            (Mode::Reset, _) => (b'x', None),
+            (_, false) if runs => (b'R', None),
+            (_, false) if simple => (b'b', None),
+            (_, false) => (b'B', None),
         };
-        let single = requests.len() == 1 || mode.answers_time_only();
-        // A batch of requests of one charge each, on the server's clock, needs no counts.
-        let simple = requests
-            .iter()
-            .all(|r| r.charges.len() == 1 && r.now.is_none());
-        match (mode, single) {
-            (Mode::Charge, true) => text.push('c'),
-            (Mode::Peek, true) => text.push('p'),
-            (Mode::Refund(time), _) => {
-                let _ = write!(text, "r{time}");
-            }
-            (Mode::Adjust(time), _) => {
-                let _ = write!(text, "a{time}");
-            }
-            (Mode::Reset, _) => text.push('x'),
-            (_, false) if simple => text.push('b'),
-            (_, false) => text.push('B'),
+        let at = if single {
+            requests.clone().next().and_then(|r| r.now)
+        } else {
+            None
+        };
+        let len = 1 + time.map_or(0, digits) + at.map_or(0, |at| 1 + digits(at));
+        out.push(b'$');
+        decimal(out, len as u64);
+        out.extend_from_slice(b"\r\n");
+        out.push(letter);
+        if let Some(time) = time {
+            decimal(out, time);
         }
-        if single {
-            at(&mut text, requests.first().and_then(|r| r.now));
+        if let Some(at) = at {
+            out.push(b'@');
+            decimal(out, at);
         }
-        cmd.arg(text.as_str());
-        // A batch of one charge each, all alike (one rule, one cost): its charge once.
-        let alike = !single
-            && simple
-            && requests.windows(2).all(|pair| {
-                let (a, b) = (pair[0].charges[0].borrow(), pair[1].charges[0].borrow());
-                (a.cost, a.lease, a.give_back, &a.descriptor)
-                    == (b.cost, b.lease, b.give_back, &b.descriptor)
-            });
+        out.extend_from_slice(b"\r\n");
+        if let Some(shared) = shared {
+            charge_argument(out, shared);
+            if runs {
+                for (_, run) in runs_of(requests.map(|r| r.charges[0].borrow())) {
+                    bulk_integer(out, run as u64);
+                }
+                return Shape::Runs;
+            }
+            return Shape::Each;
+        }
         for request in requests {
-            if !single && !simple {
-                text.clear();
-                let _ = write!(text, "{}", request.charges.len());
-                at(&mut text, request.now);
-                cmd.arg(text.as_str());
+            if counts > 0 {
+                let n = request.charges.len() as u64;
+                let len = digits(n) + request.now.map_or(0, |at| 1 + digits(at));
+                out.push(b'$');
+                decimal(out, len as u64);
+                out.extend_from_slice(b"\r\n");
+                decimal(out, n);
+                if let Some(at) = request.now {
+                    out.push(b'@');
+                    decimal(out, at);
+                }
+                out.extend_from_slice(b"\r\n");
             }
             for charge in request.charges {
-                let charge = charge.borrow();
-                text.clear();
-                text.push_str(&charge.descriptor);
-                keys::push_integer(&mut text, charge.cost);
-                text.push(':');
-                keys::push_integer(&mut text, charge.lease);
-                if let Some((units, at)) = charge.give_back {
-                    text.push(':');
-                    keys::push_integer(&mut text, units);
-                    text.push('@');
-                    keys::push_integer(&mut text, at);
-                }
-                cmd.arg(text.as_str());
-                if alike {
-                    return cmd;
-                }
+                charge_argument(out, charge.borrow());
             }
         }
-        cmd
-    }
-
-    /// Sends `requests` on `conn` in the server's form (`form`, updated when the server says
-    /// otherwise): once, and again only when the server answered that the code did not run
-    /// (it lost it in a restart, a failover or a flush; or it has no functions after all).
-    pub(crate) async fn call<C: ConnectionLike, P: Borrow<Prepared>>(
-        &self,
-        conn: &mut C,
-        form: &ServerForm,
-        mode: Mode,
-        requests: &[Request<'_, P>],
-    ) -> RedisResult<Value> {
-        let result = self
-            .command(form.get(), mode, requests)
-            .query_async::<Value>(conn)
-            .await;
-        match result {
-            Err(e) if not_run(&e) => {
-                let loaded = self.reload(conn, form, &e).await?;
-                self.command(loaded, mode, requests)
-                    .query_async::<Value>(conn)
-                    .await
-            }
-            result => result,
-        }
+        Shape::Each
     }
 
     /// After an answer that says the code did not run ([`not_run`]): loads it again, in the
@@ -261,6 +274,55 @@ impl Program {
         form.set(loaded);
         Ok(loaded)
     }
+}
+
+/// How the reply of a call is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// Four numbers per charge (five for a lease).
+    Each,
+    /// Per run of requests of one key in a row: see [`Decoder::next_of_run`].
+    Runs,
+}
+
+/// Appends one charge's argument: `<descriptor><cost>:<lease>[:<units>@<at>]`.
+fn charge_argument(out: &mut Vec<u8>, charge: &Prepared) {
+    use resp::{decimal, digits};
+
+    let mut len = charge.descriptor.len() + digits(charge.cost) + 1 + digits(charge.lease);
+    if let Some((units, at)) = charge.give_back {
+        len += 2 + digits(units) + digits(at);
+    }
+    out.push(b'$');
+    decimal(out, len as u64);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(charge.descriptor.as_bytes());
+    decimal(out, charge.cost);
+    out.push(b':');
+    decimal(out, charge.lease);
+    if let Some((units, at)) = charge.give_back {
+        out.push(b':');
+        decimal(out, units);
+        out.push(b'@');
+        decimal(out, at);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The runs of `charges`: each charge that starts one (its key differs from the one before)
+/// and how many charges in a row have its key.
+pub(crate) fn runs_of<'a>(
+    charges: impl Iterator<Item = &'a Prepared> + Clone,
+) -> impl Iterator<Item = (&'a Prepared, usize)> {
+    let mut rest = charges.peekable();
+    std::iter::from_fn(move || {
+        let first = rest.next()?;
+        let mut run = 1;
+        while rest.next_if(|next| next.key == first.key).is_some() {
+            run += 1;
+        }
+        Some((first, run))
+    })
 }
 
 /// Which form of the code a server runs.
@@ -378,11 +440,19 @@ pub(crate) fn adjustments(
 }
 
 /// One request of a call: its time (with an injected clock) and its charges.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Request<'a, P> {
     pub(crate) now: Option<u64>,
     pub(crate) charges: &'a [P],
 }
+
+impl<P> Clone for Request<'_, P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<P> Copy for Request<'_, P> {}
 
 /// One charge, owned: what the code needs, and what decoding its reply needs.
 #[derive(Clone, Debug)]
@@ -419,6 +489,15 @@ impl Prepared {
         self.limits = *charge.rule.part_limits();
         self.descriptor = charge.rule.wire().1.clone();
         self
+    }
+
+    /// Whether requests of this charge in a row on one key go as one run ("R"): an algorithm
+    /// whose state is one number, no lease, no give-back, a cost within the capacity.
+    pub(crate) fn runs(&self) -> bool {
+        matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra)
+            && self.lease == 0
+            && self.give_back.is_none()
+            && self.cost <= self.algorithm.capacity(&self.limits)
     }
 
     /// The Cluster slot of the key.
@@ -491,65 +570,228 @@ fn integer(item: &Value) -> Result<i64, StoreError> {
     }
 }
 
-/// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`: the call's
-/// time, then four numbers per charge (five for a lease).
-pub(crate) fn decode<P: Borrow<Prepared>>(
-    value: Value,
-    requests: &[Request<'_, P>],
-) -> Result<Vec<Reply>, StoreError> {
-    let numbers = items(&value)?;
-    let per_charge = |p: &Prepared| if p.lease > 0 { 5 } else { 4 };
-    let expected: usize = 1 + requests
+/// The numbers a [`Mode::Charge`] or [`Mode::Peek`] call answers for `charges`: four per
+/// charge, five for a lease.
+pub(crate) fn numbers_of<P: Borrow<Prepared>>(charges: &[P]) -> usize {
+    charges
         .iter()
-        .flat_map(|r| r.charges.iter())
-        .map(|p| per_charge(p.borrow()))
-        .sum::<usize>();
-    if numbers.len() != expected {
-        return Err(StoreError::Protocol(format!(
-            "the rate-limit code answered {} numbers, not {expected}",
-            numbers.len()
-        )));
-    }
-    let unsigned = |n: i64| {
-        u64::try_from(n).map_err(|_| {
-            StoreError::Protocol(format!("the rate-limit code answered a negative {n}"))
+        .map(|p| if p.borrow().lease > 0 { 5 } else { 4 })
+        .sum()
+}
+
+fn unsigned(n: i64) -> Result<u64, StoreError> {
+    u64::try_from(n)
+        .map_err(|_| StoreError::Protocol(format!("the rate-limit code answered a negative {n}")))
+}
+
+/// Reads the reply of a [`Mode::Charge`] or [`Mode::Peek`] call, request after request: the
+/// call's time, then four numbers per charge (five for a lease).
+pub(crate) struct Decoder<'a> {
+    now: u64,
+    rest: &'a [i64],
+    /// The run being read, of a call of runs ([`Shape::Runs`]).
+    run: Option<Run>,
+}
+
+/// The answers of one run: `admitted` requests in a row admitted, the first of them answered
+/// `first` (remaining, reset, window), then the others denied, answered `denied`.
+struct Run {
+    left: usize,
+    index: u64,
+    admitted: u64,
+    first: [u64; 3],
+    denied: Outcome,
+}
+
+impl<'a> Decoder<'a> {
+    /// The reply `numbers` of a call whose charges answer `expected` numbers in all
+    /// ([`numbers_of`]).
+    pub(crate) fn new(numbers: &'a [i64], expected: usize) -> Result<Self, StoreError> {
+        if numbers.len() != 1 + expected {
+            return Err(StoreError::Protocol(format!(
+                "the rate-limit code answered {} numbers, not {}",
+                numbers.len(),
+                1 + expected
+            )));
+        }
+        Ok(Decoder {
+            now: unsigned(numbers[0])?,
+            rest: &numbers[1..],
+            run: None,
         })
-    };
-    let non_negative = |item: &Value| unsigned(integer(item)?);
-    let now = non_negative(&numbers[0])?;
-    let mut rest = &numbers[1..];
-    let mut replies = Vec::with_capacity(requests.len());
-    for request in requests {
-        let mut outcomes = SmallVec::with_capacity(request.charges.len());
-        let mut taken = SmallVec::with_capacity(request.charges.len());
-        for charge in request.charges {
+    }
+
+    /// The reply `numbers` of a call of runs ([`Shape::Runs`]) of `runs` requests each: the
+    /// numbers of each run are counted before any is read.
+    pub(crate) fn of_runs(numbers: &'a [i64], runs: &[usize]) -> Result<Self, StoreError> {
+        let mut at = 1;
+        for &run in runs {
+            let admitted = numbers.get(at).copied().map(unsigned).transpose()?;
+            let Some(admitted) = admitted.filter(|&admitted| admitted <= run as u64) else {
+                return Err(StoreError::Protocol(format!(
+                    "the rate-limit code answered no run of {run} requests at number {at}"
+                )));
+            };
+            at += 1 + if admitted > 0 { 3 } else { 0 } + if admitted < run as u64 { 4 } else { 0 };
+        }
+        if at != numbers.len() {
+            return Err(StoreError::Protocol(format!(
+                "the rate-limit code answered {} numbers, not {at}",
+                numbers.len()
+            )));
+        }
+        Ok(Decoder {
+            now: unsigned(numbers[0])?,
+            rest: &numbers[1..],
+            run: None,
+        })
+    }
+
+    /// The next `n` numbers of the reply.
+    fn take(&mut self, n: usize) -> Result<&'a [i64], StoreError> {
+        if self.rest.len() < n {
+            return Err(StoreError::Protocol(
+                "the rate-limit code answered too few numbers".into(),
+            ));
+        }
+        let (taken, rest) = self.rest.split_at(n);
+        self.rest = rest;
+        Ok(taken)
+    }
+
+    /// The reply of the next request of a call of runs: of `charge`, in a run of `run`
+    /// requests in a row of its key (the numbers of a run are read by its first request).
+    /// A run answers the number admitted, the first admitted request's remaining, reset and
+    /// window, the first denied request's four numbers: at one time, each later request
+    /// admitted has `cost` less remaining and a reset `cost` intervals later (a token bucket's
+    /// and GCRA's state moves by `cost` intervals per request), and each later one denied
+    /// the same numbers (a denial changes nothing).
+    pub(crate) fn next_of_run(&mut self, charge: &Prepared, run: usize) -> Result<Reply, StoreError> {
+        let limit = charge.algorithm.capacity(&charge.limits);
+        if self.run.as_ref().is_none_or(|r| r.left == 0) {
+            let admitted = unsigned(self.take(1)?[0])?;
+            if admitted > run as u64 {
+                return Err(StoreError::Protocol(format!(
+                    "the rate-limit code admitted {admitted} requests of a run of {run}"
+                )));
+            }
+            let mut first = [0; 3];
+            if admitted > 0 {
+                for (value, &n) in first.iter_mut().zip(self.take(3)?) {
+                    *value = unsigned(n)?;
+                }
+            }
+            let mut denied = Outcome::default();
+            if admitted < run as u64 {
+                let n = self.take(4)?;
+                denied = Outcome {
+                    allowed: false,
+                    limit,
+                    remaining: unsigned(n[0])?,
+                    reset: unsigned(n[1])?,
+                    retry_after: match n[2] {
+                        -1 => u64::MAX,
+                        retry => unsigned(retry)?,
+                    },
+                    window: unsigned(n[3])?,
+                };
+            }
+            self.run = Some(Run {
+                left: run,
+                index: 0,
+                admitted,
+                first,
+                denied,
+            });
+        }
+        let Some(state) = &mut self.run else {
+            unreachable!("a run was read");
+        };
+        let i = state.index;
+        state.index += 1;
+        state.left -= 1;
+        let (outcome, taken) = if i < state.admitted {
+            let [remaining, reset, window] = state.first;
+            let spent = i.saturating_mul(charge.cost);
+            let outcome = Outcome {
+                allowed: true,
+                limit,
+                remaining: remaining.saturating_sub(spent),
+                reset: reset.saturating_add(spent.saturating_mul(charge.limits.interval)),
+                retry_after: 0,
+                window,
+            };
+            (outcome, charge.cost)
+        } else {
+            (state.denied, 0)
+        };
+        Ok(Reply {
+            now: self.now,
+            outcomes: smallvec::smallvec![outcome],
+            taken: smallvec::smallvec![taken],
+            times: None,
+        })
+    }
+
+    /// The reply of the next request: `charges`, at `now` (with an injected clock).
+    pub(crate) fn next<P: Borrow<Prepared>>(
+        &mut self,
+        now: Option<u64>,
+        charges: &[P],
+    ) -> Result<Reply, StoreError> {
+        let mut outcomes = SmallVec::with_capacity(charges.len());
+        let mut taken = SmallVec::with_capacity(charges.len());
+        for charge in charges {
             let charge = charge.borrow();
-            let (n, tail) = rest.split_at(per_charge(charge));
-            rest = tail;
-            let retry_after = match integer(&n[2])? {
+            let per_charge = if charge.lease > 0 { 5 } else { 4 };
+            if self.rest.len() < per_charge {
+                return Err(StoreError::Protocol(
+                    "the rate-limit code answered too few numbers".into(),
+                ));
+            }
+            let (n, tail) = self.rest.split_at(per_charge);
+            self.rest = tail;
+            let retry_after = match n[2] {
                 -1 => u64::MAX,
                 retry => unsigned(retry)?,
             };
             outcomes.push(Outcome {
                 allowed: retry_after == 0,
                 limit: charge.algorithm.capacity(&charge.limits),
-                remaining: non_negative(&n[0])?,
-                reset: non_negative(&n[1])?,
+                remaining: unsigned(n[0])?,
+                reset: unsigned(n[1])?,
                 retry_after,
-                window: non_negative(&n[3])?,
+                window: unsigned(n[3])?,
             });
             taken.push(match n.get(4) {
-                Some(taken) => non_negative(taken)?,
+                Some(&taken) => unsigned(taken)?,
                 None if retry_after == 0 => charge.cost,
                 None => 0,
             });
         }
-        replies.push(Reply {
-            now: request.now.unwrap_or(now),
+        Ok(Reply {
+            now: now.unwrap_or(self.now),
             outcomes,
             taken,
             times: None,
-        });
+        })
     }
-    Ok(replies)
+}
+
+/// Decodes the reply of a [`Mode::Charge`] or [`Mode::Peek`] call of `requests`, read by
+/// redis-rs: the call's time, then four numbers per charge (five for a lease).
+pub(crate) fn decode<P: Borrow<Prepared>>(
+    value: Value,
+    requests: &[Request<'_, P>],
+) -> Result<Vec<Reply>, StoreError> {
+    let numbers = items(&value)?
+        .iter()
+        .map(integer)
+        .collect::<Result<Vec<i64>, _>>()?;
+    let expected = requests.iter().map(|r| numbers_of(r.charges)).sum();
+    let mut decoder = Decoder::new(&numbers, expected)?;
+    requests
+        .iter()
+        .map(|request| decoder.next(request.now, request.charges))
+        .collect()
 }

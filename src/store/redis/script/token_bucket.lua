@@ -19,40 +19,45 @@ function TokenBucket.load(key, l, now)
   return -v - l.burst * l.interval
 end
 
--- The bucket as it is at `now`: its whole tokens and the time they were counted at (two numbers,
--- not a table: this runs on every check).
-local function tb_refill(l, updated, now)
-  if updated == nil then
-    return l.burst, now
-  end
-  local added = 0
-  if now - updated >= l.interval then
-    added = idiv(now - updated, l.interval)
-  end
-  if added >= l.burst then
-    return l.burst, now
-  end
-  return added, updated + added * l.interval
-end
-
--- The time from `now` until a bucket of `tokens` counted at `updated` holds `wanted`.
-local function tb_time_until(l, tokens, updated, now, wanted)
-  if tokens >= wanted then
-    return 0
-  end
-  return max(updated + (wanted - tokens) * l.interval - now, 0)
-end
-
+-- The check, with the bucket as it is at `now` (TokenBucket::refill: whole tokens counted at
+-- `updated`) and the times until it holds what is wanted (time_until) written out: this runs on
+-- every check, and a call costs the server more than the arithmetic.
 function TokenBucket.check(l, s, now, cost)
-  local tokens, updated = tb_refill(l, s, now)
+  local interval, burst = l.interval, l.burst
+  local tokens, updated = burst, now
+  if s ~= nil then
+    local added = 0
+    if now - s >= interval then
+      added = idiv(now - s, interval)
+    end
+    if added < burst then
+      tokens, updated = added, s + added * interval
+    end
+  end
   -- The time until the next token: `updated` is never a whole interval behind `now`.
-  local window = max(updated + l.interval - now, 1)
+  local window = max(updated + interval - now, 1)
   if tokens >= cost then
     local left = tokens - cost
-    return true, left, tb_time_until(l, left, updated, now, l.burst), 0, window
+    local reset = 0
+    if left < burst then
+      reset = max(updated + (burst - left) * interval - now, 0)
+    end
+    return true, left, reset, 0, window
   end
-  return false, tokens, tb_time_until(l, tokens, updated, now, l.burst),
-    tb_time_until(l, tokens, updated, now, cost), window
+  local reset = 0
+  if tokens < burst then
+    reset = max(updated + (burst - tokens) * interval - now, 0)
+  end
+  return false, tokens, reset, max(updated + (cost - tokens) * interval - now, 0), window
+end
+
+-- The state a commit of a check answered `reset` at `now` leaves, as `load` would read it: the
+-- next check of a run of checks on one key starts from it without a read.
+function TokenBucket.after(l, now, reset)
+  if reset > 0 then
+    return now + reset - l.burst * l.interval
+  end
+  return nil
 end
 
 -- Charges the check that admitted `cost` at `now`: its `reset` is the time until the bucket is

@@ -4,13 +4,14 @@ use std::sync::Weak;
 
 use super::Standalone;
 use crate::store::StoreError;
-use crate::store::redis::access::{self};
+use crate::store::redis::access;
 use crate::store::redis::error::store_error;
+use crate::store::redis::forget;
 use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
 
 impl Standalone {
-    /// The background task: connects and loads the script, retrying until it succeeds or the store
-    /// is dropped.
+    /// The background task: connects and loads the code, retrying until it succeeds or the
+    /// store is dropped.
     pub(super) async fn connect_in_background(store: Weak<Standalone>, _running: Running) {
         let mut delay = FIRST_RETRY_DELAY;
         loop {
@@ -21,9 +22,16 @@ impl Standalone {
                 Ok(()) => {
                     inner.parts.startup.connected();
                     tracing::info!(server = &*inner.server, "tollgate: connected to Redis");
-                    if let Ok(manager) = inner.manager() {
-                        inner.parts.listen(vec![manager.client]);
+                    match forget::client(inner.info.clone()) {
+                        Ok(client) => inner.parts.listen(vec![client]),
+                        Err(error) => tracing::warn!(
+                            server = &*inner.server,
+                            %error,
+                            "tollgate: cannot listen for the keys other replicas forget"
+                        ),
                     }
+                    // The rest of the pool.
+                    drop(inner.pick());
                     return;
                 }
                 Err(error) => {
@@ -43,22 +51,23 @@ impl Standalone {
         }
     }
 
-    /// One attempt to reach Redis and load the script, within the connect timeout: on a
-    /// connection of its own, so that its error says why (the pool's only say they timed out).
+    /// One attempt to reach Redis and load the code, within the connect timeout; the
+    /// connection is the pool's first.
     pub(super) async fn connect_once(&self) -> Result<(), StoreError> {
         let attempt = async {
-            let manager = self.manager()?;
-            let mut pooled = bb8::ManageConnection::connect(&manager)
+            let conn = self
+                .open_connection()
                 .await
                 .map_err(|e| access::connect_error(&self.server, e))?;
             let form = self
                 .parts
                 .program
-                .load(&mut pooled.conn)
+                .load(&mut conn.clone())
                 .await
                 .map_err(|e| store_error(&self.server, e))?;
             self.form.set(form);
-            self.pool().map(drop)
+            self.add(conn);
+            Ok(())
         };
         tokio::time::timeout(self.parts.settings.connect_timeout, attempt)
             .await

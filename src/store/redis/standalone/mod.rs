@@ -1,35 +1,29 @@
-//! [`RedisStore`]: one Redis (or Valkey) server, through a bb8 pool of multiplexed connections.
+//! [`RedisStore`]: one Redis (or Valkey) server, through a few connections whose checks go in batches.
 
-mod batches;
 mod call;
+mod checks;
 mod connect;
-mod job;
-mod manager;
 mod pool;
 
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ::redis::ConnectionInfo;
-use ::redis::aio::MultiplexedConnection;
 use futures_util::FutureExt;
 
-use self::job::Job;
-use self::manager::{Connection, Manager};
 use crate::ConfigError;
 use crate::store::breaker::Breaker;
 use crate::store::redis::access::Access;
 use crate::store::redis::access::redact;
-use crate::store::redis::batch::Batcher;
+use crate::store::redis::connection::{Connection, Target};
 use crate::store::redis::error::ConnectError;
 use crate::store::redis::forget;
-use crate::store::redis::health::Health;
 use crate::store::redis::opening::Opening;
 use crate::store::redis::probe::Probed;
-use crate::store::redis::remote::{Parts, Remote, Transport, store_by_remote};
+use crate::store::redis::remote::{Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
 use crate::store::redis::settings::{MAX_BATCH, Settings, settings_setters};
 use crate::store::{Charge, StoreError};
@@ -57,10 +51,11 @@ use crate::store::{Charge, StoreError};
 /// rule's [`FailureMode`](crate::FailureMode) decides. To refuse to start without Redis, use
 /// [`connect`](RedisStoreBuilder::connect) instead.
 ///
-/// A check borrows a pooled connection only to clone its handle: every connection pipelines any
-/// number of concurrent checks ([`pool_size`](RedisStoreBuilder::pool_size), default 2). A
-/// connection whose stream fails is replaced; one that runs out of time is kept until it has
-/// done so three times in a row, as one slow moment of a server times out every check in flight.
+/// Checks take the store's connections in turn ([`pool_size`](RedisStoreBuilder::pool_size),
+/// default 2); each connection sends the checks that queue while its calls are out together,
+/// in one call. A connection whose stream fails is replaced; one that runs out of time is kept
+/// until nothing has come back on it for a while (three response timeouts, at least a second),
+/// as one slow moment of a server times out every check in flight.
 /// See [`store`](crate::store#redis-and-redis-cluster) for what a check does, the keys and their
 /// values, and the failures. Clones share the pool.
 ///
@@ -124,22 +119,26 @@ pub struct RedisStore {
 }
 
 /// One server: the [`Transport`] of a [`RedisStore`].
-pub(crate) struct Standalone {
+pub struct Standalone {
     /// The store itself, for the tasks it starts.
     me: Weak<Standalone>,
-    /// The server's address, credentials and TLS settings, to connect.
+    /// The server's address and credentials, for the listener of forgotten keys.
     info: ConnectionInfo,
+    /// Where connections go, and how they sign in.
+    target: Target,
     /// The URL without its password, to show.
     server: Arc<str>,
     pool_size: u32,
+    /// The most checks in one call.
+    max_batch: usize,
+    /// Calls of checks out at once per connection.
+    calls_per_connection: usize,
     /// Whether the server runs functions or scripts.
-    form: ServerForm,
-    /// Checks waiting to go out together.
-    batcher: Arc<Batcher<Job>>,
-    /// Made by the background task (bb8 needs a runtime).
-    pool: OnceLock<bb8::Pool<Manager>>,
-    /// Whether the pool has had a connection: an empty pool then means they broke.
-    pool_filled: AtomicBool,
+    form: Arc<ServerForm>,
+    /// The open connections (at most `pool_size`).
+    connections: Mutex<Vec<Connection>>,
+    /// A connection is being opened in the background to fill the pool.
+    filling: AtomicBool,
     /// The connection being opened for checks (when the pool has none), if any.
     opening: Opening<Connection>,
     breaker: Breaker,
@@ -160,13 +159,12 @@ pub struct RedisStoreBuilder {
 /// The most checks one call carries, by default.
 pub const DEFAULT_MAX_BATCH: usize = 64;
 
-/// Without batching, the most checks out at once (each its own call).
+/// Without batching, the most checks out at once per connection (each its own call).
 const MAX_PIPELINED: usize = 4096;
 
-/// Batches out at once per connection: enough that Redis has the next one when it answers one
-/// (with one, it waits for the client a quarter of the time), few enough that checks wait to go
-/// together (BENCHMARKS.md: 4 in all did best at 64 concurrent checks, fewer for an HTTP server
-/// whose own thread is the busiest).
+/// Calls of checks out at once per connection: enough that Redis has the next one when it
+/// answers one (with one, it waits for the client a quarter of the time), few enough that
+/// checks wait to go together (BENCHMARKS.md).
 const CALLS_PER_CONNECTION: usize = 2;
 
 impl RedisStore {
@@ -271,28 +269,28 @@ impl RedisStoreBuilder {
         }
         let server: Arc<str> = self.access.shown(&self.url).into();
         let info = self.access.connection_info("Redis store", &self.url)?;
+        let target = self.access.target(&info)?;
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let transport = Arc::new_cyclic(|me| Standalone {
             me: me.clone(),
             info,
+            target,
             server,
             pool_size: self.pool_size,
-            form: ServerForm::default(),
-            batcher: Arc::new(Batcher::new(
-                // A few batches out per connection; without batching, every check is its
-                // own call, pipelined on the connections.
-                if self.max_batch == 1 {
-                    MAX_PIPELINED
-                } else {
-                    CALLS_PER_CONNECTION * self.pool_size as usize
-                },
-                self.max_batch,
-            )),
+            max_batch: self.max_batch,
+            // A few calls out per connection; without batching, every check is its own call,
+            // pipelined on the connections.
+            calls_per_connection: if self.max_batch == 1 {
+                MAX_PIPELINED
+            } else {
+                std::env::var("XCALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(CALLS_PER_CONNECTION)
+            },
+            form: Arc::default(),
+            connections: Mutex::new(Vec::new()),
+            filling: AtomicBool::new(false),
             breaker,
             parts: Parts::new(self.settings),
-            pool: OnceLock::new(),
             opening: Opening::default(),
-            pool_filled: AtomicBool::new(false),
         });
         let remote = Remote::started(transport);
         Ok(RedisStore { remote })
@@ -350,14 +348,8 @@ impl Transport for Standalone {
         false
     }
 
-    async fn decide(
-        self: Arc<Self>,
-        prepared: Vec<Prepared>,
-        now: Option<u64>,
-        _alone: bool,
-    ) -> Result<Reply, StoreError> {
-        let permit = self.breaker.admit().ok_or(StoreError::CircuitOpen)?;
-        self.batched(prepared, now, permit).await
+    fn send(self: &Arc<Self>, prepared: Vec<Prepared>, now: Option<u64>, _alone: bool) -> Sent {
+        self.queue(prepared, now)
     }
 
     async fn peek(
@@ -409,9 +401,7 @@ impl Probed for Standalone {
         self.parts.settings.response_timeout
     }
 
-    async fn probe_connection(
-        self: Arc<Self>,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
+    async fn probe_connection(self: Arc<Self>) -> Result<Connection, StoreError> {
         self.connection().await
     }
 }

@@ -1,116 +1,140 @@
-//! The server's connections: a bb8 pool of multiplexed connections, each borrowed only to clone
-//! its handle, and one opened by the checks themselves when the pool has none.
+//! The server's connections: at most `pool_size`, taken in turn by the checks; one that breaks
+//! is dropped and another opened in its place, in the background, or by the checks themselves
+//! when none is left.
 
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
-
-use ::redis::aio::MultiplexedConnection;
+use std::sync::Weak;
 
 use super::Standalone;
-use super::manager::{Connection, LogConnectErrors, Manager};
 use crate::store::StoreError;
-use crate::store::redis::access::{self};
-use crate::store::redis::error::{AtServer, store_error};
-use crate::store::redis::health::Health;
+use crate::store::redis::access;
+use crate::store::redis::connection::{self, Checks, Connection, Owner};
+use crate::store::redis::error::AtServer;
 use crate::store::redis::opening::Done;
 
-/// Opens a connection for the checks waiting (see `Standalone::open`), gives it to the pool (a full
-/// pool lets it go with its last check), and tells them.
-pub(super) async fn open_for_checks(store: Weak<Standalone>, done: Done<Connection>) {
+/// Opens a connection for the checks waiting (see `Standalone::open`), adds it to the pool, and
+/// tells them.
+async fn open_for_checks(store: Weak<Standalone>, done: Done<Connection>) {
     let Some(inner) = store.upgrade() else {
         return;
     };
-    let opened = match inner.manager() {
-        Ok(manager) => match bb8::ManageConnection::connect(&manager).await {
-            Ok(opened) => {
-                let handle = (opened.conn.clone(), opened.health.clone());
-                if let Some(pool) = inner.pool.get() {
-                    let _ = pool.add(opened);
-                }
-                Ok(handle)
-            }
-            Err(e) => Err(access::explained(&e)),
-        },
-        Err(e) => Err(e.to_string()),
-    };
-    inner.opening.end(done, opened);
+    let opened = inner.open_connection().await.map(|conn| {
+        inner.add(conn.clone());
+        conn
+    });
+    inner.opening.end(done, opened.map_err(|e| access::explained(&e)));
 }
 
 impl Standalone {
-    pub(super) fn manager(&self) -> Result<Manager, StoreError> {
-        Manager::new(
-            self.info.clone(),
-            self.parts.settings.connect_timeout,
-            self.parts.settings.response_timeout,
-        )
-        .map_err(|e| store_error(&self.server, e))
+    /// Opens one connection, whose checks go in calls of at most `max_batch`, within the
+    /// connect timeout.
+    pub(super) async fn open_connection(&self) -> redis::RedisResult<Connection> {
+        let owner: Weak<dyn Owner> = self.me.clone();
+        let checks = Checks {
+            program: self.parts.program,
+            form: self.form.clone(),
+            max_batch: self.max_batch,
+            max_calls: self.calls_per_connection,
+            owner,
+        };
+        let settings = &self.parts.settings;
+        let open = connection::open(
+            &self.target,
+            self.server.clone(),
+            settings.response_timeout,
+            Some(checks),
+        );
+        tokio::time::timeout(settings.connect_timeout, open)
+            .await
+            .unwrap_or_else(|_| {
+                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting timed out").into())
+            })
     }
 
-    /// The pool, made once the store has connected (bb8 needs a runtime).
-    pub(super) fn pool(&self) -> Result<&bb8::Pool<Manager>, StoreError> {
-        if let Some(pool) = self.pool.get() {
-            return Ok(pool);
+    /// Adds `conn` to the pool, unless it is full.
+    pub(super) fn add(&self, conn: Connection) {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        connections.retain(|c| !c.is_broken());
+        if connections.len() < self.pool_size as usize {
+            connections.push(conn);
         }
-        let pool = bb8::Pool::builder()
-            .max_size(self.pool_size)
-            .min_idle(self.pool_size)
-            .test_on_check_out(false)
-            .retry_connection(false)
-            .connection_timeout(self.parts.settings.connect_timeout)
-            .error_sink(Box::new(LogConnectErrors {
-                server: self.server.clone(),
-                every: Arc::default(),
-            }))
-            .build_unchecked(self.manager()?);
-        Ok(self.pool.get_or_init(|| pool))
     }
 
-    /// A connection of the pool, as a handle of its own: the pool entry goes back at once, so
-    /// that each connection pipelines every check that picks it. Broken connections are dropped
-    /// (the pool opens new ones). When none is open any more, the check opens one itself: a
-    /// server that refuses it is an answer at once, where waiting for the pool would cost the
-    /// whole budget.
-    pub(super) async fn connection(
-        &self,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
-        let pool = self.pool()?;
-        for _ in 0..=self.pool_size {
-            // Until the pool has first filled, its connections are on their way: waited for
-            // (so that checks keep their order on one connection). After, none means they broke.
-            let open = pool.state().connections;
-            if open > 0 {
-                self.pool_filled.store(true, Ordering::Relaxed);
-            } else if self.pool_filled.load(Ordering::Relaxed) {
-                break;
-            }
-            let pooled = pool.get().await.map_err(|e| match e {
-                bb8::RunError::User(e) => store_error(&self.server, e),
-                bb8::RunError::TimedOut => StoreError::Timeout,
-            })?;
-            if !pooled.health.is_broken() {
-                return Ok((pooled.conn.clone(), pooled.health.clone()));
-            }
+    /// A connection that works, if any: the first whose queue holds less than a call's worth
+    /// of checks (so that checks go together in as few calls as keep up), else the one with
+    /// the fewest. Broken ones are dropped, and a connection is opened in the background while
+    /// the pool is not full.
+    pub(super) fn pick(&self) -> Option<Connection> {
+        let mut connections = self.connections.lock().unwrap_or_else(|p| p.into_inner());
+        if connections.iter().any(Connection::is_broken) {
+            connections.retain(|c| !c.is_broken());
         }
-        self.open(pool).await
+        let picked = connections
+            .iter()
+            .find(|c| c.queued() < self.max_batch)
+            .or_else(|| connections.iter().min_by_key(|c| c.queued()))
+            .cloned();
+        let full = connections.len() >= self.pool_size as usize;
+        drop(connections);
+        if !full {
+            self.fill();
+        }
+        picked
     }
 
-    /// Opens a connection for a check when the pool has none, and gives it to the pool. One
+    /// Opens a connection in the background for the pool, unless one is being opened (or the
+    /// store has not connected yet: its first connection comes first).
+    fn fill(&self) {
+        if !self.parts.startup.is_connected() || self.filling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (Some(me), Ok(runtime)) = (self.me.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            self.filling.store(false, Ordering::Release);
+            return;
+        };
+        runtime.spawn(async move {
+            if let Ok(conn) = me.open_connection().await {
+                me.add(conn);
+            }
+            me.filling.store(false, Ordering::Release);
+        });
+    }
+
+    /// A connection: one of the pool's, or, when none works, one opened now. A server that
+    /// refuses it is an answer at once, where waiting for the pool would cost the whole budget.
+    pub(super) async fn connection(&self) -> Result<Connection, StoreError> {
+        match self.pick() {
+            Some(conn) => Ok(conn),
+            None => self.open().await,
+        }
+    }
+
+    /// Opens a connection for a check when the pool has none, and adds it to the pool. One
     /// attempt at a time, in a task of its own bounded by the connect timeout, not by a check's
     /// budget (on a slow network an attempt that every check cut short would never end); the
     /// checks that need it wait for it within their own budgets.
-    pub(super) async fn open(
-        &self,
-        pool: &bb8::Pool<Manager>,
-    ) -> Result<(MultiplexedConnection, Arc<Health>), StoreError> {
-        if pool.state().idle_connections > 0
-            && let Ok(pooled) = pool.get().await
-            && !pooled.health.is_broken()
-        {
-            return Ok((pooled.conn.clone(), pooled.health.clone()));
-        }
+    pub(super) async fn open(&self) -> Result<Connection, StoreError> {
         self.opening
             .join(|done| drop(tokio::spawn(open_for_checks(self.me.clone(), done))))
             .await
             .map_err(|error| StoreError::Unavailable(Box::new(AtServer::new(&self.server, error))))
+    }
+}
+
+impl Owner for Standalone {
+    fn report(
+        &self,
+        permit: crate::store::breaker::Permit,
+        answered: bool,
+        error: Option<&StoreError>,
+    ) {
+        Standalone::report(self, permit, answered, error);
+    }
+
+    fn give_back(&self, now: Option<u64>, refunds: Vec<(u64, crate::store::redis::script::Prepared)>) {
+        if let Some(me) = self.me.upgrade() {
+            crate::store::redis::remote::give_back_orphan(me, now, refunds);
+        }
     }
 }

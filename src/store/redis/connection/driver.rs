@@ -1,0 +1,713 @@
+//! The task that owns a connection's stream: it takes the work its handles queue, writes the
+//! checks that queued together as one call (while `max_calls` calls of checks are out, new checks
+//! wait and go together in the next), reads the replies in order and hands each check its own,
+//! and answers [`Timeout`](StoreError::Timeout) for checks whose time ran out, with one timer for
+//! the whole connection.
+//!
+//! A check is written at most once: a call whose reply does not come in time is never sent
+//! again, since the code may have run. Only an answer that says the code did not run (the server
+//! lost it in a restart or a flush) sends its checks again, once, after loading it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
+
+use redis::{RedisError, RedisResult, Value};
+use smallvec::SmallVec;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+use super::job::{Command, Job, Work};
+use crate::store::redis::resp::{self, Frame, Integers};
+use super::shared::{Checks, Owner, Shared};
+use super::stream::{self, Stream};
+use crate::store::StoreError;
+use crate::store::breaker::Permit;
+use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
+use crate::store::redis::remote::GiveBackOrphan;
+use crate::store::redis::script::{self, Mode, Request, Shape};
+
+/// Bytes read at a time at least (the buffer grows for longer replies).
+const READ_CHUNK: usize = 4096;
+
+/// Emptied lists of checks kept for the next calls.
+const SPARE_LISTS: usize = 8;
+
+/// The task of one connection.
+pub(super) struct Driver {
+    shared: Arc<Shared>,
+    stream: Stream,
+    checks: Option<Checks>,
+    /// Bytes to write, from `written` on.
+    out: Vec<u8>,
+    written: usize,
+    /// The stream needs a flush (TLS buffers what it encrypts).
+    unflushed: bool,
+    /// Bytes read: `input[start..filled]` is not yet a whole reply.
+    input: Vec<u8>,
+    start: usize,
+    filled: usize,
+    /// What was written, in order: the replies come in this order.
+    sent: VecDeque<Sent>,
+    /// Calls of checks in `sent` whose checks still wait (not timed out).
+    calls_out: usize,
+    /// The integers of a reply being read.
+    numbers: Vec<i64>,
+    /// Work taken from the queue, reused.
+    taken: Vec<Work>,
+    /// Lists of checks of calls answered, reused.
+    spare: Vec<Vec<Job>>,
+    /// The one timer: the earliest time a check's request stops waiting.
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: bool,
+    ended: bool,
+}
+
+/// What one write asked for.
+enum Sent {
+    Checks(Call),
+    Command(Pending),
+}
+
+/// One call of checks.
+struct Call {
+    jobs: Vec<Job>,
+    /// The earliest deadline of its checks: all are answered `Timeout` then without a reply.
+    budget: Instant,
+    /// The permit the breaker hears the call's outcome with.
+    permit: Permit,
+    /// Its checks were answered `Timeout` and the breaker told: a reply that comes now only
+    /// gives back the slots it took.
+    timed_out: bool,
+    /// How its reply is read.
+    shape: Shape,
+}
+
+/// Commands waiting for their replies.
+struct Pending {
+    skip: usize,
+    left: usize,
+    values: Vec<Value>,
+    answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+}
+
+impl Driver {
+    pub(super) fn new(shared: Arc<Shared>, stream: Stream, checks: Option<Checks>) -> Self {
+        Driver {
+            shared,
+            stream,
+            checks,
+            out: Vec::with_capacity(READ_CHUNK),
+            written: 0,
+            unflushed: false,
+            input: Vec::new(),
+            start: 0,
+            filled: 0,
+            sent: VecDeque::new(),
+            calls_out: 0,
+            numbers: Vec::new(),
+            taken: Vec::new(),
+            spare: Vec::new(),
+            timer: None,
+            armed: false,
+            ended: false,
+        }
+    }
+
+    /// Reads what the stream has and answers the replies that are whole; whether it read.
+    fn read(&mut self, cx: &mut Context<'_>) -> RedisResult<bool> {
+        if self.filled == self.input.len() {
+            if self.start > 0 {
+                self.input.copy_within(self.start..self.filled, 0);
+                self.filled -= self.start;
+                self.start = 0;
+            }
+            if self.filled == self.input.len() {
+                let size = (self.input.len() * 2).max(READ_CHUNK);
+                self.input.resize(size, 0);
+            }
+        }
+        let mut buf = ReadBuf::new(&mut self.input[self.filled..]);
+        match Pin::new(&mut self.stream).poll_read(cx, &mut buf) {
+            Poll::Pending => Ok(false),
+            Poll::Ready(Err(error)) => Err(error.into()),
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                if n == 0 {
+                    return Err(stream::closed());
+                }
+                self.filled += n;
+                self.replies()?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Answers every whole reply read.
+    fn replies(&mut self) -> RedisResult<()> {
+        while self.start < self.filled {
+            let buf = &self.input[self.start..self.filled];
+            match self.sent.front_mut() {
+                None => {
+                    // Nothing was asked: the stream is out of step.
+                    return Err(stream::malformed());
+                }
+                Some(Sent::Checks(_)) => {
+                    self.numbers.clear();
+                    let reply = match resp::integers(buf, &mut self.numbers) {
+                        Integers::Partial => break,
+                        Integers::Whole(n) => {
+                            self.start += n;
+                            Ok(())
+                        }
+                        Integers::Other => match resp::frame(buf).map_err(|_| stream::malformed())? {
+                            Frame::Partial => break,
+                            Frame::Whole(n) => {
+                                let value = resp::value(&buf[..n]);
+                                self.start += n;
+                                Err(value.and_then(|v| v.extract_error()))
+                            }
+                        },
+                    };
+                    let Some(Sent::Checks(call)) = self.sent.pop_front() else {
+                        unreachable!("the front was a call of checks");
+                    };
+                    if !call.timed_out {
+                        self.calls_out -= 1;
+                    }
+                    self.shared.health.answered();
+                    match reply {
+                        Ok(()) => self.answered(call),
+                        Err(reply) => self.refused(call, reply),
+                    }
+                }
+                Some(Sent::Command(pending)) => {
+                    let n = match resp::frame(buf).map_err(|_| stream::malformed())? {
+                        Frame::Partial => break,
+                        Frame::Whole(n) => n,
+                    };
+                    let value = resp::value(&buf[..n]);
+                    self.start += n;
+                    self.shared.health.answered();
+                    if pending.skip > 0 {
+                        pending.skip -= 1;
+                        continue;
+                    }
+                    pending.left -= 1;
+                    match value {
+                        Ok(value) => pending.values.push(value),
+                        Err(error) => {
+                            // Unreadable: the stream cannot be trusted further.
+                            let Some(Sent::Command(pending)) = self.sent.pop_front() else {
+                                unreachable!("the front was a command");
+                            };
+                            let _ = pending.answer.send(Err(error.clone()));
+                            return Err(error);
+                        }
+                    }
+                    if pending.left == 0 {
+                        let Some(Sent::Command(pending)) = self.sent.pop_front() else {
+                            unreachable!("the front was a command");
+                        };
+                        let _ = pending.answer.send(Ok(pending.values));
+                    }
+                }
+            }
+        }
+        if self.start == self.filled {
+            self.start = 0;
+            self.filled = 0;
+        }
+        Ok(())
+    }
+
+    fn owner(&self) -> Option<Arc<dyn Owner>> {
+        self.checks.as_ref().and_then(|checks| checks.owner.upgrade())
+    }
+
+    /// A call of checks answered with integers (in `numbers`): each check gets its reply.
+    fn answered(&mut self, mut call: Call) {
+        let owner = self.owner();
+        // Runs: how many checks each has (most calls have one or a few).
+        let runs: SmallVec<[usize; 4]> = match call.shape {
+            Shape::Each => SmallVec::new(),
+            Shape::Runs => script::runs_of(call.jobs.iter().map(|job| &job.charges[0]))
+                .map(|(_, run)| run)
+                .collect(),
+        };
+        let decoder = match call.shape {
+            Shape::Each => {
+                let expected = call.jobs.iter().map(|j| script::numbers_of(&j.charges)).sum();
+                script::Decoder::new(&self.numbers, expected)
+            }
+            Shape::Runs => script::Decoder::of_runs(&self.numbers, &runs),
+        };
+        let mut decoder = match decoder {
+            Ok(decoder) => decoder,
+            Err(error) => return self.failed_call(call, owner, true, error),
+        };
+        if !call.timed_out
+            && let Some(owner) = &owner
+        {
+            owner.report(call.permit, true, None);
+        }
+        let mut runs = runs.into_iter().flat_map(|run| std::iter::repeat_n(run, run));
+        for job in call.jobs.drain(..) {
+            let reply = match runs.next() {
+                Some(run) => decoder.next_of_run(&job.charges[0], run),
+                None => decoder.next(job.now, &job.charges),
+            };
+            deliver(&owner, job, reply);
+        }
+        self.recycle(call.jobs);
+    }
+
+    /// A call of checks answered with something else: an error (the code did not run, the
+    /// server refused) or an answer of another shape.
+    fn refused(&mut self, call: Call, reply: RedisResult<Value>) {
+        let owner = self.owner();
+        let error = match reply {
+            Err(error) => error,
+            Ok(value) => {
+                let error = StoreError::Protocol(format!(
+                    "{}: the rate-limit code answered {value:?}, not an array of integers",
+                    self.shared.server
+                ));
+                return self.failed_call(call, owner, true, error);
+            }
+        };
+        if script::not_run(&error) && !call.timed_out && call.jobs.iter().all(|j| !j.resent) {
+            return self.reload(call, error);
+        }
+        let answered = if is_demoted(&error) {
+            // The server became a replica: a new connection finds the primary.
+            self.shared.health.broke();
+            true
+        } else {
+            is_server_answer(&error)
+        };
+        let error = store_error(&self.shared.server, error);
+        self.failed_call(call, owner, answered, error);
+    }
+
+    /// Every check of `call` fails with `error`; the breaker hears whether the server answered.
+    fn failed_call(
+        &mut self,
+        mut call: Call,
+        owner: Option<Arc<dyn Owner>>,
+        answered: bool,
+        error: StoreError,
+    ) {
+        if !call.timed_out
+            && let Some(owner) = &owner
+        {
+            owner.report(call.permit, answered, Some(&error));
+        }
+        for job in call.jobs.drain(..) {
+            deliver(&owner, job, Err(error.duplicate()));
+        }
+        self.recycle(call.jobs);
+    }
+
+    /// The server lost the code (or has no functions): it is loaded again (in the form the
+    /// server takes) by a task of its own, and the checks of `call` go first in the queue.
+    fn reload(&mut self, call: Call, error: RedisError) {
+        let Some(checks) = &self.checks else {
+            return;
+        };
+        let (program, form) = (checks.program, checks.form.clone());
+        let owner = self.owner();
+        let conn = super::handle::Connection::handle(&self.shared);
+        let mut jobs = call.jobs;
+        for job in &mut jobs {
+            job.resent = true;
+        }
+        let permit = call.permit;
+        tokio::spawn(async move {
+            let error = match program.reload(&mut conn.clone(), &form, &error).await {
+                Ok(_) => match conn.requeue(jobs) {
+                    Ok(()) => return,
+                    Err(back) => {
+                        jobs = back;
+                        store_error(conn.server(), stream::closed())
+                    }
+                },
+                Err(error) => {
+                    let answered = is_server_answer(&error);
+                    let error = store_error(conn.server(), error);
+                    if let Some(owner) = &owner {
+                        owner.report(permit, answered, Some(&error));
+                    }
+                    error
+                }
+            };
+            for job in jobs {
+                deliver(&owner, job, Err(error.duplicate()));
+            }
+        });
+    }
+
+    /// Takes the work queued: commands are written at once; a call of checks (at most
+    /// `max_batch`) leaves when none is out, or, up to `max_calls` out, when half a call's
+    /// worth waits: while a call is out, the checks that come wait for it to come back and go
+    /// together, unless there are many. Whether it took any.
+    fn take_work(&mut self, cx: &mut Context<'_>) -> bool {
+        let (max_calls, max_batch) = self
+            .checks
+            .as_ref()
+            .map_or((0, 1), |c| (c.max_calls, c.max_batch));
+        let half = (max_batch / 2).max(1);
+        let mut taken = std::mem::take(&mut self.taken);
+        {
+            let mut queue = self.shared.lock();
+            let mut calls = self.calls_out;
+            let mut waiting = self.shared.queued.load(Ordering::Relaxed);
+            let mut room = 0;
+            while calls < max_calls && waiting > 0 && (calls == 0 || waiting >= half) {
+                let call = waiting.min(max_batch);
+                room += call;
+                waiting -= call;
+                calls += 1;
+            }
+            let mut checks_taken = 0;
+            while let Some(front) = queue.work.front() {
+                if let Work::Check(_) = front {
+                    if checks_taken == room {
+                        break;
+                    }
+                    checks_taken += 1;
+                }
+                taken.extend(queue.work.pop_front());
+            }
+            self.shared.took(checks_taken);
+            // The next check wakes the driver when it may leave at once (no call out), or when
+            // it makes half a call's worth with room for another call.
+            queue.wants_checks = calls == 0;
+            queue.wake_at = if calls < max_calls { half } else { 0 };
+            match &queue.waker {
+                Some(waker) if waker.will_wake(cx.waker()) => {}
+                _ => queue.waker = Some(cx.waker().clone()),
+            }
+        }
+        let took = !taken.is_empty();
+        let mut batch: Vec<Job> = self.spare.pop().unwrap_or_default();
+        let now = if took { Some(Instant::now()) } else { None };
+        for work in taken.drain(..) {
+            match work {
+                Work::Command(command) => {
+                    let next = self.spare.pop().unwrap_or_default();
+                    self.call_of(std::mem::replace(&mut batch, next), now);
+                    self.command(command);
+                }
+                Work::Check(job) => {
+                    batch.push(job);
+                    if batch.len() == max_batch {
+                        let next = self.spare.pop().unwrap_or_default();
+                        self.call_of(std::mem::replace(&mut batch, next), now);
+                    }
+                }
+            }
+        }
+        self.call_of(batch, now);
+        self.taken = taken;
+        took
+    }
+
+    fn command(&mut self, command: Command) {
+        if command.answer.is_closed() {
+            return;
+        }
+        self.out.extend_from_slice(&command.bytes);
+        self.sent.push_back(Sent::Command(Pending {
+            skip: command.skip,
+            left: command.count,
+            values: Vec::with_capacity(command.count),
+            answer: command.answer,
+        }));
+    }
+
+    /// Writes one call of the checks of `jobs` whose requests still wait.
+    fn call_of(&mut self, mut jobs: Vec<Job>, now: Option<Instant>) {
+        let (Some(checks), Some(now)) = (&self.checks, now) else {
+            return self.recycle(jobs);
+        };
+        jobs.retain_mut(|job| match &job.answer {
+            Some(answer) if answer.is_closed() => false,
+            Some(_) if job.deadline <= now => {
+                if let Some(answer) = job.answer.take() {
+                    answer.fail(StoreError::Timeout);
+                }
+                false
+            }
+            _ => true,
+        });
+        let (Some(budget), Some(last)) = (jobs.iter().map(|j| j.deadline).min(), jobs.last())
+        else {
+            return self.recycle(jobs);
+        };
+        let permit = last.permit;
+        let requests = jobs.iter().map(|job| Request {
+            now: job.now,
+            charges: &job.charges[..],
+        });
+        let shape = checks
+            .program
+            .encode(&mut self.out, checks.form.get(), Mode::Charge, requests);
+        self.sent.push_back(Sent::Checks(Call {
+            jobs,
+            budget,
+            permit,
+            timed_out: false,
+            shape,
+        }));
+        self.calls_out += 1;
+        if !self.armed {
+            self.arm(budget);
+        }
+    }
+
+    /// Keeps an emptied list of checks for a later call (a call's list is allocated once).
+    fn recycle(&mut self, mut jobs: Vec<Job>) {
+        jobs.clear();
+        if self.spare.len() < SPARE_LISTS && jobs.capacity() > 0 {
+            self.spare.push(jobs);
+        }
+    }
+
+    fn arm(&mut self, at: Instant) {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(at),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+        self.armed = true;
+    }
+
+    /// Writes what is to be written; whether it wrote.
+    fn write(&mut self, cx: &mut Context<'_>) -> RedisResult<bool> {
+        let mut wrote = false;
+        while self.written < self.out.len() {
+            match Pin::new(&mut self.stream).poll_write(cx, &self.out[self.written..]) {
+                Poll::Pending => break,
+                Poll::Ready(Ok(0)) => return Err(stream::closed()),
+                Poll::Ready(Ok(n)) => {
+                    self.written += n;
+                    wrote = true;
+                    self.unflushed = true;
+                }
+                Poll::Ready(Err(error)) => return Err(error.into()),
+            }
+        }
+        if self.written == self.out.len() {
+            self.out.clear();
+            self.written = 0;
+        }
+        if self.unflushed {
+            match Pin::new(&mut self.stream).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.unflushed = false,
+                Poll::Ready(Err(error)) => return Err(error.into()),
+                Poll::Pending => {}
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Answers `Timeout` for the checks whose time ran out, when the timer says some may have;
+    /// whether it fired (calls that timed out leave room for the checks queued).
+    fn deadlines(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut fired = false;
+        while self.armed {
+            let Some(timer) = &mut self.timer else {
+                break;
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                break;
+            }
+            fired = true;
+            self.armed = false;
+            if let Some(next) = self.expire(Instant::now()) {
+                self.arm(next);
+            }
+        }
+        fired
+    }
+
+    /// Times out the calls and the queued checks whose deadline is past `now`; the next
+    /// deadline, if any.
+    fn expire(&mut self, now: Instant) -> Option<Instant> {
+        let owner = self.owner();
+        let mut next: Option<Instant> = None;
+        let mut earliest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
+        for sent in &mut self.sent {
+            let Sent::Checks(call) = sent else {
+                continue;
+            };
+            if call.timed_out {
+                continue;
+            }
+            if call.budget > now {
+                earliest(call.budget);
+                continue;
+            }
+            call.timed_out = true;
+            // No longer out: the checks queued behind it go without it.
+            self.calls_out -= 1;
+            self.shared.health.timed_out();
+            if let Some(owner) = &owner {
+                owner.report(call.permit, false, Some(&StoreError::Timeout));
+            }
+            for job in &mut call.jobs {
+                if let Some(answer) = job.answer.take() {
+                    answer.fail(StoreError::Timeout);
+                }
+            }
+        }
+        let mut late = Vec::new();
+        {
+            let mut queue = self.shared.lock();
+            let mut i = 0;
+            while i < queue.work.len() {
+                match &queue.work[i] {
+                    Work::Check(job) if job.deadline <= now => {
+                        late.extend(queue.work.remove(i));
+                        self.shared.took(1);
+                    }
+                    Work::Check(job) => {
+                        earliest(job.deadline);
+                        i += 1;
+                    }
+                    Work::Command(_) => i += 1,
+                }
+            }
+        }
+        for work in late {
+            if let Work::Check(mut job) = work
+                && let Some(answer) = job.answer.take()
+            {
+                answer.fail(StoreError::Timeout);
+            }
+        }
+        next
+    }
+
+    /// Whether the driver may end: no handle is left and nothing it owes can still come.
+    fn finished(&self) -> bool {
+        if self.shared.handles.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        if !self.shared.lock().work.is_empty() {
+            return false;
+        }
+        self.shared.health.is_broken()
+            || self.sent.iter().all(|sent| match sent {
+                Sent::Checks(call) => call.timed_out,
+                Sent::Command(pending) => pending.answer.is_closed(),
+            })
+    }
+
+    /// Ends the connection: everything queued or owed fails with `error`.
+    fn end(&mut self, error: RedisError) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        self.shared.health.broke();
+        self.shared.ended.store(true, Ordering::Release);
+        let queued = std::mem::take(&mut self.shared.lock().work);
+        self.shared.queued.store(0, Ordering::Relaxed);
+        let owner = self.owner();
+        let failure = store_error(&self.shared.server, error.clone());
+        for sent in self.sent.drain(..) {
+            match sent {
+                Sent::Checks(call) => {
+                    if !call.timed_out
+                        && let Some(owner) = &owner
+                    {
+                        owner.report(call.permit, false, Some(&failure));
+                    }
+                    for job in call.jobs {
+                        deliver(&owner, job, Err(failure.duplicate()));
+                    }
+                }
+                Sent::Command(pending) => {
+                    let _ = pending.answer.send(Err(error.clone()));
+                }
+            }
+        }
+        for work in queued {
+            match work {
+                Work::Check(job) => deliver(&owner, job, Err(failure.duplicate())),
+                Work::Command(command) => {
+                    let _ = command.answer.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Gives `reply` to the request of `job`; a reply whose request stopped waiting gives back the
+/// concurrency slots it took.
+fn deliver(owner: &Option<Arc<dyn Owner>>, job: Job, reply: Result<script::Reply, StoreError>) {
+    let now = job.now;
+    let give_back = || -> GiveBackOrphan {
+        let owner = owner.clone();
+        Box::new(move |refunds| {
+            if let Some(owner) = owner {
+                owner.give_back(now, refunds);
+            }
+        })
+    };
+    match job.answer {
+        Some(answer) => answer.send(reply, job.charges, give_back),
+        None => {
+            if let Ok(reply) = reply {
+                crate::store::redis::remote::orphan(reply, job.charges, give_back);
+            }
+        }
+    }
+}
+
+impl Future for Driver {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let this = &mut *self;
+        loop {
+            let mut progress = match this.read(cx) {
+                Ok(read) => read,
+                Err(error) => {
+                    this.end(error);
+                    return Poll::Ready(());
+                }
+            };
+            progress |= this.take_work(cx);
+            match this.write(cx) {
+                Ok(wrote) => progress |= wrote,
+                Err(error) => {
+                    this.end(error);
+                    return Poll::Ready(());
+                }
+            }
+            progress |= this.deadlines(cx);
+            if this.finished() {
+                this.end(stream::closed());
+                return Poll::Ready(());
+            }
+            if !progress {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        // Dropped with its runtime: nothing it holds is answered any more.
+        self.end(RedisError::from(std::io::Error::other(
+            "the runtime that ran the connection ended",
+        )));
+    }
+}

@@ -1,0 +1,61 @@
+//! [`Job`]: one check waiting for its call, and [`Command`]: commands outside the checks.
+
+use redis::{RedisResult, Value};
+use tokio::sync::oneshot;
+
+use crate::store::breaker::Permit;
+use crate::store::redis::remote::Answer;
+use crate::store::redis::script::Prepared;
+
+/// One check: sent with the checks queued beside it in one call, answered through `answer`.
+pub(crate) struct Job {
+    pub(crate) charges: Vec<Prepared>,
+    /// The time given to the code (with an injected clock).
+    pub(crate) now: Option<u64>,
+    pub(crate) permit: Permit,
+    /// When its request stops waiting: it is not sent after that, and is answered
+    /// [`Timeout`](crate::store::StoreError::Timeout) then if its call has not answered.
+    pub(crate) deadline: tokio::time::Instant,
+    /// Taken when the request is answered (a reply that comes later gives back the slots it
+    /// took, if any).
+    pub(crate) answer: Option<Answer>,
+    /// Sent again after the server answered that the code did not run (once at most).
+    pub(crate) resent: bool,
+}
+
+impl Job {
+    /// A check of `charges` at `now` (with an injected clock), answered through `answer` by
+    /// `deadline`.
+    pub(crate) fn new(
+        charges: Vec<Prepared>,
+        now: Option<u64>,
+        permit: Permit,
+        deadline: tokio::time::Instant,
+        answer: Answer,
+    ) -> Self {
+        Job {
+            charges,
+            now,
+            permit,
+            deadline,
+            answer: Some(answer),
+            resent: false,
+        }
+    }
+}
+
+/// Commands outside the checks (loading the code, peeks, adjustments, `PING`, `PUBLISH`,
+/// `CLUSTER SLOTS`), already written as RESP.
+pub(crate) struct Command {
+    pub(crate) bytes: Vec<u8>,
+    /// The replies to read: `skip` first that are dropped, then `count` answered.
+    pub(crate) skip: usize,
+    pub(crate) count: usize,
+    pub(crate) answer: oneshot::Sender<RedisResult<Vec<Value>>>,
+}
+
+/// What a connection sends: a check, batched with its neighbours, or commands.
+pub(crate) enum Work {
+    Check(Job),
+    Command(Command),
+}

@@ -1,0 +1,117 @@
+//! [`Checking`]: the future of a check that Redis decides, written out rather than `async`, so
+//! that a check queued on a connection costs one allocation and waits on its reply alone.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use super::late_reply::{Answered, received};
+use super::transport::{Sent, Transport, runtime};
+use super::CheckFuture;
+use crate::Decision;
+use crate::store::StoreError;
+use crate::store::redis::replica::Plan;
+use crate::store::redis::script::{Prepared, Reply};
+
+/// A check of `prepared`, sent when first polled (or at once, for one that runs alone), and
+/// settled with the plan when its reply comes.
+pub(crate) struct Checking<T> {
+    transport: Arc<T>,
+    /// Taken when the check is settled.
+    plan: Option<Plan>,
+    state: State,
+}
+
+enum State {
+    /// Not sent yet: sent when first polled, on a Tokio runtime.
+    Unsent {
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+    },
+    Queued(Answered),
+    Deciding(CheckFuture<Reply>),
+    Done,
+}
+
+impl<T: Transport> Checking<T> {
+    /// The check of `prepared` planned as `plan`: one that runs alone is sent now.
+    pub(crate) fn new(
+        transport: Arc<T>,
+        plan: Plan,
+        prepared: Vec<Prepared>,
+        now: Option<u64>,
+        alone: bool,
+    ) -> Self {
+        let state = if alone {
+            sent(transport.send(prepared, now, true))
+        } else {
+            State::Unsent { prepared, now }
+        };
+        Checking {
+            transport,
+            plan: Some(plan),
+            state,
+        }
+    }
+
+    fn settle(&mut self, reply: Result<Reply, StoreError>) -> Result<Decision, StoreError> {
+        self.state = State::Done;
+        match self.plan.take() {
+            Some(plan) => plan.settle(Some(reply)),
+            None => Err(StoreError::Protocol("a check polled after it answered".into())),
+        }
+    }
+}
+
+fn sent(sent: Sent) -> State {
+    match sent {
+        Sent::Queued(answered) => State::Queued(answered),
+        Sent::Deciding(future) => State::Deciding(future),
+    }
+}
+
+impl<T: Transport> Future for Checking<T> {
+    type Output = Result<Decision, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        if let State::Unsent { .. } | State::Deciding(_) = this.state {
+            // Polled where no runtime runs: refused before it takes a breaker's probe.
+            if let Err(error) = runtime() {
+                return Poll::Ready(this.settle(Err(error)));
+            }
+        }
+        if let State::Unsent { .. } = this.state {
+            let State::Unsent { prepared, now } = std::mem::replace(&mut this.state, State::Done)
+            else {
+                unreachable!("the state was unsent");
+            };
+            this.state = sent(this.transport.send(prepared, now, false));
+        }
+        let reply = match &mut this.state {
+            State::Queued(answered) => ready!(received(Pin::new(answered), cx)),
+            State::Deciding(future) => ready!(future.as_mut().poll(cx)),
+            State::Unsent { .. } | State::Done => Err(StoreError::Protocol(
+                "a check polled after it answered".into(),
+            )),
+        };
+        Poll::Ready(this.settle(reply))
+    }
+}
+
+#[cfg(test)]
+mod size_probe {
+    #[test]
+    fn sizes() {
+        use std::mem::size_of;
+        eprintln!("Plan {}", size_of::<crate::store::redis::replica::Plan>());
+        eprintln!("Checking {}", size_of::<super::Checking<crate::store::redis::standalone::Standalone>>());
+        eprintln!("Prepared {}", size_of::<crate::store::redis::script::Prepared>());
+        eprintln!("Reply {}", size_of::<crate::store::redis::script::Reply>());
+        eprintln!("Job {}", size_of::<crate::store::redis::connection::Job>());
+        eprintln!("Key {}", size_of::<crate::key::Key>());
+        eprintln!("Outcome {}", size_of::<crate::algorithm::Outcome>());
+        eprintln!("Decision {}", size_of::<crate::Decision>());
+    }
+}
