@@ -107,7 +107,6 @@ impl Config {
         let redis_store = |max_batch: usize| async move {
             RedisStore::builder(&redis.0)
                 .prefix(&redis.1)
-                .pool_size(std::env::var("XPOOL").ok().and_then(|v| v.parse().ok()).unwrap_or(2))
                 .max_batch(max_batch)
                 .connect()
                 .await

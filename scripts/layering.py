@@ -144,10 +144,27 @@ def file_of(segments):
     return "lib.rs", []
 
 
+def inline_modules(text):
+    """The (start, end) spans of the inline modules of a file (`mod tests { … }`): a super::
+    inside one names the file's own module."""
+    spans = []
+    for m in re.finditer(r"\bmod\s+\w+\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+            i += 1
+        spans.append((m.end(), i))
+    return spans
+
+
 def imports(path):
     """Every (line, module path) a file imports, crate:: and super:: paths resolved."""
     text = strip(open(path, encoding="utf-8").read())
     here = module_of(path)
+    inline = inline_modules(text)
     found = []
     for m in re.finditer(r"\b(crate|super|self)\s*::", text):
         start = m.start()
@@ -161,8 +178,9 @@ def imports(path):
         elif m.group(1) == "self":
             base = here
         else:
-            # super:: climbs from the file's own module.
-            base = here[:-1]
+            # super:: climbs from the file's own module (from an inline module, to it).
+            nested = sum(1 for a, b in inline if a <= start < b)
+            base = here[:-1] if nested == 0 else here
             while True:
                 n = re.compile(r"\s*super\s*::").match(text, i)
                 if not n:

@@ -72,7 +72,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::builder("redis://127.0.0.1:6379")
 //!     .prefix("shop")                              // keys are shop:{client}:rule
-//!     .pool_size(2)                                // multiplexed connections (default 2)
+//!     .pool_size(2)                                // connections at most (default 2)
 //!     .connect_timeout(Duration::from_secs(1))     // default 1 s
 //!     .response_timeout(Duration::from_millis(50)) // the budget of one check (default 100 ms)
 //!     .build()?;                                   // connects in the background
@@ -118,19 +118,23 @@
 //! server lost the code (restart, failover, `FUNCTION FLUSH`), the store loads it again and
 //! sends the check once more, which is safe: it did not run.
 //!
-//! **Batches.** Concurrent checks of a [`RedisStore`] go to Redis together: two calls per
-//! connection are out at a time, and the checks that arrive meanwhile leave in the next one (at
-//! most [`max_batch`][max_batch], default 64), each still all or nothing by
-//! itself, decided in order with the server's time read once. A lone check leaves at once: no
-//! timer. A busy replica makes a tenth or less of the calls, and the server spends less per
-//! decision. A check whose caller stopped waiting is not sent. The cluster store pipelines its
-//! calls per node (keys of one call must share a slot). A repeated charge (one rule and one
-//! key twice in a check) is refused: merge its costs.
+//! **Batches.** Concurrent checks of a [`RedisStore`] go to Redis together. A connection sends a
+//! call when none of its calls is out; while one is, the checks that arrive wait for it and
+//! leave together in the next (at most [`max_batch`][max_batch], default 64; a second call goes
+//! early only when half a batch waits), each still all or nothing by itself, decided in order
+//! with the server's time read once. A lone check leaves at once: no timer. A busy replica makes
+//! a tenth or less of the calls, and the server spends less per decision: the checks of one hot
+//! key in a call are decided as one run, the key read and written once, their answers told
+//! once. A check whose caller stopped waiting is not sent. Each connection is driven by a task
+//! of its own that writes a call once, reads the replies as they come (integers, read without
+//! building values) and answers each check by its deadline. The cluster store pipelines its
+//! calls per node (keys of one call must share a slot). A repeated charge (one rule and one key
+//! twice in a check) is refused: merge its costs.
 //!
 //! A check is sent **at most once** otherwise. A connection that drops after the code ran but
 //! before its reply arrived would, if sent again, charge twice (or refund twice, which would
 //! over-admit), so a check whose reply is lost fails, and its rules' failure modes decide. The
-//! cluster store routes checks itself (one multiplexed connection per primary, its own slot
+//! cluster store routes checks itself (one pipelined connection per primary, its own slot
 //! map) and follows `MOVED` / `ASK`, which say the script did not run.
 //!
 //! ## The deny cache

@@ -65,11 +65,7 @@ pub(crate) async fn publish_within(
 }
 
 /// Publishes `names` (Redis key names) on `channel`, in one pipeline, on `conn`.
-async fn publish(
-    conn: &mut Connection,
-    channel: &str,
-    names: &[String],
-) -> redis::RedisResult<()> {
+async fn publish(conn: &mut Connection, channel: &str, names: &[String]) -> redis::RedisResult<()> {
     if names.is_empty() {
         return Ok(());
     }

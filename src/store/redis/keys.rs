@@ -56,7 +56,13 @@ fn write_part_key(out: &mut String, prefix: &str, identity: &Key, part: Option<u
                     len += 1;
                 }
                 let digits = [octet / 100, octet / 10 % 10, octet % 10];
-                let skip = if octet >= 100 { 0 } else if octet >= 10 { 1 } else { 2 };
+                let skip = if octet >= 100 {
+                    0
+                } else if octet >= 10 {
+                    1
+                } else {
+                    2
+                };
                 for digit in &digits[skip..] {
                     text[len] = b'0' + digit;
                     len += 1;

@@ -8,6 +8,7 @@ mod error;
 mod forget;
 mod health;
 mod keys;
+mod late_reply;
 mod opening;
 mod probe;
 mod remote;
@@ -17,6 +18,7 @@ mod script;
 mod settings;
 mod standalone;
 mod startup;
+mod unclaimed;
 
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::ConnectError;

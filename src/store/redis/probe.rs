@@ -19,8 +19,9 @@ pub(crate) trait Probed: Send + Sync + 'static {
     fn probe_timeout(&self) -> Duration;
 
     /// A connection to the server (opened when there is none).
-    fn probe_connection(self: Arc<Self>)
-    -> impl Future<Output = Result<Connection, StoreError>> + Send;
+    fn probe_connection(
+        self: Arc<Self>,
+    ) -> impl Future<Output = Result<Connection, StoreError>> + Send;
 }
 
 /// Probes `target` once per cooldown while its breaker is open, until a probe is answered, the

@@ -215,7 +215,10 @@ fn number(buf: &[u8], at: &mut usize) -> Read {
         match buf.get(i) {
             None => return Read::Partial,
             Some(&d @ b'0'..=b'9') => {
-                n = match n.checked_mul(10).and_then(|n| n.checked_add(i64::from(d - b'0'))) {
+                n = match n
+                    .checked_mul(10)
+                    .and_then(|n| n.checked_add(i64::from(d - b'0')))
+                {
                     Some(n) => n,
                     None => return Read::Other,
                 };
@@ -311,7 +314,11 @@ mod tests {
             assert_eq!(frame(&buf), Ok(Frame::Whole(reply.len())), "{reply:?}");
             // Every shorter prefix is partial.
             for cut in 0..reply.len() {
-                assert_eq!(frame(&reply[..cut]), Ok(Frame::Partial), "{reply:?} cut at {cut}");
+                assert_eq!(
+                    frame(&reply[..cut]),
+                    Ok(Frame::Partial),
+                    "{reply:?} cut at {cut}"
+                );
             }
         }
     }
@@ -339,10 +346,23 @@ mod tests {
         assert_eq!(integers(&buf, &mut out), Integers::Whole(reply.len()));
         assert_eq!(out, [1, -1, 9_007_199_254_740_993]);
         for cut in 0..reply.len() {
-            assert_eq!(integers(&reply[..cut], &mut Vec::new()), Integers::Partial, "{cut}");
+            assert_eq!(
+                integers(&reply[..cut], &mut Vec::new()),
+                Integers::Partial,
+                "{cut}"
+            );
         }
-        for other in [&b":1\r\n"[..], b"*1\r\n$1\r\n1\r\n", b"-ERR x\r\n", b"*-1\r\n"] {
-            assert_eq!(integers(other, &mut Vec::new()), Integers::Other, "{other:?}");
+        for other in [
+            &b":1\r\n"[..],
+            b"*1\r\n$1\r\n1\r\n",
+            b"-ERR x\r\n",
+            b"*-1\r\n",
+        ] {
+            assert_eq!(
+                integers(other, &mut Vec::new()),
+                Integers::Other,
+                "{other:?}"
+            );
         }
     }
 

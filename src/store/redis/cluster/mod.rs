@@ -1,4 +1,4 @@
-//! [`RedisClusterStore`]: a Redis (or Valkey) Cluster, one multiplexed connection and one circuit
+//! [`RedisClusterStore`]: a Redis (or Valkey) Cluster, one pipelined connection and one circuit
 //! breaker per node, routed by tollgate's own slot map.
 
 mod cross_slot;
@@ -29,9 +29,11 @@ use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::forget;
 use crate::store::redis::keys;
+use crate::store::redis::late_reply;
 use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
 use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
+use crate::store::redis::unclaimed::GiveBackOrphan;
 use crate::store::{Charge, StoreError};
 
 /// The Redis Cluster store: all rules of one caller share a hash slot, so one script checks them
@@ -54,7 +56,7 @@ use crate::store::{Charge, StoreError};
 /// # }
 /// ```
 ///
-/// The store reads the slot map (`CLUSTER SLOTS`) itself and keeps one multiplexed connection per
+/// The store reads the slot map (`CLUSTER SLOTS`) itself and keeps one pipelined connection per
 /// primary, opened when first needed. Each check goes to the primary of its slot, and is sent at
 /// most once: a `MOVED` or `ASK` answer (the script did not run) is followed, at most 5 times per
 /// check; a connection that fails or a check that runs out of time is never sent again, since
@@ -319,22 +321,24 @@ impl Transport for Cluster {
         } else {
             deadline
         };
-        let (answer, answered) = remote::channel();
+        let (answer, answered) = late_reply::channel();
         drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
                 late,
             };
             let reply = me.check_slots(&prepared, now, budget).await;
-            let give_back = || -> remote::GiveBackOrphan {
+            let give_back = || -> GiveBackOrphan {
                 let inner = me.clone();
                 Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds))
             };
             answer.send(reply, prepared, give_back);
         }));
-        Sent::Deciding(Box::pin(remote::wait(answered, deadline.into(), || {
-            StoreError::Unavailable("the check's task ended without an answer".into())
-        })))
+        Sent::Deciding(Box::pin(late_reply::wait(
+            answered,
+            deadline.into(),
+            || StoreError::Unavailable("the check's task ended without an answer".into()),
+        )))
     }
 
     async fn peek(

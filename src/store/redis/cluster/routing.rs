@@ -66,7 +66,7 @@ impl Cluster {
         let program = self.parts.program;
         let mut asking = false;
         for _ in 0..=MAX_REDIRECTIONS {
-            // A script queued on a multiplexed connection runs, whatever the caller does next:
+            // A script queued on a connection runs, whatever the caller does next:
             // with no budget left it is not sent at all (nor sent again after a redirection).
             if budget <= Instant::now() {
                 return Err(StoreError::Timeout);

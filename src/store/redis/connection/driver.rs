@@ -22,14 +22,15 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
 use super::job::{Command, Job, Work};
-use crate::store::redis::resp::{self, Frame, Integers};
 use super::shared::{Checks, Owner, Shared};
 use super::stream::{self, Stream};
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
-use crate::store::redis::remote::GiveBackOrphan;
+use crate::store::redis::late_reply::orphan;
+use crate::store::redis::resp::{self, Frame, Integers};
 use crate::store::redis::script::{self, Mode, Request, Shape};
+use crate::store::redis::unclaimed::GiveBackOrphan;
 
 /// Bytes read at a time at least (the buffer grows for longer replies).
 const READ_CHUNK: usize = 4096;
@@ -164,14 +165,16 @@ impl Driver {
                             self.start += n;
                             Ok(())
                         }
-                        Integers::Other => match resp::frame(buf).map_err(|_| stream::malformed())? {
-                            Frame::Partial => break,
-                            Frame::Whole(n) => {
-                                let value = resp::value(&buf[..n]);
-                                self.start += n;
-                                Err(value.and_then(|v| v.extract_error()))
+                        Integers::Other => {
+                            match resp::frame(buf).map_err(|_| stream::malformed())? {
+                                Frame::Partial => break,
+                                Frame::Whole(n) => {
+                                    let value = resp::value(&buf[..n]);
+                                    self.start += n;
+                                    Err(value.and_then(|v| v.extract_error()))
+                                }
                             }
-                        },
+                        }
                     };
                     let Some(Sent::Checks(call)) = self.sent.pop_front() else {
                         unreachable!("the front was a call of checks");
@@ -226,7 +229,9 @@ impl Driver {
     }
 
     fn owner(&self) -> Option<Arc<dyn Owner>> {
-        self.checks.as_ref().and_then(|checks| checks.owner.upgrade())
+        self.checks
+            .as_ref()
+            .and_then(|checks| checks.owner.upgrade())
     }
 
     /// A call of checks answered with integers (in `numbers`): each check gets its reply.
@@ -241,7 +246,11 @@ impl Driver {
         };
         let decoder = match call.shape {
             Shape::Each => {
-                let expected = call.jobs.iter().map(|j| script::numbers_of(&j.charges)).sum();
+                let expected = call
+                    .jobs
+                    .iter()
+                    .map(|j| script::numbers_of(&j.charges))
+                    .sum();
                 script::Decoder::new(&self.numbers, expected)
             }
             Shape::Runs => script::Decoder::of_runs(&self.numbers, &runs),
@@ -255,7 +264,9 @@ impl Driver {
         {
             owner.report(call.permit, true, None);
         }
-        let mut runs = runs.into_iter().flat_map(|run| std::iter::repeat_n(run, run));
+        let mut runs = runs
+            .into_iter()
+            .flat_map(|run| std::iter::repeat_n(run, run));
         for job in call.jobs.drain(..) {
             let reply = match runs.next() {
                 Some(run) => decoder.next_of_run(&job.charges[0], run),
@@ -664,7 +675,7 @@ fn deliver(owner: &Option<Arc<dyn Owner>>, job: Job, reply: Result<script::Reply
         Some(answer) => answer.send(reply, job.charges, give_back),
         None => {
             if let Ok(reply) = reply {
-                crate::store::redis::remote::orphan(reply, job.charges, give_back);
+                orphan(reply, job.charges, give_back);
             }
         }
     }

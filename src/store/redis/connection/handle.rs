@@ -64,15 +64,22 @@ impl Connection {
         if !self.shared.takes_checks {
             return Err(job);
         }
-        self.shared.push(Work::Check(job)).map_err(|work| match work {
-            Work::Check(job) => job,
-            Work::Command(_) => unreachable!("a check was pushed"),
-        })
+        self.shared
+            .push(Work::Check(job))
+            .map_err(|work| match work {
+                Work::Check(job) => job,
+                Work::Command(_) => unreachable!("a check was pushed"),
+            })
     }
 
     /// Sends `bytes` (commands written as RESP) and reads `skip + count` replies; the last
     /// `count`, as redis-rs reads them (an error answer is a `Value::ServerError`).
-    pub(crate) async fn send(&self, bytes: Vec<u8>, skip: usize, count: usize) -> RedisResult<Vec<Value>> {
+    pub(crate) async fn send(
+        &self,
+        bytes: Vec<u8>,
+        skip: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
         let (answer, answered) = oneshot::channel();
         let command = Command {
             bytes,

@@ -4,7 +4,7 @@ use redis::{RedisResult, Value};
 use tokio::sync::oneshot;
 
 use crate::store::breaker::Permit;
-use crate::store::redis::remote::Answer;
+use crate::store::redis::late_reply::Answer;
 use crate::store::redis::script::Prepared;
 
 /// One check: sent with the checks queued beside it in one call, answered through `answer`.

@@ -67,4 +67,3 @@ pub(crate) async fn open(
     tokio::spawn(driver::Driver::new(shared.clone(), stream, checks));
     Ok(Connection::from_shared(shared))
 }
-

@@ -3,6 +3,7 @@
 
 use std::io;
 use std::pin::Pin;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -28,7 +29,10 @@ pub(crate) struct Target {
 impl Target {
     /// The target of `info` (a TCP address: the builders refuse any other), over TLS with
     /// `tls` when its address asks for it.
-    pub(crate) fn new(info: &ConnectionInfo, #[cfg(feature = "tls")] tls: Option<Arc<super::tls::Tls>>) -> Self {
+    pub(crate) fn new(
+        info: &ConnectionInfo,
+        #[cfg(feature = "tls")] tls: Option<Arc<super::tls::Tls>>,
+    ) -> Self {
         let (host, port, over_tls) = match info.addr() {
             ConnectionAddr::Tcp(host, port) => (host.clone(), *port, false),
             ConnectionAddr::TcpTls { host, port, .. } => (host.clone(), *port, true),
@@ -121,7 +125,11 @@ async fn read_frame(stream: &mut Stream, buf: &mut Vec<u8>) -> RedisResult<usize
 
 /// The error of a stream the server closed.
 pub(crate) fn closed() -> RedisError {
-    io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection").into()
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection",
+    )
+    .into()
 }
 
 /// The error of a reply that is not RESP.

@@ -33,7 +33,11 @@ impl Tls {
     }
 
     /// TLS over `tcp` to the server `host` names, whose certificate must name it.
-    pub(crate) async fn connect(&self, host: &str, tcp: TcpStream) -> io::Result<TlsStream<TcpStream>> {
+    pub(crate) async fn connect(
+        &self,
+        host: &str,
+        tcp: TcpStream,
+    ) -> io::Result<TlsStream<TcpStream>> {
         let config = self.config()?;
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;

@@ -6,11 +6,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use super::late_reply::{Answered, received};
+use super::future::CheckFuture;
 use super::transport::{Sent, Transport, runtime};
-use super::CheckFuture;
 use crate::Decision;
 use crate::store::StoreError;
+use crate::store::redis::late_reply::{Answered, received};
 use crate::store::redis::replica::Plan;
 use crate::store::redis::script::{Prepared, Reply};
 
@@ -59,7 +59,9 @@ impl<T: Transport> Checking<T> {
         self.state = State::Done;
         match self.plan.take() {
             Some(plan) => plan.settle(Some(reply)),
-            None => Err(StoreError::Protocol("a check polled after it answered".into())),
+            None => Err(StoreError::Protocol(
+                "a check polled after it answered".into(),
+            )),
         }
     }
 }
@@ -97,21 +99,5 @@ impl<T: Transport> Future for Checking<T> {
             )),
         };
         Poll::Ready(this.settle(reply))
-    }
-}
-
-#[cfg(test)]
-mod size_probe {
-    #[test]
-    fn sizes() {
-        use std::mem::size_of;
-        eprintln!("Plan {}", size_of::<crate::store::redis::replica::Plan>());
-        eprintln!("Checking {}", size_of::<super::Checking<crate::store::redis::standalone::Standalone>>());
-        eprintln!("Prepared {}", size_of::<crate::store::redis::script::Prepared>());
-        eprintln!("Reply {}", size_of::<crate::store::redis::script::Reply>());
-        eprintln!("Job {}", size_of::<crate::store::redis::connection::Job>());
-        eprintln!("Key {}", size_of::<crate::key::Key>());
-        eprintln!("Outcome {}", size_of::<crate::algorithm::Outcome>());
-        eprintln!("Decision {}", size_of::<crate::Decision>());
     }
 }

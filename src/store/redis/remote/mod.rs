@@ -3,12 +3,10 @@
 
 mod changes;
 mod checking;
-mod late_reply;
+mod future;
 mod transport;
-mod unclaimed;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use self::checking::Checking;
@@ -17,13 +15,8 @@ use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
 pub(crate) use changes::give_back_orphan;
-pub(crate) use late_reply::{Answer, channel, orphan, received, wait};
+pub(crate) use future::CheckFuture;
 pub(crate) use transport::{Parts, Sent, Transport, runtime};
-pub(crate) use unclaimed::GiveBackOrphan;
-
-/// The future of a Redis check (or, for another output, of an operation outside checks).
-pub(crate) type CheckFuture<T = Decision> =
-    Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'static>>;
 
 /// A Redis store over the transport `T`; clones share it.
 pub(crate) struct Remote<T>(Arc<T>);

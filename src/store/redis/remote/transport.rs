@@ -5,9 +5,9 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use super::CheckFuture;
-use super::late_reply::Answered;
+use super::future::CheckFuture;
 use crate::store::redis::forget;
+use crate::store::redis::late_reply::Answered;
 use crate::store::redis::replica::Replica;
 use crate::store::redis::script::{Mode, Prepared, Program, Reply};
 use crate::store::redis::settings::Settings;
@@ -43,12 +43,7 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// on a connection, whose reply comes within the check's time budget, or a future that
     /// decides it (one [that runs alone](Self::runs_alone), `alone` as that said, is on its
     /// way already). Called on a Tokio runtime.
-    fn send(
-        self: &Arc<Self>,
-        prepared: Vec<Prepared>,
-        now: Option<u64>,
-        alone: bool,
-    ) -> Sent;
+    fn send(self: &Arc<Self>, prepared: Vec<Prepared>, now: Option<u64>, alone: bool) -> Sent;
 
     /// The reply to a peek of `prepared` (nothing charged), within a check's time budget.
     fn peek(

@@ -666,7 +666,11 @@ impl<'a> Decoder<'a> {
     /// admitted has `cost` less remaining and a reset `cost` intervals later (a token bucket's
     /// and GCRA's state moves by `cost` intervals per request), and each later one denied
     /// the same numbers (a denial changes nothing).
-    pub(crate) fn next_of_run(&mut self, charge: &Prepared, run: usize) -> Result<Reply, StoreError> {
+    pub(crate) fn next_of_run(
+        &mut self,
+        charge: &Prepared,
+        run: usize,
+    ) -> Result<Reply, StoreError> {
         let limit = charge.algorithm.capacity(&charge.limits);
         if self.run.as_ref().is_none_or(|r| r.left == 0) {
             let admitted = unsigned(self.take(1)?[0])?;

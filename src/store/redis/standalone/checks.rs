@@ -6,7 +6,8 @@ use std::sync::Arc;
 use super::Standalone;
 use crate::store::StoreError;
 use crate::store::redis::connection::Job;
-use crate::store::redis::remote::{self, Sent};
+use crate::store::redis::late_reply;
+use crate::store::redis::remote::Sent;
 use crate::store::redis::script::Prepared;
 
 impl Standalone {
@@ -18,7 +19,7 @@ impl Standalone {
             return Sent::Deciding(Box::pin(std::future::ready(Err(StoreError::CircuitOpen))));
         };
         let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
-        let (answer, mut answered) = remote::channel();
+        let (answer, mut answered) = late_reply::channel();
         let mut job = Job::new(charges, now, permit, deadline, answer);
         if let Some(conn) = self.pick() {
             match conn.check(job) {
@@ -29,7 +30,7 @@ impl Standalone {
         let me = self.clone();
         Sent::Deciding(Box::pin(async move {
             me.queue_on_new(job).await?;
-            std::future::poll_fn(|cx| remote::received(std::pin::Pin::new(&mut answered), cx))
+            std::future::poll_fn(|cx| late_reply::received(std::pin::Pin::new(&mut answered), cx))
                 .await
         }))
     }
@@ -62,7 +63,11 @@ impl Standalone {
             }
         }
         Err(StoreError::Unavailable(
-            format!("{}: every connection closed as the check was sent", self.server).into(),
+            format!(
+                "{}: every connection closed as the check was sent",
+                self.server
+            )
+            .into(),
         ))
     }
 }

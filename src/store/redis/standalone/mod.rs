@@ -119,7 +119,7 @@ pub struct RedisStore {
 }
 
 /// One server: the [`Transport`] of a [`RedisStore`].
-pub struct Standalone {
+pub(crate) struct Standalone {
     /// The store itself, for the tasks it starts.
     me: Weak<Standalone>,
     /// The server's address and credentials, for the listener of forgotten keys.
@@ -162,9 +162,10 @@ pub const DEFAULT_MAX_BATCH: usize = 64;
 /// Without batching, the most checks out at once per connection (each its own call).
 const MAX_PIPELINED: usize = 4096;
 
-/// Calls of checks out at once per connection: enough that Redis has the next one when it
-/// answers one (with one, it waits for the client a quarter of the time), few enough that
-/// checks wait to go together (BENCHMARKS.md).
+/// Calls of checks out at once per connection, at most: a call leaves when none is out, and a
+/// second only when half a batch of checks waits (so that Redis has the next one ready when it
+/// answers one under a heavy load, while a lighter one's checks wait for the call out and go
+/// together: fewer calls, fewer system calls per check; BENCHMARKS.md).
 const CALLS_PER_CONNECTION: usize = 2;
 
 impl RedisStore {
@@ -235,17 +236,20 @@ impl RedisStore {
 impl RedisStoreBuilder {
     settings_setters!();
 
-    /// The number of connections (default 2). Each connection pipelines any number of concurrent
-    /// checks; more connections spread the work over more client threads.
+    /// The most connections (default 2). Checks go to the first connection that keeps up (its
+    /// queue holds less than a batch), so that they go together in as few calls as keep up;
+    /// the others take the overflow of a load one connection cannot carry (many client
+    /// threads), and stand ready when one breaks.
     pub fn pool_size(mut self, size: u32) -> Self {
         self.pool_size = size;
         self
     }
 
     /// The most checks sent to Redis in one call (default [`DEFAULT_MAX_BATCH`]; 1 sends each
-    /// check alone, pipelined). Two calls per connection are out at a time: checks that
-    /// arrive meanwhile go together in the next, each still all or nothing by itself, so a busy
-    /// server gets fewer, larger calls and an idle one gets each check at once, with no timer.
+    /// check alone, pipelined). A connection sends a call when none of its calls is out; while
+    /// one is, the checks that arrive go together in the next (a second call leaves early only
+    /// when half a batch waits), each still all or nothing by itself: a busy server gets fewer,
+    /// larger calls and an idle one gets each check at once, with no timer.
     pub fn max_batch(mut self, checks: usize) -> Self {
         self.max_batch = checks;
         self
@@ -283,7 +287,7 @@ impl RedisStoreBuilder {
             calls_per_connection: if self.max_batch == 1 {
                 MAX_PIPELINED
             } else {
-                std::env::var("XCALLS").ok().and_then(|v| v.parse().ok()).unwrap_or(CALLS_PER_CONNECTION)
+                CALLS_PER_CONNECTION
             },
             form: Arc::default(),
             connections: Mutex::new(Vec::new()),

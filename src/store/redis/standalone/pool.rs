@@ -2,8 +2,8 @@
 //! is dropped and another opened in its place, in the background, or by the checks themselves
 //! when none is left.
 
-use std::sync::atomic::Ordering;
 use std::sync::Weak;
+use std::sync::atomic::Ordering;
 
 use super::Standalone;
 use crate::store::StoreError;
@@ -18,11 +18,13 @@ async fn open_for_checks(store: Weak<Standalone>, done: Done<Connection>) {
     let Some(inner) = store.upgrade() else {
         return;
     };
-    let opened = inner.open_connection().await.map(|conn| {
-        inner.add(conn.clone());
-        conn
-    });
-    inner.opening.end(done, opened.map_err(|e| access::explained(&e)));
+    let opened = inner
+        .open_connection()
+        .await
+        .inspect(|conn| inner.add(conn.clone()));
+    inner
+        .opening
+        .end(done, opened.map_err(|e| access::explained(&e)));
 }
 
 impl Standalone {
@@ -47,7 +49,10 @@ impl Standalone {
         tokio::time::timeout(settings.connect_timeout, open)
             .await
             .unwrap_or_else(|_| {
-                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting timed out").into())
+                Err(
+                    std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting timed out")
+                        .into(),
+                )
             })
     }
 
@@ -132,7 +137,11 @@ impl Owner for Standalone {
         Standalone::report(self, permit, answered, error);
     }
 
-    fn give_back(&self, now: Option<u64>, refunds: Vec<(u64, crate::store::redis::script::Prepared)>) {
+    fn give_back(
+        &self,
+        now: Option<u64>,
+        refunds: Vec<(u64, crate::store::redis::script::Prepared)>,
+    ) {
         if let Some(me) = self.me.upgrade() {
             crate::store::redis::remote::give_back_orphan(me, now, refunds);
         }
