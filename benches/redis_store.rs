@@ -17,7 +17,9 @@
 //!    function with `-P 16`; and, where `node` and `npm` are installed, the Node limiter
 //!    rate-limiter-flexible over ioredis (`benches/support/node_limiter.js`, installed under
 //!    `target/node-limiter` on the first run) at the same concurrency;
-//! 3. `RedisStore` in open loop at half of its best rate: p50, p99;
+//! 3. `RedisStore` in open loop at half of its best rate: p50, p99 (with `BENCH_OPEN_RATES`,
+//!    only the open loop, at those rates, each beside the same schedule of bare `FCALL`s of
+//!    tollgate's function on one redis-rs connection: the latency of the machine itself);
 //! 4. the cluster: `RedisClusterStore` (one multiplexed connection per primary) against a bb8
 //!    pool of 4 cluster connections sending the same `FCALL`;
 //! 5. `MEMORY USAGE` of one key per algorithm.
@@ -197,7 +199,64 @@ where
     S::Future: Send,
 {
     let rule = Arc::new(rule());
-    let keys: Arc<Vec<Key>> = Arc::new((0..CLIENTS).map(|i| Key::text(i.to_string())).collect());
+    scheduled(rate, seconds, move |key| {
+        let (store, rule) = (store.clone(), rule.clone());
+        async move {
+            let result = store
+                .check(&[Charge {
+                    rule: &rule,
+                    key: &key,
+                    cost: 1,
+                }])
+                .await;
+            result.map(std::hint::black_box).is_ok()
+        }
+    })
+    .await
+}
+
+/// [`open_loop`]'s schedule with no store between the checks and Redis: each check is the
+/// same `FCALL` of tollgate's function (one key, one charge), sent on one redis-rs multiplexed
+/// connection, its reply only read. What is left of the latency is the machine's: the
+/// schedule's thread, the runtime and `redis-server` taking turns on its cores.
+async fn open_loop_bare(server: &support::RedisServer, rate: f64, seconds: u64) -> Figures {
+    let (library, function) = RedisStore::function_library();
+    let client = redis::Client::open(server.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let _: redis::Value = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(library)
+        .query_async(&mut conn)
+        .await
+        .expect("FUNCTION LOAD");
+    let charge = "tb:1000000000:3600000000:1000000000:4:1:0";
+    scheduled(rate, seconds, move |key| {
+        let mut conn = conn.clone();
+        async move {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function)
+                .arg(1)
+                .arg(format!("bare:{{{key}}}:bench"))
+                .arg("c")
+                .arg(charge);
+            cmd.query_async::<redis::Value>(&mut conn).await.is_ok()
+        }
+    })
+    .await
+}
+
+/// Starts `check(key)` for a client key `rate` times a second for `seconds` (see
+/// [`open_loop`]); the latencies of the checks that succeeded, from when each was due.
+async fn scheduled<F, Fut>(rate: f64, seconds: u64, check: F) -> Figures
+where
+    F: Fn(Key) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = bool> + Send + 'static,
+{
+    let keys: Vec<Key> = (0..CLIENTS).map(|i| Key::text(i.to_string())).collect();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Option<u32>>();
     let runtime = tokio::runtime::Handle::current();
     let total = (rate * seconds as f64) as u64;
@@ -209,20 +268,10 @@ where
             if due > now {
                 std::thread::sleep(due - now);
             }
-            let (store, rule, keys, tx) = (store.clone(), rule.clone(), keys.clone(), tx.clone());
+            let key = keys[(n.wrapping_mul(0x9E37_79B9) % CLIENTS) as usize].clone();
+            let (checked, tx) = (check(key), tx.clone());
             runtime.spawn(async move {
-                let key = &keys[(n.wrapping_mul(0x9E37_79B9) % CLIENTS) as usize];
-                let result = store
-                    .check(&[Charge {
-                        rule: &rule,
-                        key,
-                        cost: 1,
-                    }])
-                    .await;
-                let latency = result.ok().map(|decision| {
-                    std::hint::black_box(decision);
-                    due.elapsed().as_micros() as u32
-                });
+                let latency = checked.await.then(|| due.elapsed().as_micros() as u32);
                 let _ = tx.send(latency);
             });
         }
@@ -561,6 +610,16 @@ fn main() {
             let f = rt.block_on(open_loop(store.clone(), rate, seconds));
             server_row(
                 &format!("RedisStore, open loop at {rate:.0}/s"),
+                f,
+                f.rate * secs,
+                before,
+                &server,
+            );
+            reset_stats(&server);
+            let before = cpu(&server);
+            let f = rt.block_on(open_loop_bare(&server, rate, seconds));
+            server_row(
+                &format!("bare FCALL (redis-rs), open loop at {rate:.0}/s"),
                 f,
                 f.rate * secs,
                 before,

@@ -28,8 +28,8 @@ const PASSWORD: &str = "p/a?s#s@w:rd";
 /// What the code itself runs, in either form: the server's clock and the state of each
 /// algorithm (strings and lists).
 const IN_THE_CODE: &[&str] = &[
-    "+time", "+get", "+set", "+del", "+pexpire", "+type", "+rpush", "+lindex", "+linsert", "+llen",
-    "+lrem", "+ltrim", "+lrange", "+pttl",
+    "+time", "+get", "+mget", "+set", "+del", "+pexpire", "+type", "+rpush", "+lindex", "+linsert",
+    "+llen", "+lrem", "+ltrim", "+lrange", "+pttl",
 ];
 /// Telling the other replicas of resets and refunds (`<prefix>:forget`), and the breaker's
 /// probe.

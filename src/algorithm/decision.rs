@@ -26,8 +26,9 @@ pub struct Decision {
     /// When it was made, on the store's clock (0: not known).
     made_at: u64,
     /// When each outcome's charge was made, when they differ (a cluster's nodes, each on its
-    /// own clock).
-    times: Option<Box<[u64]>>,
+    /// own clock). Behind one thin pointer: a decision is moved on every request, and at 128
+    /// bytes it moves without a call to `memcpy`.
+    times: Option<Box<Vec<u64>>>,
 }
 
 /// Two decisions are equal when their outcomes are: where they were made does not change them.
@@ -67,10 +68,16 @@ impl Decision {
     /// A decision on one rule.
     #[inline]
     pub fn single(outcome: Outcome) -> Self {
+        Self::single_at(outcome, 0)
+    }
+
+    /// The decision of one rule made at `micros` on the store's clock, built in place (the
+    /// memory store's every decision).
+    pub(crate) fn single_at(outcome: Outcome, micros: u64) -> Self {
         Decision {
-            outcomes: smallvec::smallvec![outcome],
+            outcomes: SmallVec::from_buf_and_len([outcome, Outcome::default()], 1),
             source: DecisionSource::Store,
-            made_at: 0,
+            made_at: micros,
             times: None,
         }
     }
@@ -101,7 +108,8 @@ impl Decision {
     /// The same decision, its `i`-th charge made at `times[i]` (stores whose charges of one
     /// request are made on several clocks: the nodes of a cluster).
     pub fn charged_at_times(mut self, times: impl Into<Box<[u64]>>) -> Self {
-        self.times = Some(times.into());
+        let times: Box<[u64]> = times.into();
+        self.times = Some(Box::new(times.into_vec()));
         self
     }
 

@@ -145,12 +145,11 @@ impl MemoryStore {
     /// Checks and charges `charges` now (the store never waits).
     pub(crate) fn decide(&self, charges: &[Charge<'_>]) -> Decision {
         let now = self.now();
-        let decision = match charges {
-            [] => Decision::default(),
+        match charges {
+            [] => Decision::default().made_at_time(now),
             [charge] => self.check_one(charge, now),
-            _ => self.check_many(charges, now),
-        };
-        decision.made_at_time(now)
+            _ => self.check_many(charges, now).made_at_time(now),
+        }
     }
 
     fn now(&self) -> u64 {
@@ -287,7 +286,7 @@ impl MemoryStore {
         let outcome = self.charge::<false>(&mut shard, hash, charge, now, &mut None);
         #[cfg(feature = "metrics")]
         shard.count_keys();
-        Decision::single(outcome)
+        Decision::single_at(outcome, now)
     }
 
     /// Several rules: their shards locked in ascending order, then each rule checked and charged

@@ -304,7 +304,7 @@ local function check(KEYS, ARGV)
     local out = { now }
     local len = 1
     local shared = #ARGV == 2 and charge_of(ARGV[2])
-    hold()
+    hold(KEYS)
     for i = 1, #KEYS do
       len = charge_one(KEYS[i], shared or charge_of(ARGV[i + 1]), now, out, len)
     end
@@ -320,7 +320,7 @@ local function check(KEYS, ARGV)
     end
     local out = { now }
     local len = 1
-    hold()
+    hold(KEYS)
     for i = 1, #KEYS do
       len = charge_run(KEYS[i], c, now, tonumber(ARGV[i + 2]), out, len)
     end

@@ -95,9 +95,19 @@ local function set_number(key, n, ms)
   HELD_EXPIRY[key] = ms or 0
 end
 
--- Starts holding the values of number keys (a batch).
-local function hold()
+-- Starts holding the values of number keys (a batch), the values of `keys` read at once (one
+-- MGET for the batch in place of a GET per key; a key of another type reads as no value, as
+-- `get_string` does). An ACL user that may not MGET reads them one by one, as before.
+local function hold(keys)
   HELD, HELD_EXPIRY = {}, {}
+  if keys ~= nil and #keys > 1 then
+    local values = pcall_redis('MGET', unpack(keys))
+    if type(values) == 'table' and values.err == nil then
+      for i = 1, #keys do
+        HELD[keys[i]] = tonumber(values[i]) or false
+      end
+    end
+  end
 end
 
 -- Writes every value changed while held, once, and stops holding.

@@ -95,15 +95,16 @@ use crate::store::{Charge, StoreError};
 ///
 /// ```text
 /// ACL SETUSER tollgate on >PASSWORD ~tollgate:* resetchannels &tollgate:forget -@all
-///     +time +get +set +del +pexpire +type +rpush +lindex +linsert +llen +lrem +ltrim
+///     +time +get +mget +set +del +pexpire +type +rpush +lindex +linsert +llen +lrem +ltrim
 ///     +lrange +pttl
 ///     +evalsha +script|load
 ///     +ping +publish +subscribe
 ///     +cluster|slots +asking
 /// ```
 ///
-/// `~tollgate:*` and `&tollgate:forget` are the default prefix's: give yours. `+ping` is the
-/// circuit breaker's probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
+/// `~tollgate:*` and `&tollgate:forget` are the default prefix's: give yours. `+mget` reads the
+/// keys of a batch at once (a user without it reads them one by one, and `ACL LOG` shows the
+/// refused `MGET`). `+ping` is the circuit breaker's probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
 /// other replicas of resets and refunds (their deny caches). The last line is for a cluster
 /// only. With
 /// `+fcall +function|load` in place of `+evalsha +script|load`, a store runs its code as a
