@@ -26,9 +26,8 @@ pub struct Decision {
     /// When it was made, on the store's clock (0: not known).
     made_at: u64,
     /// When each outcome's charge was made, when they differ (a cluster's nodes, each on its
-    /// own clock). Behind one thin pointer: a decision is moved on every request, and at 128
-    /// bytes it moves without a call to `memcpy`.
-    times: Option<Box<Vec<u64>>>,
+    /// own clock).
+    times: Option<Box<[u64]>>,
 }
 
 /// Two decisions are equal when their outcomes are: where they were made does not change them.
@@ -108,8 +107,7 @@ impl Decision {
     /// The same decision, its `i`-th charge made at `times[i]` (stores whose charges of one
     /// request are made on several clocks: the nodes of a cluster).
     pub fn charged_at_times(mut self, times: impl Into<Box<[u64]>>) -> Self {
-        let times: Box<[u64]> = times.into();
-        self.times = Some(Box::new(times.into_vec()));
+        self.times = Some(times.into());
         self
     }
 
