@@ -20,7 +20,7 @@
 //! 3. `RedisStore` in open loop at half of its best rate: p50, p99 (with `BENCH_OPEN_RATES`,
 //!    only the open loop, at those rates, each beside the same schedule of bare `FCALL`s of
 //!    tollgate's function on one redis-rs connection: the latency of the machine itself);
-//! 4. the cluster: `RedisClusterStore` (one multiplexed connection per primary) against a bb8
+//! 4. the cluster: `RedisClusterStore` (one pipelined connection per primary) against a bb8
 //!    pool of 4 cluster connections sending the same `FCALL`;
 //! 5. `MEMORY USAGE` of one key per algorithm.
 
@@ -753,7 +753,7 @@ fn main() {
         );
     }
 
-    // The cluster: the store's one multiplexed connection against a bb8 pool of connections.
+    // The cluster: the store's one connection per node against a bb8 pool of connections.
     let cluster = support::RedisCluster::start();
     println!();
     println!("| cluster (3 primaries) | decisions/s | p50 µs | p99 µs | load average |");
@@ -766,7 +766,7 @@ fn main() {
             .expect("cluster store")
     });
     row(
-        "RedisClusterStore (a multiplexed connection per primary)",
+        "RedisClusterStore (a connection per primary)",
         rt.block_on(closed_loop(store, concurrency, seconds)),
     );
     cluster.on_every_node(

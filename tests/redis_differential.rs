@@ -607,7 +607,7 @@ async fn standalone_batches_on_the_server_clock_match_the_model() {
 
 /// A hot key's checks of one batch, on the server's clock, are decided and answered as one run
 /// (token bucket and GCRA): each answer is the model's one by one, across the first denial
-/// of a run, for costs of one unit and more, and the state the run leaves is the model's.
+/// of a run, for costs of none, one unit and more, and the state the run leaves is the model's.
 #[tokio::test]
 async fn a_hot_keys_run_of_checks_matches_the_model_one_by_one() {
     let server = support::RedisServer::start();
@@ -622,7 +622,7 @@ async fn a_hot_keys_run_of_checks_matches_the_model_one_by_one() {
     let calls_before = code_calls(&server);
     let mut checks_made = 0u64;
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-        for cost in [1, 3] {
+        for cost in [0, 1, 3] {
             let clock = ManualClock::new(0);
             let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
             // 25 units: a batch of 40 is admitted up to its 25th unit, then denied.
@@ -659,6 +659,10 @@ async fn a_hot_keys_run_of_checks_matches_the_model_one_by_one() {
                     actual.iter().any(Decision::allowed) || wave > 0,
                     "{algorithm}, cost {cost}: the first wave admits"
                 );
+                assert!(
+                    cost == 0 || actual.iter().any(|d| !d.allowed()),
+                    "{algorithm}, cost {cost}, wave {wave}: a run goes past its first denial"
+                );
                 tokio::time::sleep(Duration::from_millis(150)).await;
             }
         }
@@ -667,6 +671,199 @@ async fn a_hot_keys_run_of_checks_matches_the_model_one_by_one() {
     assert!(
         calls * 4 < checks_made,
         "{calls} calls for {checks_made} checks: batched"
+    );
+}
+
+/// The decisions of `charges` sent together (their order kept in one call), each equal to the
+/// model's at the time of its call, replayed in the order Redis made them.
+async fn batch_matches_the_model(
+    redis: &RedisStore,
+    memory: &MemoryStore,
+    clock: &ManualClock,
+    charges: &[Charge<'_>],
+    what: &str,
+) -> Vec<Decision> {
+    let actual = futures_util::future::join_all(
+        charges
+            .iter()
+            .map(|charge| redis.check(std::slice::from_ref(charge))),
+    )
+    .await;
+    let actual: Vec<Decision> = actual.into_iter().map(Result::unwrap).collect();
+    let mut order: Vec<usize> = (0..actual.len()).collect();
+    order.sort_by_key(|&i| actual[i].made_at());
+    for i in order {
+        clock.set(actual[i].made_at());
+        let expected = memory
+            .check(std::slice::from_ref(&charges[i]))
+            .await
+            .unwrap();
+        assert_eq!(actual[i], expected, "{what}, check {i}");
+    }
+    actual
+}
+
+/// Runs of one key apart in one call (its state carried between them), runs over a debt (a
+/// forced charge past the budget), and runs over a key that holds another algorithm's value:
+/// each answer is the model's.
+#[tokio::test]
+async fn runs_apart_over_debts_and_over_another_algorithms_value_match_the_model() {
+    use tollgate::store::{Adjustment, Change};
+
+    let server = support::RedisServer::start();
+    let redis = RedisStore::builder(server.url())
+        .pool_size(1)
+        .deny_cache(0)
+        .response_timeout(Duration::from_secs(10))
+        .prefix(support::unique_prefix("runs-apart"))
+        .connect()
+        .await
+        .unwrap();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let clock = ManualClock::new(0);
+        let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let rule = RuleSpec::new(
+            format!("apart-{algorithm}"),
+            algorithm,
+            Limits::new(10, 1_000_000, 25).unwrap(),
+        )
+        .unwrap();
+        let (a, b) = (
+            Key::text(format!("a-{algorithm}")),
+            Key::text(format!("b-{algorithm}")),
+        );
+        let charge = |key: &'static Key, cost| Charge {
+            rule: &rule,
+            key,
+            cost,
+        };
+        let (a, b): (&'static Key, &'static Key) = (Box::leak(Box::new(a)), Box::leak(Box::new(b)));
+        // A's runs apart, B's between them (one charge: runs); 27 units of A's 25 asked: its
+        // last run is denied.
+        let apart: Vec<Charge> = [a, a, a, b, b, a, a, a, a, b, a, a]
+            .iter()
+            .map(|key| charge(key, 3))
+            .collect();
+        batch_matches_the_model(
+            &redis,
+            &memory,
+            &clock,
+            &apart,
+            &format!("{algorithm}, apart"),
+        )
+        .await;
+        // A debt: 60 units more than A holds, whatever its budget.
+        let debt = [Adjustment {
+            rule: &rule,
+            key: a,
+            change: Change::Charge(60),
+            charged_at: 0,
+        }];
+        redis.adjust(&debt).await.unwrap();
+        memory.adjust(&debt).await.unwrap();
+        for cost in [1, 0] {
+            let over_debt: Vec<Charge> = (0..4).map(|_| charge(a, cost)).collect();
+            let what = format!("{algorithm}, over a debt, cost {cost}");
+            let decided = batch_matches_the_model(&redis, &memory, &clock, &over_debt, &what).await;
+            if cost > 0 {
+                assert!(!decided[0].allowed(), "{what}: the debt denies a unit");
+            }
+        }
+    }
+    // A key that holds another algorithm's value: the other algorithm's rule of the same name
+    // and key starts from no state, as the model's rule of its own does.
+    let clock = ManualClock::new(0);
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let limits = Limits::new(10, 1_000_000, 25).unwrap();
+    let gcra = RuleSpec::new("switched", Algorithm::Gcra, limits).unwrap();
+    let bucket = RuleSpec::new("switched", Algorithm::TokenBucket, limits).unwrap();
+    let key = Key::text("switched");
+    let gcra_charges: Vec<Charge> = (0..5)
+        .map(|_| Charge {
+            rule: &gcra,
+            key: &key,
+            cost: 2,
+        })
+        .collect();
+    batch_matches_the_model(&redis, &memory, &clock, &gcra_charges, "gcra first").await;
+    let bucket_charges: Vec<Charge> = (0..30)
+        .map(|_| Charge {
+            rule: &bucket,
+            key: &key,
+            cost: 1,
+        })
+        .collect();
+    batch_matches_the_model(
+        &redis,
+        &memory,
+        &clock,
+        &bucket_charges,
+        "then token bucket",
+    )
+    .await;
+}
+
+/// An ACL user that may not `MGET` gets the same decisions (a batch then reads its keys one
+/// by one).
+#[tokio::test]
+async fn a_user_that_may_not_mget_gets_the_same_decisions() {
+    let server = support::RedisServer::start();
+    let prefix = support::unique_prefix("no-mget");
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("no-mget")
+        .arg("on")
+        .arg(">secret")
+        .arg(format!("~{prefix}:*"))
+        .arg("resetchannels")
+        .arg(format!("&{prefix}:forget"))
+        .arg("-@all")
+        .arg("+time")
+        .arg("+get")
+        .arg("+set")
+        .arg("+del")
+        .arg("+pexpire")
+        .arg("+fcall")
+        .arg("+function|load")
+        .arg("+ping")
+        .arg("+publish")
+        .arg("+subscribe")
+        .query(&mut server.conn())
+        .unwrap();
+    let redis = RedisStore::builder(server.url())
+        .credentials("no-mget", "secret")
+        .pool_size(1)
+        .deny_cache(0)
+        .response_timeout(Duration::from_secs(10))
+        .prefix(&prefix)
+        .connect()
+        .await
+        .unwrap();
+    let clock = ManualClock::new(0);
+    let memory = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let rule = RuleSpec::new(
+        "no-mget",
+        Algorithm::TokenBucket,
+        Limits::new(3, 1_000_000, 3).unwrap(),
+    )
+    .unwrap();
+    let keys: Vec<Key> = (0..4).map(|i| Key::text(format!("k{i}"))).collect();
+    let charges: Vec<Charge> = (0..20)
+        .map(|i| Charge {
+            rule: &rule,
+            key: &keys[i % keys.len()],
+            cost: 1,
+        })
+        .collect();
+    let decided = batch_matches_the_model(&redis, &memory, &clock, &charges, "no MGET").await;
+    assert_eq!(decided.iter().filter(|d| d.allowed()).count(), 12);
+    let refused: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut server.conn())
+        .unwrap();
+    assert!(
+        format!("{refused:?}").contains("mget"),
+        "the batch asked for MGET and was refused: {refused:?}"
     );
 }
 

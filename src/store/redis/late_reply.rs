@@ -62,7 +62,8 @@ pub(crate) fn orphan(
 }
 
 /// The reply of `answered`, which its connection answers by the check's deadline (with
-/// [`StoreError::Timeout`] then).
+/// [`StoreError::Timeout`] then), whatever it waits for (a reply, the code loaded again), as
+/// long as the runtime that runs the connection runs.
 pub(crate) fn received(
     answered: Pin<&mut Answered>,
     cx: &mut Context<'_>,

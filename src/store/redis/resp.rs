@@ -179,7 +179,9 @@ pub(crate) fn integers(buf: &[u8], out: &mut Vec<i64>) -> Integers {
         Read::Partial => return Integers::Partial,
         Read::Other => return Integers::Other,
     };
-    out.reserve(n);
+    // The count is the server's word: room for no more integers than the bytes read can hold
+    // (four bytes each at least).
+    out.reserve(n.min(buf.len() / 4));
     for _ in 0..n {
         match buf.get(at) {
             None => return Integers::Partial,
@@ -335,6 +337,19 @@ mod tests {
         ] {
             assert_eq!(frame(bad), Err(Malformed), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_count_no_reply_could_hold_is_not_believed() {
+        let mut out = Vec::new();
+        for huge in [&b"*9223372036854775807\r\n"[..], b"*100000000000\r\n:1\r\n"] {
+            assert_eq!(integers(huge, &mut out), Integers::Partial);
+            assert!(out.capacity() < 16, "{}", out.capacity());
+        }
+        assert_eq!(
+            integers(b"*99999999999999999999\r\n", &mut out),
+            Integers::Other
+        );
     }
 
     #[test]

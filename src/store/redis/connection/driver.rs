@@ -6,7 +6,9 @@
 //!
 //! A check is written at most once: a call whose reply does not come in time is never sent
 //! again, since the code may have run. Only an answer that says the code did not run (the server
-//! lost it in a restart or a flush) sends its checks again, once, after loading it.
+//! lost it in a restart or a flush) sends its checks again, once, after the connection loaded
+//! it (the load is written on the same stream, so the checks wait for it under their own
+//! deadlines, as every check does).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -29,7 +31,7 @@ use crate::store::breaker::Permit;
 use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
 use crate::store::redis::late_reply::orphan;
 use crate::store::redis::resp::{self, Frame, Integers};
-use crate::store::redis::script::{self, Mode, Request, Shape};
+use crate::store::redis::script::{self, Form, Loaded, Mode, Request, Shape};
 use crate::store::redis::unclaimed::GiveBackOrphan;
 
 /// Bytes read at a time at least (the buffer grows for longer replies).
@@ -37,6 +39,12 @@ const READ_CHUNK: usize = 4096;
 
 /// Emptied lists of checks kept for the next calls.
 const SPARE_LISTS: usize = 8;
+
+/// A read buffer larger than this is let go once emptied (a large reply is rare).
+const MAX_KEPT_INPUT: usize = 64 * 1024;
+
+/// The longest reply read; a longer one ends the connection (no reply of a store comes near).
+const MAX_REPLY: usize = 64 * 1024 * 1024;
 
 /// The task of one connection.
 pub(super) struct Driver {
@@ -72,6 +80,15 @@ pub(super) struct Driver {
 enum Sent {
     Checks(Call),
     Command(Pending),
+    Load(Reload),
+}
+
+/// The code loaded again in `form`, after an answer that said it did not run: `jobs` are sent
+/// again once it is (those still waiting).
+struct Reload {
+    form: Form,
+    jobs: Vec<Job>,
+    permit: Permit,
 }
 
 /// One call of checks.
@@ -79,6 +96,9 @@ struct Call {
     jobs: Vec<Job>,
     /// The earliest deadline of its checks: all are answered `Timeout` then without a reply.
     budget: Instant,
+    /// Until when its reply is waited for after that (a call that takes concurrency slots: a
+    /// late reply gives them back); a connection no handle holds any more ends after it.
+    late: Instant,
     /// The permit the breaker hears the call's outcome with.
     permit: Permit,
     /// Its checks were answered `Timeout` and the breaker told: a reply that comes now only
@@ -93,6 +113,8 @@ struct Pending {
     skip: usize,
     left: usize,
     values: Vec<Value>,
+    /// A reply that could not be read: the commands' answer.
+    failed: Option<RedisError>,
     answer: oneshot::Sender<RedisResult<Vec<Value>>>,
 }
 
@@ -122,6 +144,9 @@ impl Driver {
     /// Reads what the stream has and answers the replies that are whole; whether it read.
     fn read(&mut self, cx: &mut Context<'_>) -> RedisResult<bool> {
         if self.filled == self.input.len() {
+            if self.filled - self.start >= MAX_REPLY {
+                return Err(stream::malformed());
+            }
             if self.start > 0 {
                 self.input.copy_within(self.start..self.filled, 0);
                 self.filled -= self.start;
@@ -200,30 +225,45 @@ impl Driver {
                         pending.skip -= 1;
                         continue;
                     }
-                    pending.left -= 1;
+                    pending.left = pending.left.saturating_sub(1);
                     match value {
                         Ok(value) => pending.values.push(value),
-                        Err(error) => {
-                            // Unreadable: the stream cannot be trusted further.
-                            let Some(Sent::Command(pending)) = self.sent.pop_front() else {
-                                unreachable!("the front was a command");
-                            };
-                            let _ = pending.answer.send(Err(error.clone()));
-                            return Err(error);
-                        }
+                        // A reply redis-rs cannot read, framed all the same: the stream stays
+                        // in step, the commands fail.
+                        Err(error) => pending.failed = Some(error),
                     }
                     if pending.left == 0 {
                         let Some(Sent::Command(pending)) = self.sent.pop_front() else {
                             unreachable!("the front was a command");
                         };
-                        let _ = pending.answer.send(Ok(pending.values));
+                        let reply = match pending.failed {
+                            Some(error) => Err(error),
+                            None => Ok(pending.values),
+                        };
+                        let _ = pending.answer.send(reply);
                     }
+                }
+                Some(Sent::Load(_)) => {
+                    let n = match resp::frame(buf).map_err(|_| stream::malformed())? {
+                        Frame::Partial => break,
+                        Frame::Whole(n) => n,
+                    };
+                    let reply = resp::value(&buf[..n]).and_then(Value::extract_error);
+                    self.start += n;
+                    self.shared.health.answered();
+                    let Some(Sent::Load(load)) = self.sent.pop_front() else {
+                        unreachable!("the front was a load");
+                    };
+                    self.loaded(load, reply);
                 }
             }
         }
         if self.start == self.filled {
             self.start = 0;
             self.filled = 0;
+            if self.input.len() > MAX_KEPT_INPUT {
+                self.input = Vec::new();
+            }
         }
         Ok(())
     }
@@ -324,48 +364,89 @@ impl Driver {
         self.recycle(call.jobs);
     }
 
-    /// The server lost the code (or has no functions): it is loaded again (in the form the
-    /// server takes) by a task of its own, and the checks of `call` go first in the queue.
-    fn reload(&mut self, call: Call, error: RedisError) {
+    /// The server lost the code (or has no functions): it is loaded again on this stream (in
+    /// the form the server takes), and the checks of `call` go first in the queue once it is.
+    /// The calls written after the one that failed fail alike: their checks wait for the same
+    /// load.
+    fn reload(&mut self, mut call: Call, error: RedisError) {
         let Some(checks) = &self.checks else {
-            return;
+            return self.recycle(call.jobs);
         };
-        let (program, form) = (checks.program, checks.form.clone());
-        let owner = self.owner();
-        let conn = super::handle::Connection::handle(&self.shared);
-        let mut jobs = call.jobs;
-        for job in &mut jobs {
+        let form = script::reload_form(checks.form.get(), &error);
+        for job in &mut call.jobs {
             job.resent = true;
         }
-        let permit = call.permit;
-        tokio::spawn(async move {
-            let error = match program.reload(&mut conn.clone(), &form, &error).await {
-                Ok(_) => match conn.requeue(jobs) {
-                    Ok(()) => return,
-                    Err(back) => {
-                        jobs = back;
-                        store_error(conn.server(), stream::closed())
-                    }
-                },
-                Err(error) => {
-                    let answered = is_server_answer(&error);
-                    let error = store_error(conn.server(), error);
-                    if let Some(owner) = &owner {
-                        owner.report(permit, answered, Some(&error));
-                    }
-                    error
-                }
-            };
-            for job in jobs {
-                deliver(&owner, job, Err(error.duplicate()));
-            }
+        let waiting = self.sent.iter_mut().find_map(|sent| match sent {
+            Sent::Load(load) => Some(load),
+            _ => None,
         });
+        match waiting {
+            Some(load) => {
+                load.jobs.append(&mut call.jobs);
+                self.recycle(call.jobs);
+            }
+            None => self.load(form, call.jobs, call.permit),
+        }
     }
 
-    /// Takes the work queued: commands are written at once; a call of checks (at most
-    /// `max_batch`) leaves when none is out, or, up to `max_calls` out, when half a call's
-    /// worth waits: while a call is out, the checks that come wait for it to come back and go
-    /// together, unless there are many. Whether it took any.
+    /// Writes the load of the code in `form`; `jobs` are sent again once it is.
+    fn load(&mut self, form: Form, jobs: Vec<Job>, permit: Permit) {
+        let Some(checks) = &self.checks else {
+            return self.recycle(jobs);
+        };
+        let earliest = jobs.iter().map(|job| job.deadline).min();
+        self.out
+            .extend(checks.program.load_command(form).get_packed_command());
+        self.sent
+            .push_back(Sent::Load(Reload { form, jobs, permit }));
+        if let Some(at) = earliest {
+            self.arm_by(at);
+        }
+    }
+
+    /// The server answered the load of `load`: its checks go again, first in the queue; or
+    /// the script form is loaded where the server takes no function; or they fail.
+    fn loaded(&mut self, load: Reload, reply: RedisResult<Value>) {
+        let Reload {
+            form,
+            mut jobs,
+            permit,
+        } = load;
+        // Those whose requests stopped waiting meanwhile go no further.
+        jobs.retain(|job| job.answer.as_ref().is_some_and(|a| !a.is_closed()));
+        match script::loaded(form, reply) {
+            Loaded::Done => {
+                if let Some(checks) = &self.checks {
+                    checks.form.set(form);
+                }
+                if let Err(jobs) = self.shared.push_front(jobs) {
+                    let owner = self.owner();
+                    let error = store_error(&self.shared.server, stream::closed());
+                    for job in jobs {
+                        deliver(&owner, job, Err(error.duplicate()));
+                    }
+                }
+            }
+            Loaded::TryScript => self.load(Form::Script, jobs, permit),
+            Loaded::Failed(error) => {
+                let owner = self.owner();
+                let answered = is_server_answer(&error);
+                let error = store_error(&self.shared.server, error);
+                if let Some(owner) = &owner {
+                    owner.report(permit, answered, Some(&error));
+                }
+                for job in jobs {
+                    deliver(&owner, job, Err(error.duplicate()));
+                }
+            }
+        }
+    }
+
+    /// Takes the work queued: commands are written at once (ahead of checks that wait for
+    /// room); a call of checks (at most `max_batch`) leaves when none is out, or, up to
+    /// `max_calls` out, when half a call's worth waits: while a call is out, the checks that
+    /// come wait for it to come back and go together, unless there are many. Whether it took
+    /// any.
     fn take_work(&mut self, cx: &mut Context<'_>) -> bool {
         let (max_calls, max_batch) = self
             .checks
@@ -386,13 +467,25 @@ impl Driver {
             }
             let mut checks_taken = 0;
             while let Some(front) = queue.work.front() {
-                if let Work::Check(_) = front {
-                    if checks_taken == room {
-                        break;
-                    }
-                    checks_taken += 1;
+                match front {
+                    Work::Check(_) if checks_taken == room => break,
+                    Work::Check(_) => checks_taken += 1,
+                    Work::Command(_) => queue.commands -= 1,
                 }
                 taken.extend(queue.work.pop_front());
+            }
+            if queue.commands > 0 {
+                // Commands behind checks that wait for room: taken ahead of them (a command
+                // and a check are independent; the checks keep their order).
+                let mut i = 0;
+                while i < queue.work.len() {
+                    if let Work::Command(_) = queue.work[i] {
+                        taken.extend(queue.work.remove(i));
+                        queue.commands -= 1;
+                    } else {
+                        i += 1;
+                    }
+                }
             }
             self.shared.took(checks_taken);
             // The next check wakes the driver when it may leave at once (no call out), or when
@@ -409,11 +502,8 @@ impl Driver {
         let now = if took { Some(Instant::now()) } else { None };
         for work in taken.drain(..) {
             match work {
-                Work::Command(command) => {
-                    let next = self.spare.pop().unwrap_or_default();
-                    self.call_of(std::mem::replace(&mut batch, next), now);
-                    self.command(command);
-                }
+                // Written at once, before the checks taken with it.
+                Work::Command(command) => self.command(command),
                 Work::Check(job) => {
                     batch.push(job);
                     if batch.len() == max_batch {
@@ -437,6 +527,7 @@ impl Driver {
             skip: command.skip,
             left: command.count,
             values: Vec::with_capacity(command.count),
+            failed: None,
             answer: command.answer,
         }));
     }
@@ -461,6 +552,16 @@ impl Driver {
             return self.recycle(jobs);
         };
         let permit = last.permit;
+        // A call that takes concurrency slots waits longer for its reply than its checks do
+        // (a late reply gives them back).
+        let late = if jobs
+            .iter()
+            .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
+        {
+            budget + checks.late_wait
+        } else {
+            budget
+        };
         let requests = jobs.iter().map(|job| Request {
             now: job.now,
             charges: &job.charges[..],
@@ -471,14 +572,13 @@ impl Driver {
         self.sent.push_back(Sent::Checks(Call {
             jobs,
             budget,
+            late,
             permit,
             timed_out: false,
             shape,
         }));
         self.calls_out += 1;
-        if !self.armed {
-            self.arm(budget);
-        }
+        self.arm_by(budget);
     }
 
     /// Keeps an emptied list of checks for a later call (a call's list is allocated once).
@@ -486,6 +586,17 @@ impl Driver {
         jobs.clear();
         if self.spare.len() < SPARE_LISTS && jobs.capacity() > 0 {
             self.spare.push(jobs);
+        }
+    }
+
+    /// Arms the timer for `at`, unless it fires sooner.
+    fn arm_by(&mut self, at: Instant) {
+        let sooner = match &self.timer {
+            Some(timer) if self.armed => timer.deadline() <= at,
+            _ => false,
+        };
+        if !sooner {
+            self.arm(at);
         }
     }
 
@@ -553,27 +664,45 @@ impl Driver {
         let mut next: Option<Instant> = None;
         let mut earliest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
         for sent in &mut self.sent {
-            let Sent::Checks(call) = sent else {
-                continue;
-            };
-            if call.timed_out {
-                continue;
-            }
-            if call.budget > now {
-                earliest(call.budget);
-                continue;
-            }
-            call.timed_out = true;
-            // No longer out: the checks queued behind it go without it.
-            self.calls_out -= 1;
-            self.shared.health.timed_out();
-            if let Some(owner) = &owner {
-                owner.report(call.permit, false, Some(&StoreError::Timeout));
-            }
-            for job in &mut call.jobs {
-                if let Some(answer) = job.answer.take() {
-                    answer.fail(StoreError::Timeout);
+            match sent {
+                Sent::Checks(call) if call.timed_out => {
+                    // Waited for until `late`, when a connection no handle holds may end.
+                    if call.late > now {
+                        earliest(call.late);
+                    }
                 }
+                Sent::Checks(call) if call.budget > now => earliest(call.budget),
+                Sent::Checks(call) => {
+                    call.timed_out = true;
+                    // No longer out: the checks queued behind it go without it.
+                    self.calls_out -= 1;
+                    self.shared.health.timed_out();
+                    if let Some(owner) = &owner {
+                        owner.report(call.permit, false, Some(&StoreError::Timeout));
+                    }
+                    for job in &mut call.jobs {
+                        if let Some(answer) = job.answer.take() {
+                            answer.fail(StoreError::Timeout);
+                        }
+                    }
+                    if call.late > now {
+                        earliest(call.late);
+                    }
+                }
+                Sent::Load(load) => {
+                    // The checks waiting for the code to load wait no longer than any other.
+                    load.jobs.retain_mut(|job| {
+                        if job.deadline > now {
+                            earliest(job.deadline);
+                            return true;
+                        }
+                        if let Some(answer) = job.answer.take() {
+                            answer.fail(StoreError::Timeout);
+                        }
+                        false
+                    });
+                }
+                Sent::Command(_) => {}
             }
         }
         let mut late = Vec::new();
@@ -604,7 +733,10 @@ impl Driver {
         next
     }
 
-    /// Whether the driver may end: no handle is left and nothing it owes can still come.
+    /// Whether the driver may end: no handle is left, nothing is queued, and nothing it sent
+    /// is owed: every call timed out and past the time its reply was waited for (or the link
+    /// went silent: its health broke), every command's caller gone, no check waiting for a
+    /// load.
     fn finished(&self) -> bool {
         if self.shared.handles.load(Ordering::Acquire) > 0 {
             return false;
@@ -612,11 +744,13 @@ impl Driver {
         if !self.shared.lock().work.is_empty() {
             return false;
         }
-        self.shared.health.is_broken()
-            || self.sent.iter().all(|sent| match sent {
-                Sent::Checks(call) => call.timed_out,
-                Sent::Command(pending) => pending.answer.is_closed(),
-            })
+        let broken = self.shared.health.is_broken();
+        let now = Instant::now();
+        self.sent.iter().all(|sent| match sent {
+            Sent::Checks(call) => call.timed_out && (broken || call.late <= now),
+            Sent::Command(pending) => pending.answer.is_closed(),
+            Sent::Load(load) => load.jobs.is_empty(),
+        })
     }
 
     /// Ends the connection: everything queued or owed fails with `error`.
@@ -627,7 +761,11 @@ impl Driver {
         self.ended = true;
         self.shared.health.broke();
         self.shared.ended.store(true, Ordering::Release);
-        let queued = std::mem::take(&mut self.shared.lock().work);
+        let queued = {
+            let mut queue = self.shared.lock();
+            queue.commands = 0;
+            std::mem::take(&mut queue.work)
+        };
         self.shared.queued.store(0, Ordering::Relaxed);
         let owner = self.owner();
         let failure = store_error(&self.shared.server, error.clone());
@@ -643,17 +781,35 @@ impl Driver {
                         deliver(&owner, job, Err(failure.duplicate()));
                     }
                 }
+                Sent::Load(load) => {
+                    if let Some(owner) = &owner {
+                        owner.report(load.permit, false, Some(&failure));
+                    }
+                    for job in load.jobs {
+                        deliver(&owner, job, Err(failure.duplicate()));
+                    }
+                }
                 Sent::Command(pending) => {
                     let _ = pending.answer.send(Err(error.clone()));
                 }
             }
         }
+        // Checks never written go to another connection, where there is one.
+        let mut unsent = Vec::new();
         for work in queued {
             match work {
-                Work::Check(job) => deliver(&owner, job, Err(failure.duplicate())),
+                Work::Check(job) => unsent.push(job),
                 Work::Command(command) => {
                     let _ = command.answer.send(Err(error.clone()));
                 }
+            }
+        }
+        if !unsent.is_empty() {
+            if let Some(owner) = &owner {
+                unsent = owner.retry(unsent);
+            }
+            for job in unsent {
+                deliver(&owner, job, Err(failure.duplicate()));
             }
         }
     }

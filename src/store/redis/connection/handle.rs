@@ -13,7 +13,8 @@ use super::stream;
 use crate::store::redis::health::Health;
 
 /// A handle to one open connection; clones share it. The connection's task ends when the
-/// stream fails or closes, or when no handle is left and nothing it sent is still owed.
+/// stream fails or closes, or when no handle is left and nothing it sent is still owed (a call
+/// that timed out is waited for a while longer only when it takes concurrency slots).
 pub(crate) struct Connection {
     shared: Arc<Shared>,
 }
@@ -40,17 +41,6 @@ impl Connection {
     /// Whether it must be replaced: its stream ended, or its health says so.
     pub(crate) fn is_broken(&self) -> bool {
         self.shared.ended.load(Ordering::Acquire) || self.shared.health.is_broken()
-    }
-
-    /// The server's URL without its password.
-    pub(crate) fn server(&self) -> &std::sync::Arc<str> {
-        &self.shared.server
-    }
-
-    /// Queues `jobs` before everything else (checks sent again after the code was loaded);
-    /// gives them back when the connection has ended.
-    pub(super) fn requeue(&self, jobs: Vec<Job>) -> Result<(), Vec<Job>> {
-        self.shared.push_front(jobs)
     }
 
     /// The checks queued, not yet sent.
@@ -80,6 +70,9 @@ impl Connection {
         skip: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        if skip + count == 0 {
+            return Ok(Vec::new());
+        }
         let (answer, answered) = oneshot::channel();
         let command = Command {
             bytes,

@@ -13,7 +13,7 @@ pub(crate) struct Job {
     /// The time given to the code (with an injected clock).
     pub(crate) now: Option<u64>,
     pub(crate) permit: Permit,
-    /// When its request stops waiting: it is not sent after that, and is answered
+    /// When its request stops waiting: it is put in no call after that, and is answered
     /// [`Timeout`](crate::store::StoreError::Timeout) then if its call has not answered.
     pub(crate) deadline: tokio::time::Instant,
     /// Taken when the request is answered (a reply that comes later gives back the slots it

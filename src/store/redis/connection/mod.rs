@@ -55,6 +55,7 @@ pub(crate) async fn open(
             waker: None,
             wants_checks: false,
             wake_at: 0,
+            commands: 0,
         }),
         health: Health::new(response_timeout),
         handles: AtomicUsize::new(1),

@@ -22,6 +22,10 @@ pub(crate) trait Owner: Send + Sync + 'static {
     /// Gives back the concurrency slots of a reply no request read (it came after its request
     /// stopped waiting): each refund, with the time its slots were taken.
     fn give_back(&self, now: Option<u64>, refunds: Vec<(u64, Prepared)>);
+
+    /// Queues `jobs`, never written, on another connection (theirs ended); the ones no
+    /// connection took come back.
+    fn retry(&self, jobs: Vec<Job>) -> Vec<Job>;
 }
 
 /// How a connection sends checks: the code, the form the server runs it in, the size of a
@@ -34,6 +38,9 @@ pub(crate) struct Checks {
     /// The most calls of checks out at once: the checks that come meanwhile wait and go
     /// together in the next.
     pub(crate) max_calls: usize,
+    /// How long past its checks' deadline the reply of a call that takes concurrency slots is
+    /// waited for (a late reply gives them back).
+    pub(crate) late_wait: std::time::Duration,
     pub(crate) owner: Weak<dyn Owner>,
 }
 
@@ -41,7 +48,8 @@ pub(crate) struct Checks {
 pub(crate) struct Shared {
     pub(crate) queue: Mutex<Queue>,
     pub(crate) health: Health,
-    /// The handles alive: with none left, the driver ends once nothing it sent is owed.
+    /// The handles alive: with none left, the driver ends once nothing it sent is owed (see
+    /// the driver's `finished`).
     pub(crate) handles: AtomicUsize,
     /// The driver ended (the stream failed or closed): nothing is queued any more.
     pub(crate) ended: AtomicBool,
@@ -63,6 +71,8 @@ pub(crate) struct Queue {
     pub(crate) waker: Option<Waker>,
     /// Whether a new check wakes it (no call of checks is out); a command always does.
     pub(crate) wants_checks: bool,
+    /// Commands in `work`.
+    pub(crate) commands: usize,
     /// With calls out and room for another, the checks queued that wake it (0: none do).
     pub(crate) wake_at: usize,
 }
@@ -83,7 +93,10 @@ impl Shared {
                 let queued = self.queued.fetch_add(1, Ordering::Relaxed) + 1;
                 queue.wants_checks || queue.wake_at > 0 && queued >= queue.wake_at
             }
-            Work::Command(_) => true,
+            Work::Command(_) => {
+                queue.commands += 1;
+                true
+            }
         };
         queue.work.push_back(work);
         let waker = if wake { queue.waker.take() } else { None };

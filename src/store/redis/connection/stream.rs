@@ -1,5 +1,7 @@
 //! Opening a connection: TCP (or TLS over it, feature `tls`) to a server's address, then signing
-//! in (`AUTH`) and choosing the database (`SELECT`) before anything else is sent.
+//! in (`AUTH`), choosing the database (`SELECT`) and a `PING`, answered before anything else is
+//! sent: a server that refuses the connection (its client limit, a password it wants) says so
+//! while it is being opened.
 
 use std::io;
 use std::pin::Pin;
@@ -24,6 +26,10 @@ pub(crate) struct Target {
     /// TLS over the TCP connection, with the settings every connection of the store shares.
     #[cfg(feature = "tls")]
     tls: Option<Arc<super::tls::Tls>>,
+    /// The address asks for TLS, which this build cannot speak (the builders refuse such a
+    /// URL before): never opened in the clear.
+    #[cfg(not(feature = "tls"))]
+    wants_tls: bool,
 }
 
 impl Target {
@@ -39,8 +45,6 @@ impl Target {
             other => (other.to_string(), 0, false),
         };
         let settings = info.redis_settings();
-        #[cfg(not(feature = "tls"))]
-        let _ = over_tls;
         Target {
             host,
             port,
@@ -49,6 +53,8 @@ impl Target {
             db: settings.db(),
             #[cfg(feature = "tls")]
             tls: tls.filter(|_| over_tls),
+            #[cfg(not(feature = "tls"))]
+            wants_tls: over_tls,
         }
     }
 
@@ -66,8 +72,15 @@ impl Target {
         self.db
     }
 
-    /// Connects, signs in and selects the database.
+    /// Connects, signs in, selects the database and pings.
     pub(crate) async fn open(&self) -> RedisResult<Stream> {
+        #[cfg(not(feature = "tls"))]
+        if self.wants_tls {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "a rediss:// URL needs tollgate's feature `tls`",
+            )));
+        }
         let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
         // Checks are small writes that must leave at once.
         tcp.set_nodelay(true)?;
@@ -92,15 +105,15 @@ impl Target {
             hello.extend(resp::command(&[b"SELECT", self.db.to_string().as_bytes()]));
             replies += 1;
         }
-        if replies > 0 {
-            stream.write_all(&hello).await?;
-            let mut buf = Vec::with_capacity(256);
-            for _ in 0..replies {
-                let frame = read_frame(&mut stream, &mut buf).await?;
-                let reply = resp::value(&buf[..frame]);
-                buf.drain(..frame);
-                reply?.extract_error()?;
-            }
+        hello.extend(resp::command(&[b"PING"]));
+        replies += 1;
+        stream.write_all(&hello).await?;
+        let mut buf = Vec::with_capacity(256);
+        for _ in 0..replies {
+            let frame = read_frame(&mut stream, &mut buf).await?;
+            let reply = resp::value(&buf[..frame]);
+            buf.drain(..frame);
+            reply?.extract_error()?;
         }
         Ok(stream)
     }

@@ -17,8 +17,9 @@ pub(crate) struct Tls {
     ca: Option<Vec<u8>>,
     /// The client certificate chain and its private key (PEM).
     client_cert: Option<(Vec<u8>, Vec<u8>)>,
-    /// Made at the first connection (the system's roots are read then), or why it cannot be.
-    config: OnceLock<Result<Arc<ClientConfig>, String>>,
+    /// Made at the first connection that succeeds in making it (the system's roots are read
+    /// then, once).
+    config: OnceLock<Arc<ClientConfig>>,
 }
 
 impl Tls {
@@ -39,16 +40,22 @@ impl Tls {
         tcp: TcpStream,
     ) -> io::Result<TlsStream<TcpStream>> {
         let config = self.config()?;
-        let name = ServerName::try_from(host.to_owned())
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let name = ServerName::try_from(host.to_owned()).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{host:?} cannot name a TLS server ({e}); use its DNS name or IP address"),
+            )
+        })?;
         TlsConnector::from(config).connect(name, tcp).await
     }
 
     fn config(&self) -> io::Result<Arc<ClientConfig>> {
-        self.config
-            .get_or_init(|| self.make().map(Arc::new))
-            .clone()
-            .map_err(io::Error::other)
+        if let Some(config) = self.config.get() {
+            return Ok(config.clone());
+        }
+        // Not kept when it fails: a system whose roots could not be read is asked again.
+        let config = Arc::new(self.make().map_err(io::Error::other)?);
+        Ok(self.config.get_or_init(|| config).clone())
     }
 
     fn make(&self) -> Result<ClientConfig, String> {

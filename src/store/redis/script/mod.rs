@@ -102,24 +102,36 @@ impl Program {
     /// Loads the code on a server: the function library, or the script where the server has no
     /// functions. Says which form the server runs.
     pub(crate) async fn load<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<Form> {
-        let mut cmd = redis::cmd("FUNCTION");
-        cmd.arg("LOAD").arg(&self.library);
-        match cmd.query_async::<Value>(conn).await {
-            Ok(_) => Ok(Form::Function),
-            Err(e) if already_loaded(&e) => Ok(Form::Function),
-            // No functions, or an account not allowed to load them: the script form.
-            Err(e) if unknown_command(&e) || no_permission(&e) => {
-                self.load_script(conn).await?;
-                Ok(Form::Script)
+        self.load_form(conn, Form::Function).await
+    }
+
+    /// Loads the code in `form`, or in the script form where the server takes no function.
+    async fn load_form<C: ConnectionLike>(&self, conn: &mut C, form: Form) -> RedisResult<Form> {
+        let mut form = form;
+        loop {
+            let reply = conn
+                .req_packed_command(&self.load_command(form))
+                .await
+                .and_then(Value::extract_error);
+            match loaded(form, reply) {
+                Loaded::Done => return Ok(form),
+                Loaded::TryScript => form = Form::Script,
+                Loaded::Failed(e) => return Err(e),
             }
-            Err(e) => Err(e),
         }
     }
 
-    async fn load_script<C: ConnectionLike>(&self, conn: &mut C) -> RedisResult<()> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(&self.script);
-        cmd.query_async::<Value>(conn).await.map(drop)
+    /// The command that loads the code in `form` (`FUNCTION LOAD`, `SCRIPT LOAD`).
+    pub(crate) fn load_command(&self, form: Form) -> redis::Cmd {
+        let mut cmd = match form {
+            Form::Function => redis::cmd("FUNCTION"),
+            Form::Script => redis::cmd("SCRIPT"),
+        };
+        cmd.arg("LOAD").arg(match form {
+            Form::Function => &self.library,
+            Form::Script => &self.script,
+        });
+        cmd
     }
 
     /// Writes the call of `requests` in `form` into `out` as one command: `FCALL` of the
@@ -263,16 +275,37 @@ impl Program {
         form: &ServerForm,
         error: &RedisError,
     ) -> RedisResult<Form> {
-        let loaded = match (form.get(), unknown_command(error)) {
-            // No FCALL here: the script form from now on.
-            (Form::Function, true) | (Form::Script, _) => {
-                self.load_script(conn).await?;
-                Form::Script
-            }
-            (Form::Function, false) => self.load(conn).await?,
-        };
+        let loaded = self.load_form(conn, reload_form(form.get(), error)).await?;
         form.set(loaded);
         Ok(loaded)
+    }
+}
+
+/// The form to load after `error` said the code did not run on a server last seen running
+/// `current`: the script form when the server has no `FCALL`, else the form it lost.
+pub(crate) fn reload_form(current: Form, error: &RedisError) -> Form {
+    match (current, unknown_command(error)) {
+        (Form::Function, true) | (Form::Script, _) => Form::Script,
+        (Form::Function, false) => Form::Function,
+    }
+}
+
+/// What a server's answer to loading the code in some form means.
+pub(crate) enum Loaded {
+    /// Loaded (or already there).
+    Done,
+    /// No functions, or an account not allowed to load them: the script form instead.
+    TryScript,
+    Failed(RedisError),
+}
+
+/// What `reply` (error answers as errors) to loading the code in `form` means.
+pub(crate) fn loaded(form: Form, reply: RedisResult<Value>) -> Loaded {
+    match (form, reply) {
+        (_, Ok(_)) => Loaded::Done,
+        (Form::Function, Err(e)) if already_loaded(&e) => Loaded::Done,
+        (Form::Function, Err(e)) if unknown_command(&e) || no_permission(&e) => Loaded::TryScript,
+        (_, Err(e)) => Loaded::Failed(e),
     }
 }
 

@@ -11,9 +11,9 @@ use crate::store::redis::remote::Sent;
 use crate::store::redis::script::Prepared;
 
 impl Standalone {
-    /// Sends one check: queued for the next call of a connection in turn (sent at once when
-    /// none of its calls is out), answered within the check's time budget. When no connection
-    /// works, one is opened first. Called on a Tokio runtime.
+    /// Sends one check: queued for the next call of the first connection that keeps up (sent at
+    /// once when none of its calls is out), answered within the check's time budget. When no
+    /// connection works, one is opened first. Called on a Tokio runtime.
     pub(super) fn queue(self: &Arc<Self>, charges: Vec<Prepared>, now: Option<u64>) -> Sent {
         let Some(permit) = self.breaker.admit() else {
             return Sent::Deciding(Box::pin(std::future::ready(Err(StoreError::CircuitOpen))));

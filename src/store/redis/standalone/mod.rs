@@ -7,7 +7,7 @@ mod pool;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,6 +27,7 @@ use crate::store::redis::remote::{Parts, Remote, Sent, Transport, store_by_remot
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
 use crate::store::redis::settings::{MAX_BATCH, Settings, settings_setters};
 use crate::store::{Charge, StoreError};
+use crate::throttle::Every;
 
 /// The Redis store: every replica that connects to the same server shares the same budgets.
 ///
@@ -51,9 +52,13 @@ use crate::store::{Charge, StoreError};
 /// rule's [`FailureMode`](crate::FailureMode) decides. To refuse to start without Redis, use
 /// [`connect`](RedisStoreBuilder::connect) instead.
 ///
-/// Checks take the store's connections in turn ([`pool_size`](RedisStoreBuilder::pool_size),
-/// default 2); each connection sends the checks that queue while its calls are out together,
-/// in one call. A connection whose stream fails is replaced; one that runs out of time is kept
+/// Checks go to the first of the store's connections that keeps up (at most
+/// [`pool_size`](RedisStoreBuilder::pool_size), default 2); each connection sends the checks
+/// that queue while its call is out together, in one call. Each connection is driven by a task
+/// on the Tokio runtime that opened it, which also times its checks out: keep that runtime
+/// running while the store is used (a runtime that is dropped ends its connections, and the
+/// store opens others; a current-thread runtime left idle outside `block_on` would leave the
+/// checks sent through its connections waiting). A connection whose stream fails is replaced; one that runs out of time is kept
 /// until nothing has come back on it for a while (three response timeouts, at least a second),
 /// as one slow moment of a server times out every check in flight.
 /// See [`store`](crate::store#redis-and-redis-cluster) for what a check does, the keys and their
@@ -104,7 +109,8 @@ use crate::store::{Charge, StoreError};
 ///
 /// `~tollgate:*` and `&tollgate:forget` are the default prefix's: give yours. `+mget` reads the
 /// keys of a batch at once (a user without it reads them one by one, and `ACL LOG` shows the
-/// refused `MGET`). `+ping` is the circuit breaker's probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
+/// refused `MGET`). `+ping` checks each connection as it opens, and is the circuit breaker's
+/// probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
 /// other replicas of resets and refunds (their deny caches). The last line is for a cluster
 /// only. With
 /// `+fcall +function|load` in place of `+evalsha +script|load`, a store runs its code as a
@@ -140,6 +146,10 @@ pub(crate) struct Standalone {
     connections: Mutex<Vec<Connection>>,
     /// A connection is being opened in the background to fill the pool.
     filling: AtomicBool,
+    /// When the background's last attempt to open one failed (Unix microseconds; 0: never).
+    fill_failed_at: AtomicU64,
+    /// When it last said so.
+    fill_warned: Every,
     /// The connection being opened for checks (when the pool has none), if any.
     opening: Opening<Connection>,
     breaker: Breaker,
@@ -293,6 +303,8 @@ impl RedisStoreBuilder {
             form: Arc::default(),
             connections: Mutex::new(Vec::new()),
             filling: AtomicBool::new(false),
+            fill_failed_at: AtomicU64::new(0),
+            fill_warned: Every::default(),
             breaker,
             parts: Parts::new(self.settings),
             opening: Opening::default(),

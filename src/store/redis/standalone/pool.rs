@@ -1,16 +1,21 @@
-//! The server's connections: at most `pool_size`, taken in turn by the checks; one that breaks
-//! is dropped and another opened in its place, in the background, or by the checks themselves
-//! when none is left.
+//! The server's connections: at most `pool_size`, the first that keeps up taking the checks;
+//! one that breaks is dropped and another opened in its place, in the background, or by the
+//! checks themselves when none is left.
 
 use std::sync::Weak;
 use std::sync::atomic::Ordering;
 
 use super::Standalone;
+use crate::clock::unix_micros;
 use crate::store::StoreError;
 use crate::store::redis::access;
-use crate::store::redis::connection::{self, Checks, Connection, Owner};
+use crate::store::redis::connection::{self, Checks, Connection, Job, Owner};
 use crate::store::redis::error::AtServer;
 use crate::store::redis::opening::Done;
+use crate::store::redis::settings::late_reply_wait;
+
+/// The least time between two attempts of the background to open a connection after one failed.
+const FILL_RETRY_MICROS: u64 = 1_000_000;
 
 /// Opens a connection for the checks waiting (see `Standalone::open`), adds it to the pool, and
 /// tells them.
@@ -37,6 +42,7 @@ impl Standalone {
             form: self.form.clone(),
             max_batch: self.max_batch,
             max_calls: self.calls_per_connection,
+            late_wait: late_reply_wait(self.parts.settings.response_timeout),
             owner,
         };
         let settings = &self.parts.settings;
@@ -87,10 +93,15 @@ impl Standalone {
         picked
     }
 
-    /// Opens a connection in the background for the pool, unless one is being opened (or the
-    /// store has not connected yet: its first connection comes first).
+    /// Opens a connection in the background for the pool, unless one is being opened, the last
+    /// attempt failed less than a second ago, or the store has not connected yet (its first
+    /// connection comes first). A failure is logged at most once a minute.
     fn fill(&self) {
-        if !self.parts.startup.is_connected() || self.filling.swap(true, Ordering::AcqRel) {
+        if !self.parts.startup.is_connected()
+            || unix_micros().saturating_sub(self.fill_failed_at.load(Ordering::Relaxed))
+                < FILL_RETRY_MICROS
+            || self.filling.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let (Some(me), Ok(runtime)) = (self.me.upgrade(), tokio::runtime::Handle::try_current())
@@ -99,8 +110,20 @@ impl Standalone {
             return;
         };
         runtime.spawn(async move {
-            if let Ok(conn) = me.open_connection().await {
-                me.add(conn);
+            match me.open_connection().await {
+                Ok(conn) => me.add(conn),
+                Err(error) => {
+                    let now = unix_micros();
+                    me.fill_failed_at.store(now, Ordering::Relaxed);
+                    if me.fill_warned.due(now, 60_000_000) {
+                        tracing::warn!(
+                            server = &*me.server,
+                            error = %access::explained(&error),
+                            "tollgate: cannot open another connection to Redis (reported at most \
+                             once a minute)"
+                        );
+                    }
+                }
             }
             me.filling.store(false, Ordering::Release);
         });
@@ -145,5 +168,20 @@ impl Owner for Standalone {
         if let Some(me) = self.me.upgrade() {
             crate::store::redis::remote::give_back_orphan(me, now, refunds);
         }
+    }
+
+    fn retry(&self, jobs: Vec<Job>) -> Vec<Job> {
+        let mut left = Vec::new();
+        for job in jobs {
+            match self.pick() {
+                Some(conn) => {
+                    if let Err(job) = conn.check(job) {
+                        left.push(job);
+                    }
+                }
+                None => left.push(job),
+            }
+        }
+        left
     }
 }
