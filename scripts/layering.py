@@ -28,6 +28,7 @@ RANKS = {
     6: ["observe"],
     7: ["engine"],
     8: ["layer", "service", "future", "body", "limiter", "grpc", "client", "testing"],
+    9: ["replay"],
 }
 
 RANK_OF = {module: rank for rank, modules in RANKS.items() for module in modules}

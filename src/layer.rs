@@ -112,6 +112,13 @@ impl<St> RateLimitLayer<St> {
             PolicyInForce::Fixed(_) => None,
         }
     }
+
+    /// The route patterns the policy in force names, each once, in order.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn routes(&self) -> Vec<String> {
+        let snapshot = self.engine.snapshot();
+        snapshot.resolver.routes().map(str::to_owned).collect()
+    }
 }
 
 impl<St> Clone for RateLimitLayer<St> {

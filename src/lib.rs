@@ -336,7 +336,8 @@
 //!   store latency and errors, breakers, the memory store, policy reloads); install any
 //!   exporter, such as `metrics-exporter-prometheus`. See [`observe`].
 //! * `testing`: [`testing`] (answers in typed form) and `clock(..)` on the Redis store
-//!   builders, for tests and simulations.
+//!   builders, for tests and simulations; with `axum`, [`replay`]: recorded traffic through a
+//!   real layer, and a report of what each rule, tier, tenant and route admitted.
 //! * `tls`: TLS to Redis (`rediss://`) for both Redis stores, with rustls and its ring
 //!   provider (no system OpenSSL): `tls_ca` and `tls_client_cert` on their builders. Enables
 //!   `redis`.
@@ -380,6 +381,10 @@
     not(feature = "testing"),
     doc = "[`testing`]: https://docs.rs/tollgate/latest/tollgate/testing/index.html"
 )]
+#![cfg_attr(
+    not(all(feature = "testing", feature = "axum")),
+    doc = "[`replay`]: https://docs.rs/tollgate/latest/tollgate/replay/index.html"
+)]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -398,6 +403,8 @@ mod layer;
 mod limiter;
 pub mod observe;
 pub mod policy;
+#[cfg(all(feature = "testing", feature = "axum"))]
+pub mod replay;
 mod response;
 mod service;
 mod shed;

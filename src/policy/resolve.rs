@@ -104,6 +104,12 @@ pub(crate) struct Resolved<'a> {
 }
 
 impl Resolver {
+    /// Every route some rule set is for, in name order.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &str> {
+        self.route_names.iter().map(|route| &**route)
+    }
+
     /// The most specific rule set for a request of `tenant` (see [`Policy`]).
     pub(crate) fn resolve<'a>(&'a self, tenant: Option<&Tenant>, parts: &Parts) -> Resolved<'a> {
         let listed = tenant.and_then(|t| self.tenants.get(t.id()));

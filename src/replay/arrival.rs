@@ -1,0 +1,108 @@
+//! [`Arrival`]: one recorded request, as much of it as a policy keys on.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue, Method};
+
+/// One request of recorded traffic: when it came, from where, to what, and who sent it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tollgate::replay::Arrival;
+///
+/// let arrival = Arrival::get(Duration::from_millis(250), "/search")
+///     .ip("203.0.113.7".parse().unwrap())
+///     .key("pro-1");
+/// assert_eq!(arrival.path, "/search");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Arrival {
+    /// When it came, on any scale (seconds since the Unix epoch from a file): the replay keeps
+    /// the differences from the first arrival.
+    pub at: Duration,
+    /// The client's address: the socket peer the layer sees (none: a request without one).
+    pub ip: Option<IpAddr>,
+    /// Its method.
+    pub method: Method,
+    /// Its path and query (`/search?q=x`).
+    pub path: String,
+    /// Its API key or tenant key, sent in the replay's key header (default `x-api-key`).
+    pub key: Option<String>,
+    /// Its cost, sent in the replay's cost header when one is set
+    /// ([`Replay::cost_header`](super::Replay::cost_header)).
+    pub cost: Option<u64>,
+    /// Other request headers.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The status it was answered with when it was recorded (from an access log), if known.
+    pub status: Option<u16>,
+    /// The line of the file it was read from (none for arrivals made in code).
+    pub line: Option<u64>,
+}
+
+impl Arrival {
+    /// A request of `method` to `path` at `at`.
+    pub fn new(at: Duration, method: Method, path: impl Into<String>) -> Self {
+        Arrival {
+            at,
+            ip: None,
+            method,
+            path: path.into(),
+            key: None,
+            cost: None,
+            headers: Vec::new(),
+            status: None,
+            line: None,
+        }
+    }
+
+    /// A `GET` of `path` at `at`.
+    pub fn get(at: Duration, path: impl Into<String>) -> Self {
+        Self::new(at, Method::GET, path)
+    }
+
+    /// Sets the client's address.
+    pub fn ip(mut self, ip: IpAddr) -> Self {
+        self.ip = Some(ip);
+        self
+    }
+
+    /// Sets the API key (or whatever the replay's key header carries).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the cost.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// Adds a request header.
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// Sets the status it was answered with when recorded.
+    pub fn status(mut self, status: u16) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Sets the line of the file it came from.
+    pub fn line(mut self, line: u64) -> Self {
+        self.line = Some(line);
+        self
+    }
+
+    /// Where it came from, for error messages: `line N` or `arrival N` (counted from 1).
+    pub(super) fn place(&self, index: usize) -> String {
+        match self.line {
+            Some(line) => format!("line {line}"),
+            None => format!("arrival {}", index + 1),
+        }
+    }
+}

@@ -1,0 +1,340 @@
+//! [`Replay`]: recorded traffic sent through a real layer, one request after another, on the
+//! store's clock.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::any;
+use http::{HeaderName, HeaderValue, Request, StatusCode};
+use tower_service::Service;
+
+use super::arrival::Arrival;
+use super::report::{Replayed, Report};
+use super::traffic::TrafficError;
+use crate::clock::{Clock, ManualClock};
+use crate::observe::DecisionHook;
+use crate::store::Store;
+use crate::{ConfigError, RateLimitLayerBuilder};
+
+/// Why a replay stopped.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// A line of the traffic could not be read.
+    Traffic(TrafficError),
+    /// The layer did not build.
+    Config(ConfigError),
+    /// A route could not be served by an axum `Router` (its pattern, and axum's reason).
+    Route {
+        /// The route pattern.
+        route: String,
+        /// Why axum refused it.
+        message: String,
+    },
+    /// An arrival came before the one ahead of it: traffic must be in time order.
+    OutOfOrder {
+        /// `line N` or `arrival N`.
+        place: String,
+        /// How far before the arrival ahead of it.
+        by: Duration,
+    },
+    /// An arrival could not be made into a request (a path, key or cost a request cannot carry).
+    Request {
+        /// `line N` or `arrival N`.
+        place: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The layer answered a request without deciding it once (no decision event, or more than
+    /// one).
+    Decision {
+        /// `line N` or `arrival N`.
+        place: String,
+        /// How many decision events it had.
+        events: usize,
+    },
+}
+
+impl fmt::Display for ReplayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReplayError::Traffic(e) => write!(f, "traffic: {e}"),
+            ReplayError::Config(e) => write!(f, "the layer does not build: {e}"),
+            ReplayError::Route { route, message } => {
+                write!(
+                    f,
+                    "the route `{route}` cannot be served by an axum Router: {message}"
+                )
+            }
+            ReplayError::OutOfOrder { place, by } => write!(
+                f,
+                "{place}: comes {by:?} before the arrival ahead of it; sort the traffic by time"
+            ),
+            ReplayError::Request { place, message } => write!(f, "{place}: {message}"),
+            ReplayError::Decision { place, events } => write!(
+                f,
+                "{place}: the layer answered with {events} decision events instead of one"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReplayError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReplayError::Traffic(e) => Some(e),
+            ReplayError::Config(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<TrafficError> for ReplayError {
+    fn from(e: TrafficError) -> Self {
+        ReplayError::Traffic(e)
+    }
+}
+
+impl From<ConfigError> for ReplayError {
+    fn from(e: ConfigError) -> Self {
+        ReplayError::Config(e)
+    }
+}
+
+/// Recorded traffic sent through a real [`RateLimitLayer`](crate::RateLimitLayer), built from
+/// your builder, with a report of what it admitted and denied.
+///
+/// The layer is applied with `Router::layer` to an axum `Router` that serves every route the
+/// policy names (and those of [`routes`](Replay::routes)) with `200 OK`, and every other path
+/// with the same answer as a fallback: rules by route see the route pattern, as in your
+/// service. Each request carries its arrival's address as the socket peer (axum's
+/// `ConnectInfo`), its key in [`key_header`](Replay::key_header), its cost in
+/// [`cost_header`](Replay::cost_header) if one is set, and its other headers. Requests are
+/// sent one at a time, each answered and its body read to the end before the next (a
+/// concurrency limit sees one in flight).
+///
+/// Time: with [`clock`](Replay::clock), the store's [`ManualClock`] is moved to each arrival's
+/// time (from its reading when the replay starts), so a day of traffic replays in seconds and
+/// the same traffic always gets the same answers. Without one, requests are sent at their
+/// times, in real time (for a store on its own clock, such as Redis's).
+///
+/// The replay installs its own [decision hook](crate::RateLimitLayerBuilder::decision_hook)
+/// on the builder, in place of any other.
+#[must_use = "a replay does nothing until it is run"]
+pub struct Replay<St> {
+    builder: RateLimitLayerBuilder<St>,
+    clock: Option<ManualClock>,
+    routes: Vec<String>,
+    key_header: HeaderName,
+    cost_header: Option<HeaderName>,
+    keep_decisions: bool,
+}
+
+impl<St: Store> Replay<St> {
+    /// A replay through the layer `builder` builds.
+    pub fn new(builder: RateLimitLayerBuilder<St>) -> Self {
+        Replay {
+            builder,
+            clock: None,
+            routes: Vec::new(),
+            key_header: HeaderName::from_static("x-api-key"),
+            cost_header: None,
+            keep_decisions: false,
+        }
+    }
+
+    /// The store's clock, moved to each arrival's time.
+    pub fn clock(mut self, clock: ManualClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Route patterns to serve besides those the policy names (`/users/{id}`), so that the
+    /// report counts requests by them.
+    pub fn routes<I, S>(mut self, routes: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.routes.extend(routes.into_iter().map(Into::into));
+        self
+    }
+
+    /// The header an arrival's key is sent in (default `x-api-key`).
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key_header = name;
+        self
+    }
+
+    /// The header an arrival's cost is sent in (default: none, costs are not sent), for rules
+    /// whose [`Cost`](crate::Cost) reads it.
+    pub fn cost_header(mut self, name: HeaderName) -> Self {
+        self.cost_header = Some(name);
+        self
+    }
+
+    /// Keeps each request's decision in [`Report::decisions`] (default off).
+    pub fn keep_decisions(mut self, keep: bool) -> Self {
+        self.keep_decisions = keep;
+        self
+    }
+
+    /// Replays arrivals made in code.
+    pub async fn run<I>(self, arrivals: I) -> Result<Report, ReplayError>
+    where
+        I: IntoIterator<Item = Arrival>,
+    {
+        self.run_traffic(arrivals.into_iter().map(Ok)).await
+    }
+
+    /// Replays traffic read from a file ([`Traffic`](super::Traffic)), stopping at its first
+    /// bad line.
+    pub async fn run_traffic<I>(self, traffic: I) -> Result<Report, ReplayError>
+    where
+        I: IntoIterator<Item = Result<Arrival, TrafficError>>,
+    {
+        let (hook, mut events) = DecisionHook::channel(16);
+        let layer = self.builder.decision_hook(hook).build()?;
+        let mut routes = layer.routes();
+        routes.extend(self.routes);
+        routes.sort();
+        routes.dedup();
+
+        let served = Arc::new(AtomicU64::new(0));
+        let answer = {
+            let served = served.clone();
+            move || {
+                served.fetch_add(1, Ordering::Relaxed);
+                async { StatusCode::OK }
+            }
+        };
+        let mut router = Router::new();
+        for route in routes {
+            let answer = answer.clone();
+            let pattern = route.clone();
+            // axum refuses some patterns by panicking (`:id`, two names for one segment).
+            router = catch_unwind(AssertUnwindSafe(move || {
+                router.route(&pattern, any(answer))
+            }))
+            .map_err(|panic| ReplayError::Route {
+                route,
+                message: panic_message(&panic),
+            })?;
+        }
+        let mut router = router.fallback(any(answer)).layer(layer);
+
+        let origin = self.clock.as_ref().map(Clock::now_micros);
+        let started = tokio::time::Instant::now();
+        let mut first: Option<Duration> = None;
+        let mut last = Duration::ZERO;
+        let mut report = Report::default();
+        for (index, arrival) in traffic.into_iter().enumerate() {
+            let arrival = arrival?;
+            let place = || arrival.place(index);
+            let first = *first.get_or_insert(arrival.at);
+            if arrival.at < last {
+                return Err(ReplayError::OutOfOrder {
+                    place: place(),
+                    by: last - arrival.at,
+                });
+            }
+            last = arrival.at;
+            let offset = arrival.at - first;
+            match (&self.clock, origin) {
+                (Some(clock), Some(origin)) => {
+                    let micros = u64::try_from(offset.as_micros()).unwrap_or(u64::MAX);
+                    clock.set(origin.saturating_add(micros));
+                }
+                _ => tokio::time::sleep_until(started + offset).await,
+            }
+            let request = request_of(&arrival, &self.key_header, self.cost_header.as_ref())
+                .map_err(|message| ReplayError::Request {
+                    place: place(),
+                    message,
+                })?;
+
+            let before = served.load(Ordering::Relaxed);
+            let _ = poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut router, cx)).await;
+            let response = match router.call(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+            let status = response.status();
+            // Read to the end, as a client would: a held slot is given back there.
+            let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+            let admitted = served.load(Ordering::Relaxed) > before;
+
+            let mut decided = None;
+            let mut count = 0;
+            while let Ok(event) = events.try_recv() {
+                count += 1;
+                decided = Some(event);
+            }
+            let (1, Some(event)) = (count, decided) else {
+                return Err(ReplayError::Decision {
+                    place: place(),
+                    events: count,
+                });
+            };
+            report.count(&event, admitted);
+            if self.keep_decisions {
+                report.decisions.push(Replayed {
+                    index,
+                    line: arrival.line,
+                    at: offset,
+                    status,
+                    admitted,
+                    event,
+                });
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The request an arrival makes.
+fn request_of(
+    arrival: &Arrival,
+    key_header: &HeaderName,
+    cost_header: Option<&HeaderName>,
+) -> Result<Request<Body>, String> {
+    let mut request = Request::builder()
+        .method(arrival.method.clone())
+        .uri(arrival.path.as_str())
+        .body(Body::empty())
+        .map_err(|e| format!("the path `{}` cannot be requested: {e}", arrival.path))?;
+    if let Some(ip) = arrival.ip {
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::new(ip, 0)));
+    }
+    let headers = request.headers_mut();
+    if let Some(key) = &arrival.key {
+        let value = HeaderValue::from_str(key)
+            .map_err(|_| format!("the key `{key}` cannot be sent in a header"))?;
+        headers.insert(key_header.clone(), value);
+    }
+    if let (Some(cost), Some(name)) = (arrival.cost, cost_header) {
+        headers.insert(name.clone(), HeaderValue::from(cost));
+    }
+    for (name, value) in &arrival.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    Ok(request)
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "axum refused it".to_owned())
+}

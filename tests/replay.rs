@@ -1,0 +1,299 @@
+//! Replay: recorded traffic through a real layer, its report held against a brute-force count
+//! of the same rules, and the errors of bad traffic.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tollgate::RateLimitLayer;
+use tollgate::clock::ManualClock;
+use tollgate::policy::{Policy, Tenant, TenantFromHeader};
+use tollgate::replay::{Arrival, Counts, Format, Replay, ReplayError, Traffic};
+use tollgate::store::MemoryStore;
+
+const TIERS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiers.toml");
+
+/// The tenants of `examples/tiers.rs`: `free-N` and `pro-N` are tenants of their tier,
+/// `acme-N` all the tenant `acme`; other keys are no tenant.
+fn tenant_of_api_key(key: &str) -> Option<Tenant> {
+    let (prefix, rest) = key.split_once('-')?;
+    if rest.is_empty() {
+        return None;
+    }
+    match prefix {
+        "free" | "pro" => Some(Tenant::new(key).with_tier(prefix)),
+        "acme" => Some(Tenant::new("acme")),
+        _ => None,
+    }
+}
+
+fn replay_of_tiers(clock: &ManualClock) -> Replay<MemoryStore> {
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("store");
+    let builder = RateLimitLayer::builder()
+        .policy(Policy::from_file(TIERS).expect("examples/tiers.toml"))
+        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of_api_key))
+        .store(store);
+    Replay::new(builder).clock(clock.clone()).routes(["/"])
+}
+
+/// A seeded generator (xorshift64*): the same file on every run.
+struct Seeded(u64);
+
+impl Seeded {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// A JSON-lines file of `lines` requests over about half an hour: free, pro and acme keys,
+/// unknown keys and no key (by client IP), on `/`, `/search` and a path no route serves.
+fn recorded_file(lines: usize) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("tollgate-replay-{}.jsonl", std::process::id()));
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).expect("temp file"));
+    let mut random = Seeded(0x5eed_1234_abcd_0001);
+    let mut millis: u64 = 1_796_292_000_000;
+    for _ in 0..lines {
+        // Gaps of 0 to 36 ms, some at the same millisecond.
+        millis += random.below(37);
+        let key = match random.below(10) {
+            0..=3 => Some(format!("free-{}", random.below(200))),
+            // A few busy pro tenants: most requests on 5 keys.
+            4..=6 => Some(format!("pro-{}", random.below(5) * random.below(10))),
+            7 => Some(format!("acme-{}", random.below(5))),
+            8 => Some(format!("other-{}", random.below(3))),
+            _ => None,
+        };
+        let path = match random.below(4) {
+            0 | 1 => "/search?q=x",
+            2 => "/",
+            _ => "/unrouted",
+        };
+        let method = if random.below(8) == 0 { "POST" } else { "GET" };
+        let ip = format!("198.51.100.{}", random.below(250));
+        let seconds = format!("{}.{:03}", millis / 1000, millis % 1000);
+        let key = key.map_or(String::new(), |k| format!(", \"key\": \"{k}\""));
+        writeln!(
+            file,
+            "{{\"time\": {seconds}, \"ip\": \"{ip}\", \"method\": \"{method}\", \"path\": \"{path}\"{key}}}"
+        )
+        .expect("write");
+    }
+    file.flush().expect("flush");
+    path
+}
+
+/// The token bucket of the rules file, counted another way: a level of microseconds that
+/// fills at one per microsecond up to `burst × interval`; a request takes `interval`.
+struct Bucket {
+    level: u64,
+    at: u64,
+}
+
+/// What the rules of `examples/tiers.toml` make of the file, counted by brute force.
+#[derive(Default)]
+struct Expected {
+    total: Counts,
+    rules: BTreeMap<String, Counts>,
+    tiers: BTreeMap<String, Counts>,
+    tenants: BTreeMap<String, Counts>,
+    routes: BTreeMap<String, Counts>,
+}
+
+fn count(map: &mut BTreeMap<String, Counts>, name: &str, admitted: bool) {
+    let counts = map.entry(name.to_owned()).or_default();
+    counts.requests += 1;
+    counts.admitted += u64::from(admitted);
+    counts.denied += u64::from(!admitted);
+}
+
+fn brute_force(arrivals: &[Arrival]) -> Expected {
+    let mut buckets: BTreeMap<(String, &str), Bucket> = BTreeMap::new();
+    let mut expected = Expected::default();
+    for arrival in arrivals {
+        let micros = u64::try_from(arrival.at.as_micros()).unwrap();
+        let tenant = arrival.key.as_deref().and_then(tenant_of_api_key);
+        let route = arrival.path.split('?').next().unwrap();
+        let (tier, rule, identity, per_minute) = match &tenant {
+            Some(t) if t.id() == "acme" && route == "/search" => {
+                ("pro", "acme-search", "acme".to_owned(), 2)
+            }
+            Some(t) if t.id() == "acme" => ("pro", "pro", "acme".to_owned(), 50),
+            Some(t) if t.id().starts_with("pro-") => ("pro", "pro", t.id().to_owned(), 50),
+            Some(t) => ("free", "free", t.id().to_owned(), 5),
+            None => ("free", "free", arrival.ip.unwrap().to_string(), 5),
+        };
+        let interval = 60_000_000 / per_minute;
+        let full = per_minute * interval;
+        let bucket = buckets.entry((identity, rule)).or_insert(Bucket {
+            level: full,
+            at: micros,
+        });
+        bucket.level = (bucket.level + (micros - bucket.at)).min(full);
+        bucket.at = micros;
+        let admitted = bucket.level >= interval;
+        if admitted {
+            bucket.level -= interval;
+        }
+
+        expected.total.requests += 1;
+        expected.total.admitted += u64::from(admitted);
+        expected.total.denied += u64::from(!admitted);
+        count(&mut expected.rules, rule, admitted);
+        count(&mut expected.tiers, tier, admitted);
+        if let Some(tenant) = &tenant {
+            count(&mut expected.tenants, tenant.id(), admitted);
+        }
+        if route != "/unrouted" {
+            count(&mut expected.routes, route, admitted);
+        }
+    }
+    expected
+}
+
+#[tokio::test]
+async fn a_recorded_file_of_100000_lines_replays_to_the_brute_force_count() {
+    let path = recorded_file(100_000);
+    let arrivals: Vec<Arrival> = Traffic::open(&path)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("every line reads");
+    assert_eq!(arrivals.len(), 100_000);
+    let expected = brute_force(&arrivals);
+
+    let clock = ManualClock::default();
+    let report = replay_of_tiers(&clock)
+        .run_traffic(Traffic::open(&path).expect("open"))
+        .await
+        .expect("replay");
+    std::fs::remove_file(&path).ok();
+
+    // The traffic tests something: every rule admits and denies.
+    for rule in ["free", "pro", "acme-search"] {
+        let counts = expected.rules[rule];
+        assert!(
+            counts.admitted > 50 && counts.denied > 50,
+            "{rule}: {counts:?} of {:?}",
+            expected.rules
+        );
+    }
+    assert_eq!(report.total, expected.total, "{report}");
+    assert_eq!(report.rules, expected.rules, "{report}");
+    assert_eq!(report.tiers, expected.tiers, "{report}");
+    assert_eq!(report.tenants, expected.tenants);
+    assert_eq!(report.routes, expected.routes, "{report}");
+    assert_eq!(report.verdicts["allowed"], expected.total.admitted);
+    assert_eq!(report.verdicts["denied"], expected.total.denied);
+}
+
+#[tokio::test]
+async fn the_same_traffic_gives_the_same_decisions_twice() {
+    let traffic: Vec<Arrival> = (0..400u64)
+        .map(|n| {
+            Arrival::get(Duration::from_millis(n * 250), "/search")
+                .ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, (n % 7) as u8)))
+                .key(format!("acme-{}", n % 3))
+        })
+        .collect();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let clock = ManualClock::default();
+        let report = replay_of_tiers(&clock)
+            .keep_decisions(true)
+            .run(traffic.clone())
+            .await
+            .expect("replay");
+        let decisions: Vec<(u16, bool, Duration)> = report
+            .decisions
+            .iter()
+            .map(|d| (d.status.as_u16(), d.admitted, d.at))
+            .collect();
+        runs.push(decisions);
+    }
+    assert_eq!(runs[0], runs[1]);
+    // 100 s of acme searches at 2 a minute: a burst of 2, then one every 30 s.
+    let admitted = runs[0].iter().filter(|d| d.1).count();
+    assert_eq!(admitted, 2 + 3);
+    assert!(runs[0].iter().all(|d| d.0 == 200 || d.0 == 429));
+}
+
+#[tokio::test]
+async fn a_malformed_line_stops_the_replay_with_its_line_number() {
+    let text = "{\"time\": 1, \"path\": \"/\"}\n{\"time\": 2, \"path\": \"/\"}\n\n{\"time\": 3, \"path\": \"/\", \"ip\": \"300.1.1.1\"}\n{\"time\": 4, \"path\": \"/\"}\n";
+    let clock = ManualClock::default();
+    let error = replay_of_tiers(&clock)
+        .run_traffic(Traffic::new(text.as_bytes(), Format::JsonLines))
+        .await
+        .unwrap_err();
+    match &error {
+        ReplayError::Traffic(e) => assert_eq!(e.line, Some(4), "{error}"),
+        other => panic!("not a traffic error: {other}"),
+    }
+    assert!(error.to_string().contains("line 4"), "{error}");
+    assert!(error.to_string().contains("300.1.1.1"), "{error}");
+}
+
+#[tokio::test]
+async fn traffic_out_of_time_order_is_an_error_naming_the_line() {
+    let text = "time,path\n10,/\n12,/\n11.5,/\n";
+    let clock = ManualClock::default();
+    let error = replay_of_tiers(&clock)
+        .run_traffic(Traffic::new(text.as_bytes(), Format::Csv))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ReplayError::OutOfOrder { place, by } if place == "line 4" && *by == Duration::from_millis(500)),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_access_log_replays_by_client_ip() {
+    // Seven requests from one client within a minute (free: 5 a minute), one from another.
+    let mut log = String::new();
+    for second in 0..7 {
+        log.push_str(&format!(
+            "203.0.113.7 - - [03/Dec/2026:10:00:{second:02} +0000] \"GET /search?q={second} HTTP/1.1\" 200 12 \"-\" \"curl/8\"\n"
+        ));
+    }
+    log.push_str("203.0.113.8 - - [03/Dec/2026:10:00:09 +0000] \"GET / HTTP/1.1\" 200 12\n");
+    let clock = ManualClock::default();
+    let report = replay_of_tiers(&clock)
+        .keep_decisions(true)
+        .run_traffic(Traffic::new(log.as_bytes(), Format::AccessLog))
+        .await
+        .expect("replay");
+    assert_eq!(report.rule("free").admitted, 6);
+    assert_eq!(report.rule("free").denied, 2);
+    assert_eq!(report.route("/search").denied, 2);
+    assert_eq!(report.route("/").admitted, 1);
+    let denied_lines: Vec<_> = report
+        .decisions
+        .iter()
+        .filter(|d| !d.admitted)
+        .map(|d| d.line)
+        .collect();
+    assert_eq!(denied_lines, [Some(6), Some(7)]);
+    assert!(report.tenants.is_empty());
+}
+
+#[tokio::test]
+async fn a_route_axum_refuses_is_an_error_not_a_panic() {
+    let clock = ManualClock::default();
+    let error = replay_of_tiers(&clock)
+        .routes(["no-slash"])
+        .run([Arrival::get(Duration::ZERO, "/")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ReplayError::Route { route, .. } if route == "no-slash"),
+        "{error}"
+    );
+}
