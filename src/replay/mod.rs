@@ -59,6 +59,8 @@
 //!   [`TrafficError`] that names it, never skipped.
 //! * [`Report`]: [`Counts`] in all and by rule, tier, tenant and route, and each decision if
 //!   asked for ([`Replay::keep_decisions`]).
+//! * [`LoadCheck`]: a bounded load on a running endpoint (staging, in CI), its admitted count
+//!   and share of 429s compared with what a replay of the same arrivals predicts.
 //!
 //! On the memory store with a [`ManualClock`](crate::clock::ManualClock) a replay is
 //! deterministic: the same traffic and rules give the same report, as fast as the layer
@@ -66,12 +68,14 @@
 //! clock, `RedisStore::builder().clock(..)`).
 
 mod arrival;
+mod load;
 mod report;
 mod run;
 mod time;
 mod traffic;
 
 pub use arrival::Arrival;
+pub use load::{LoadCheck, LoadCheckError, LoadOutcome};
 pub use report::{Counts, Replayed, Report};
 pub use run::{Replay, ReplayError};
 pub use traffic::{Format, Traffic, TrafficError};
