@@ -119,6 +119,18 @@ impl<St> RateLimitLayer<St> {
         let snapshot = self.engine.snapshot();
         snapshot.resolver.routes().map(str::to_owned).collect()
     }
+
+    /// The names of the policy's delay rules (their requests wait on tokio's timer).
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn delay_rules(&self) -> Vec<String> {
+        let snapshot = self.engine.snapshot();
+        snapshot
+            .rules
+            .iter()
+            .filter(|rule| matches!(rule.mode, crate::policy::RuleMode::Delay { .. }))
+            .map(|rule| rule.spec.shared_name().to_string())
+            .collect()
+    }
 }
 
 impl<St> Clone for RateLimitLayer<St> {

@@ -297,3 +297,88 @@ async fn a_route_axum_refuses_is_an_error_not_a_panic() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn delay_rules_on_a_moved_clock_are_refused_by_name() {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("store");
+    let builder = RateLimitLayer::builder()
+        .rule(
+            tollgate::Rule::new("smooth", tollgate::Quota::per_second(5))
+                .delay(Duration::from_secs(1)),
+        )
+        .store(store);
+    let error = Replay::new(builder)
+        .clock(clock)
+        .run([Arrival::get(Duration::ZERO, "/")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ReplayError::Config(_)) && error.to_string().contains("\"smooth\""),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn fixed_windows_begin_where_they_began_in_service() {
+    // 60 requests from 10:00:59.5 to 10:01:00.5 against 50 a minute in fixed windows: in service
+    // they fall in two windows and all pass. Replayed on a clock moved to another origin, they
+    // would fall in one and 10 would be denied.
+    let start = 1_796_292_059_500u64; // 2026-12-03T10:00:59.500Z, in milliseconds
+    let traffic: Vec<Arrival> = (0..60u64)
+        .map(|n| {
+            Arrival::get(Duration::from_millis(start + n * 1000 / 60), "/")
+                .ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
+        })
+        .collect();
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("store");
+    let builder = RateLimitLayer::builder()
+        .rule(
+            tollgate::Rule::new("fixed", tollgate::Quota::per_minute(50))
+                .algorithm(tollgate::Algorithm::FixedWindow),
+        )
+        .store(store);
+    let report = Replay::new(builder)
+        .clock(clock)
+        .run(traffic)
+        .await
+        .expect("replay");
+    assert_eq!(report.total.admitted, 60, "{report}");
+}
+
+#[tokio::test]
+async fn an_access_log_out_of_order_within_the_window_replays_in_time_order() {
+    // Lines written when each request ended: the slow one (10:00:00) after two later ones.
+    let log = "203.0.113.7 - - [03/Dec/2026:10:00:01 +0000] \"GET / HTTP/1.1\" 200 1\n\
+               203.0.113.7 - - [03/Dec/2026:10:00:02 +0000] \"GET / HTTP/1.1\" 200 1\n\
+               203.0.113.7 - - [03/Dec/2026:10:00:00 +0000] \"GET /search HTTP/1.1\" 200 1\n\
+               203.0.113.7 - - [03/Dec/2026:10:00:03 +0000] \"GET / HTTP/1.1\" 200 1\n";
+    let clock = ManualClock::default();
+    let report = replay_of_tiers(&clock)
+        .reorder_within(Duration::from_secs(2))
+        .keep_decisions(true)
+        .run_traffic(Traffic::new(log.as_bytes(), Format::AccessLog))
+        .await
+        .expect("replay");
+    let lines: Vec<_> = report.decisions.iter().map(|d| d.line).collect();
+    assert_eq!(lines, [Some(3), Some(1), Some(2), Some(4)]);
+
+    // Further back than the window: an error naming the line.
+    let clock = ManualClock::default();
+    let error = replay_of_tiers(&clock)
+        .reorder_within(Duration::from_secs(1))
+        .run_traffic(Traffic::new(log.as_bytes(), Format::AccessLog))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ReplayError::OutOfOrder { place, by } if place == "line 3" && *by == Duration::from_secs(2)),
+        "{error}"
+    );
+}

@@ -19,8 +19,10 @@ use http::{HeaderName, HeaderValue, Method};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Arrival {
-    /// When it came, on any scale (seconds since the Unix epoch from a file): the replay keeps
-    /// the differences from the first arrival.
+    /// When it came, since the Unix epoch (a file's timestamp). A replay on a clock sets the
+    /// store's clock to it; one in real time keeps the differences from the first arrival.
+    /// Arrivals made in code may count from 0: windows then start at whole multiples of their
+    /// length from it.
     pub at: Duration,
     /// The client's address: the socket peer the layer sees (none: a request without one).
     pub ip: Option<IpAddr>,

@@ -3,19 +3,28 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use http::{HeaderName, HeaderValue, Request, StatusCode, Uri};
+use http_body::Body as _;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::sync::{Mutex, mpsc};
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
 
 use super::arrival::Arrival;
 use super::report::Report;
 use super::run::{Replay, ReplayError};
 use crate::store::Store;
+
+/// The most requests one check sends.
+const MAX_REQUESTS: u64 = 1_000_000;
 
 /// A load check of a running endpoint (staging, or a test's own servers): requests sent at a
 /// fixed rate for a bounded time over a few connections, round-robin over one or more
@@ -41,16 +50,21 @@ use crate::store::Store;
 ///     .rate(200)
 ///     .duration(Duration::from_secs(5))
 ///     .run(Replay::new(expected).clock(clock))
-///     .await?; // fails when staging admits other than 100 ± the tolerance
+///     .await?; // fails unless staging admits about 108: 100, and 5 s of 100 a minute
 /// println!("{outcome}");
 /// # Ok(())
 /// # }
 /// ```
 ///
 /// The load is open loop: request `n` is due at `n / rate` seconds, whatever the answers
-/// before it, unless every connection of its address is still waiting for an answer (it then
-/// goes as soon as one is free, and is counted as late). The replay uses the times requests
-/// were really sent. Plain HTTP/1.1 only: aim it at an address behind your TLS terminator.
+/// before it; the first free connection of its address sends it (one sent more than 5 ms after
+/// its time is counted as late: every connection was busy, or this process was). A connection
+/// the server closes is opened again; a request not answered within the
+/// [`timeout`](LoadCheck::timeout) counts as failed. The replay uses the times requests were
+/// really sent, on the wall clock (so that windows begin where the server's began), and the
+/// connection's local address as the client's: behind NAT or a proxy that adds
+/// `X-Forwarded-For`, the server sees another. Plain HTTP/1.1 only: aim it at an address behind
+/// your TLS terminator.
 #[derive(Clone, Debug)]
 #[must_use = "a load check does nothing until it is run"]
 pub struct LoadCheck {
@@ -61,21 +75,26 @@ pub struct LoadCheck {
     keys: Vec<String>,
     key_header: HeaderName,
     tolerance: Option<u64>,
+    timeout: Duration,
 }
 
 /// What a load check sent, what the endpoint answered, and what the rules predict.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct LoadOutcome {
-    /// Requests sent.
+    /// Requests sent (or tried: see `failed`).
     pub sent: u64,
-    /// Requests answered with anything but 429.
+    /// Requests the endpoint let through: answered with anything but 429, 403 or 503.
     pub admitted: u64,
     /// Requests answered with 429.
     pub denied: u64,
-    /// Requests that got no answer (the connection failed).
+    /// Requests answered with 403 or 503: refused by a deny list, a store failing closed or
+    /// shedding (the rules' replay counts them as not admitted, as it does 429s).
+    pub refused: u64,
+    /// Requests that got no answer: the connection failed or could not be opened again, or
+    /// the answer took longer than the timeout.
     pub failed: u64,
-    /// Requests sent later than due because every connection of their address was busy.
+    /// Requests sent more than 5 ms after their time.
     pub late: u64,
     /// Answers by status.
     pub statuses: Vec<(StatusCode, u64)>,
@@ -86,7 +105,7 @@ pub struct LoadOutcome {
 }
 
 impl LoadOutcome {
-    /// The share of answers that were 429.
+    /// The share of requests answered with 429.
     pub fn denied_share(&self) -> f64 {
         share(self.denied, self.sent)
     }
@@ -120,11 +139,14 @@ impl fmt::Display for LoadOutcome {
             share(predicted.denied, predicted.requests) * 100.0,
             self.tolerance
         )?;
+        if self.refused > 0 {
+            write!(f, "; {} refused with 403 or 503", self.refused)?;
+        }
         if self.failed > 0 {
             write!(f, "; {} requests got no answer", self.failed)?;
         }
         if self.late > 0 {
-            write!(f, "; {} sent late (every connection busy)", self.late)?;
+            write!(f, "; {} sent more than 5 ms late", self.late)?;
         }
         Ok(())
     }
@@ -134,10 +156,10 @@ impl fmt::Display for LoadOutcome {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LoadCheckError {
-    /// The check is set up wrong (no address, a rate of 0, an address that is not
-    /// `http://host:port/path`).
+    /// The check is set up wrong (no address, a rate or a duration that makes no request or
+    /// more than a million, an address that is not `http://host:port/path`).
     Config(String),
-    /// An address could not be reached.
+    /// An address could not be reached before the load began.
     Connect {
         /// The address.
         target: String,
@@ -146,7 +168,7 @@ pub enum LoadCheckError {
     },
     /// The prediction could not be made.
     Replay(ReplayError),
-    /// The endpoint did not do what the rules predict: both figures.
+    /// The endpoint did not do what the rules predict, or did not answer: both figures.
     Mismatch(Box<LoadOutcome>),
 }
 
@@ -176,13 +198,16 @@ impl std::error::Error for LoadCheckError {
 /// One answered (or failed) request.
 struct Sent {
     index: u64,
-    at: Instant,
+    at: SystemTime,
     peer: IpAddr,
     path: String,
     key: Option<String>,
     status: Option<StatusCode>,
     late: bool,
 }
+
+/// A request due: its number, when, and its key.
+type Due = (u64, Instant, Option<String>);
 
 impl LoadCheck {
     /// A check of these addresses (`http://host:port/path`), taken in turn.
@@ -195,6 +220,7 @@ impl LoadCheck {
             keys: Vec::new(),
             key_header: HeaderName::from_static("x-api-key"),
             tolerance: None,
+            timeout: Duration::from_secs(10),
         }
     }
 
@@ -204,7 +230,8 @@ impl LoadCheck {
         self
     }
 
-    /// How long the load lasts (default 5 s).
+    /// How long the load lasts (default 5 s). `rate × duration` requests are sent: at least
+    /// one, at most a million.
     pub fn duration(mut self, duration: Duration) -> Self {
         self.duration = duration;
         self
@@ -241,6 +268,13 @@ impl LoadCheck {
         self
     }
 
+    /// The longest wait for a connection to open or for an answer (default 10 s): a request
+    /// not answered by then counts as failed, and its connection is opened again.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// Sends the load, then replays the same arrivals through `expected` (the rules that
     /// should be in force, on a store of their own) and compares.
     pub async fn run<St: Store>(self, expected: Replay<St>) -> Result<LoadOutcome, LoadCheckError> {
@@ -256,91 +290,63 @@ impl LoadCheck {
         self,
         expected: Replay<St>,
     ) -> Result<LoadOutcome, LoadCheckError> {
-        if self.targets.is_empty() {
-            return Err(LoadCheckError::Config("no address to load".to_owned()));
-        }
-        if self.rate == 0 || self.connections == 0 {
-            return Err(LoadCheckError::Config(
-                "the rate and the connections must be at least 1".to_owned(),
-            ));
-        }
-        for key in &self.keys {
-            HeaderValue::from_str(key).map_err(|_| {
-                LoadCheckError::Config(format!("the key `{key}` cannot be sent in a header"))
-            })?;
-        }
-        let total = (self.duration.as_secs_f64() * f64::from(self.rate)).round() as u64;
-
-        // Every connection first, so that a refused address fails before any load.
+        let total = self.requests()?;
+        // Every connection first, so that a refused address fails before any load. The tasks
+        // end with the check, or when it is dropped.
+        let mut tasks = JoinSet::new();
         let (done_sender, mut done) = mpsc::unbounded_channel::<Sent>();
-        let mut lanes = Vec::new();
+        let mut queues = Vec::with_capacity(self.targets.len());
         for target in &self.targets {
             let (addr, host, path) = address_of(target)?;
-            let mut target_lanes = Vec::new();
+            let (queue, due) = mpsc::unbounded_channel::<Due>();
+            let due = Arc::new(Mutex::new(due));
             for _ in 0..self.connections {
-                let stream =
-                    TcpStream::connect(&addr)
-                        .await
-                        .map_err(|error| LoadCheckError::Connect {
-                            target: target.to_string(),
-                            error,
-                        })?;
-                let _ = stream.set_nodelay(true);
-                let peer = stream.local_addr().map(|a| a.ip()).map_err(|error| {
-                    LoadCheckError::Connect {
+                let connection = open(&addr, self.timeout, &mut tasks)
+                    .await
+                    .map_err(|error| LoadCheckError::Connect {
                         target: target.to_string(),
                         error,
-                    }
-                })?;
-                let (sender, connection) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                        .await
-                        .map_err(|e| LoadCheckError::Connect {
-                            target: target.to_string(),
-                            error: std::io::Error::other(e),
-                        })?;
-                tokio::spawn(connection);
-                let (queue, requests) = mpsc::unbounded_channel::<(u64, Instant, Option<String>)>();
+                    })?;
                 let lane = Lane {
-                    sender,
-                    peer,
+                    addr: addr.clone(),
                     host: host.clone(),
                     path: path.clone(),
                     key_header: self.key_header.clone(),
+                    timeout: self.timeout,
+                    connection: Some(connection),
                     done: done_sender.clone(),
                 };
-                tokio::spawn(lane.serve(requests));
-                target_lanes.push(queue);
+                tasks.spawn(lane.serve(due.clone()));
             }
-            lanes.push(target_lanes);
+            queues.push(queue);
         }
         drop(done_sender);
 
-        // The schedule: request n due at n / rate, to address n mod targets, its connections in
-        // turn.
+        // The schedule: request n due at n / rate, to address n mod targets.
         let started = Instant::now();
+        let wall_start = SystemTime::now();
         let interval = 1.0 / f64::from(self.rate);
         for n in 0..total {
             let due = started + Duration::from_secs_f64(n as f64 * interval);
             tokio::time::sleep_until(due).await;
-            let target = &lanes[(n % lanes.len() as u64) as usize];
-            let lane = &target[((n / lanes.len() as u64) % target.len() as u64) as usize];
             let key = (!self.keys.is_empty())
                 .then(|| self.keys[(n % self.keys.len() as u64) as usize].clone());
-            let _ = lane.send((n, due, key));
+            let _ = queues[(n % queues.len() as u64) as usize].send((n, due, key));
         }
-        drop(lanes);
+        drop(queues);
 
         let mut sent = Vec::with_capacity(total as usize);
         while let Some(request) = done.recv().await {
             sent.push(request);
         }
+        tasks.abort_all();
         sent.sort_by_key(|s| (s.at, s.index));
 
         let mut outcome = LoadOutcome {
             sent: sent.len() as u64,
             admitted: 0,
             denied: 0,
+            refused: 0,
             failed: 0,
             late: 0,
             statuses: Vec::new(),
@@ -354,6 +360,9 @@ impl LoadCheck {
             match request.status {
                 None => outcome.failed += 1,
                 Some(StatusCode::TOO_MANY_REQUESTS) => outcome.denied += 1,
+                Some(StatusCode::FORBIDDEN | StatusCode::SERVICE_UNAVAILABLE) => {
+                    outcome.refused += 1
+                }
                 Some(_) => outcome.admitted += 1,
             }
             if let Some(status) = request.status {
@@ -365,20 +374,50 @@ impl LoadCheck {
         }
         outcome.statuses.sort();
 
-        let arrivals = sent
-            .into_iter()
-            .filter(|request| request.status.is_some())
-            .map(|request| {
-                let at = request.at.saturating_duration_since(started);
-                let mut arrival = Arrival::get(at, request.path).ip(request.peer);
-                arrival.key = request.key;
-                arrival
-            });
+        // The arrivals at their wall-clock times, never before the load began.
+        let arrivals = sent.into_iter().map(|request| {
+            let at = request
+                .at
+                .max(wall_start)
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            let mut arrival = Arrival::get(at, request.path).ip(request.peer);
+            arrival.key = request.key;
+            arrival
+        });
         outcome.predicted = expected
             .run(arrivals)
             .await
             .map_err(LoadCheckError::Replay)?;
         Ok(outcome)
+    }
+
+    /// `rate × duration`, checked.
+    fn requests(&self) -> Result<u64, LoadCheckError> {
+        if self.targets.is_empty() {
+            return Err(LoadCheckError::Config("no address to load".to_owned()));
+        }
+        if self.connections == 0 {
+            return Err(LoadCheckError::Config(
+                "at least one connection to each address".to_owned(),
+            ));
+        }
+        for key in &self.keys {
+            HeaderValue::from_str(key).map_err(|_| {
+                LoadCheckError::Config(format!("the key `{key}` cannot be sent in a header"))
+            })?;
+        }
+        for target in &self.targets {
+            address_of(target)?;
+        }
+        let total = (self.duration.as_secs_f64() * f64::from(self.rate)).round();
+        if !(1.0..=MAX_REQUESTS as f64).contains(&total) {
+            return Err(LoadCheckError::Config(format!(
+                "{} requests a second for {:?} is {total} requests: at least 1, at most {MAX_REQUESTS}",
+                self.rate, self.duration
+            )));
+        }
+        Ok(total as u64)
     }
 }
 
@@ -408,36 +447,94 @@ fn address_of(target: &Uri) -> Result<(String, String, String), LoadCheckError> 
     Ok((addr, authority.as_str().to_owned(), path))
 }
 
-/// One connection: sends its requests in order, each after the answer before it.
-struct Lane {
-    sender: hyper::client::conn::http1::SendRequest<Body>,
+/// An open HTTP/1.1 connection and the address the server sees it from.
+struct Connection {
+    sender: SendRequest<Body>,
     peer: IpAddr,
+}
+
+/// Opens a connection within `limit`; its driving task goes into `tasks`.
+async fn open(
+    addr: &str,
+    limit: Duration,
+    tasks: &mut JoinSet<()>,
+) -> Result<Connection, std::io::Error> {
+    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "no connection in time");
+    let stream = timeout(limit, TcpStream::connect(addr))
+        .await
+        .map_err(|_| timed_out())??;
+    let _ = stream.set_nodelay(true);
+    let peer = stream.local_addr()?.ip();
+    let (sender, connection) = timeout(
+        limit,
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)),
+    )
+    .await
+    .map_err(|_| timed_out())?
+    .map_err(std::io::Error::other)?;
+    tasks.spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(Connection { sender, peer })
+}
+
+/// One connection: takes the next request due at its address when it is free, and sends it.
+struct Lane {
+    addr: String,
     host: String,
     path: String,
     key_header: HeaderName,
+    timeout: Duration,
+    connection: Option<Connection>,
     done: mpsc::UnboundedSender<Sent>,
 }
 
 impl Lane {
-    async fn serve(
-        mut self,
-        mut requests: mpsc::UnboundedReceiver<(u64, Instant, Option<String>)>,
-    ) {
-        let mut failed = false;
-        while let Some((index, due, key)) = requests.recv().await {
-            let at = Instant::now();
-            let late = at.saturating_duration_since(due) > Duration::from_millis(5);
-            // A connection that failed sends nothing more: its requests count as failed.
-            let status = if failed {
-                None
-            } else {
-                self.send(key.as_deref()).await
+    async fn serve(mut self, due: Arc<Mutex<mpsc::UnboundedReceiver<Due>>>) {
+        // Connections opened again run in this lane's own set, ended with it.
+        let mut reopened = JoinSet::new();
+        loop {
+            let next = due.lock().await.recv().await;
+            let Some((index, due_at, key)) = next else {
+                break;
             };
-            failed |= status.is_none();
+            let late = Instant::now().saturating_duration_since(due_at) > Duration::from_millis(5);
+            // A connection the server closed after its last answer is opened again first.
+            if let Some(connection) = &mut self.connection
+                && !matches!(
+                    timeout(self.timeout, connection.sender.ready()).await,
+                    Ok(Ok(()))
+                )
+            {
+                self.connection = None;
+            }
+            if self.connection.is_none() {
+                self.connection = open(&self.addr, self.timeout, &mut reopened).await.ok();
+            }
+            let at = SystemTime::now();
+            let (peer, status) = match &mut self.connection {
+                Some(connection) => (
+                    connection.peer,
+                    send(
+                        connection,
+                        &self.host,
+                        &self.path,
+                        &self.key_header,
+                        key.as_deref(),
+                        self.timeout,
+                    )
+                    .await,
+                ),
+                None => (IpAddr::from([127, 0, 0, 1]), None),
+            };
+            if status.is_none() {
+                // Closed, broken or too slow: the next request opens another.
+                self.connection = None;
+            }
             let _ = self.done.send(Sent {
                 index,
                 at,
-                peer: self.peer,
+                peer,
                 path: self.path.clone(),
                 key,
                 status,
@@ -445,23 +542,40 @@ impl Lane {
             });
         }
     }
+}
 
-    async fn send(&mut self, key: Option<&str>) -> Option<StatusCode> {
-        let mut request = Request::get(self.path.as_str())
-            .header(http::header::HOST, self.host.as_str())
-            .body(Body::empty())
-            .ok()?;
-        if let Some(key) = key {
-            request
-                .headers_mut()
-                .insert(self.key_header.clone(), HeaderValue::from_str(key).ok()?);
-        }
-        self.sender.ready().await.ok()?;
-        let response = self.sender.send_request(request).await.ok()?;
-        let status = response.status();
-        axum::body::to_bytes(Body::new(response.into_body()), 1 << 20)
-            .await
-            .ok()?;
-        Some(status)
+/// One request on `connection`, its answer read to the end, all within `limit`.
+async fn send(
+    connection: &mut Connection,
+    host: &str,
+    path: &str,
+    key_header: &HeaderName,
+    key: Option<&str>,
+    limit: Duration,
+) -> Option<StatusCode> {
+    let mut request = Request::get(path)
+        .header(http::header::HOST, host)
+        .body(Body::empty())
+        .ok()?;
+    if let Some(key) = key {
+        request
+            .headers_mut()
+            .insert(key_header.clone(), HeaderValue::from_str(key).ok()?);
     }
+    let exchange = async {
+        connection.sender.ready().await.ok()?;
+        let response = connection.sender.send_request(request).await.ok()?;
+        let status = response.status();
+        drain(response.into_body()).await?;
+        Some(status)
+    };
+    timeout(limit, exchange).await.ok().flatten()
+}
+
+/// Reads a body to its end, keeping nothing.
+async fn drain(mut body: Incoming) -> Option<()> {
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        frame.ok()?;
+    }
+    Some(())
 }

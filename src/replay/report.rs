@@ -65,6 +65,11 @@ pub struct Replayed {
 /// Requests without a tenant are not counted by tenant, and those without a route pattern not
 /// by route; every request is counted by tier when the layer has a policy, and by each rule
 /// that applied to it.
+///
+/// A shadow rule that would have denied a request is counted under its name only when it was
+/// the only rule that denied: when enforced rules applied too, they are checked again without
+/// it and the decision names them alone, so the request counts as shadow-denied in all and by
+/// tier, tenant and route, not by that rule.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub struct Report {
@@ -82,6 +87,9 @@ pub struct Report {
     pub verdicts: BTreeMap<&'static str, u64>,
     /// Each request and its decision, in order, when asked for.
     pub decisions: Vec<Replayed>,
+    /// Requests of a replay in real time sent more than 5 ms after their time (the store did
+    /// not keep up): their decisions may differ from those at their recorded times.
+    pub late: u64,
 }
 
 impl Report {
@@ -121,7 +129,10 @@ impl Report {
             }
         }
         for rule in &event.rules {
-            let rule_denied = matches!(rule.outcome, "denied" | "local_denied" | "failed_closed");
+            let rule_denied = matches!(
+                rule.outcome,
+                "denied" | "cache_denied" | "local_denied" | "failed_closed"
+            );
             counts_of(&mut self.rules, &rule.name).add(
                 admitted,
                 rule_denied,

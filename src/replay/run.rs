@@ -1,6 +1,8 @@
 //! [`Replay`]: recorded traffic sent through a real layer, one request after another, on the
 //! store's clock.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::fmt;
 use std::future::poll_fn;
 use std::net::SocketAddr;
@@ -19,8 +21,8 @@ use tower_service::Service;
 use super::arrival::Arrival;
 use super::report::{Replayed, Report};
 use super::traffic::TrafficError;
-use crate::clock::{Clock, ManualClock};
-use crate::observe::DecisionHook;
+use crate::clock::ManualClock;
+use crate::observe::{DecisionHook, DecisionReceiver};
 use crate::store::Store;
 use crate::{ConfigError, RateLimitLayerBuilder};
 
@@ -117,14 +119,23 @@ impl From<ConfigError> for ReplayError {
 /// with the same answer as a fallback: rules by route see the route pattern, as in your
 /// service. Each request carries its arrival's address as the socket peer (axum's
 /// `ConnectInfo`), its key in [`key_header`](Replay::key_header), its cost in
-/// [`cost_header`](Replay::cost_header) if one is set, and its other headers. Requests are
-/// sent one at a time, each answered and its body read to the end before the next (a
-/// concurrency limit sees one in flight).
+/// [`cost_header`](Replay::cost_header) if one is set, and its other headers, each answered
+/// and its body read to the end before the next is sent.
 ///
-/// Time: with [`clock`](Replay::clock), the store's [`ManualClock`] is moved to each arrival's
-/// time (from its reading when the replay starts), so a day of traffic replays in seconds and
-/// the same traffic always gets the same answers. Without one, requests are sent at their
-/// times, in real time (for a store on its own clock, such as Redis's).
+/// Time: with [`clock`](Replay::clock), the store's [`ManualClock`] is set to each arrival's
+/// time ([`Arrival::at`], since the Unix epoch), so a day of traffic replays in seconds, fixed
+/// and sliding windows begin where they began in service, and the same traffic always gets the
+/// same answers (the clock is moved back to the first arrival: give the replay a store of its
+/// own). Without one, requests are sent at their times from the first, in real time (for a
+/// store on its own clock, such as Redis's); those sent more than 5 ms late, because the store
+/// could not keep up, are counted ([`Report::late`]).
+///
+/// Requests are replayed one at a time: a concurrency rule sees at most one in flight and
+/// never denies.
+///
+/// Delay rules ([`RuleMode::Delay`](crate::policy::RuleMode::Delay)) wait on tokio's timer,
+/// in real time: a replay on a clock refuses them (replay without a clock, or with the rules
+/// enforced).
 ///
 /// The replay installs its own [decision hook](crate::RateLimitLayerBuilder::decision_hook)
 /// on the builder, in place of any other.
@@ -136,6 +147,23 @@ pub struct Replay<St> {
     key_header: HeaderName,
     cost_header: Option<HeaderName>,
     keep_decisions: bool,
+    reorder_within: Duration,
+}
+
+/// Sent this much after its time, a request of a replay in real time is counted as late.
+const LATE: Duration = Duration::from_millis(5);
+
+impl<St> fmt::Debug for Replay<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("clock", &self.clock.is_some())
+            .field("routes", &self.routes)
+            .field("key_header", &self.key_header)
+            .field("cost_header", &self.cost_header)
+            .field("keep_decisions", &self.keep_decisions)
+            .field("reorder_within", &self.reorder_within)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<St: Store> Replay<St> {
@@ -148,6 +176,7 @@ impl<St: Store> Replay<St> {
             key_header: HeaderName::from_static("x-api-key"),
             cost_header: None,
             keep_decisions: false,
+            reorder_within: Duration::ZERO,
         }
     }
 
@@ -181,6 +210,16 @@ impl<St: Store> Replay<St> {
         self
     }
 
+    /// Sends arrivals up to `window` out of time order in time order (default: none; an
+    /// arrival earlier than one before it is an error). Access logs need it: nginx's
+    /// `$time_local` and Apache's `%t` are written when a request ends, so a slow request's
+    /// line comes after those of requests that came later; set the window to your slowest
+    /// request. An arrival further out of order is still an error.
+    pub fn reorder_within(mut self, window: Duration) -> Self {
+        self.reorder_within = window;
+        self
+    }
+
     /// Keeps each request's decision in [`Report::decisions`] (default off).
     pub fn keep_decisions(mut self, keep: bool) -> Self {
         self.keep_decisions = keep;
@@ -201,8 +240,17 @@ impl<St: Store> Replay<St> {
     where
         I: IntoIterator<Item = Result<Arrival, TrafficError>>,
     {
-        let (hook, mut events) = DecisionHook::channel(16);
+        let (hook, events) = DecisionHook::channel(16);
         let layer = self.builder.decision_hook(hook).build()?;
+        let delay_rules = layer.delay_rules();
+        if self.clock.is_some() && !delay_rules.is_empty() {
+            // Their requests wait on tokio's timer while the clock stands still: they would be
+            // denied after their longest wait, in real time, where in service they pass.
+            return Err(ReplayError::Config(ConfigError::new(format!(
+                "the delay rules {delay_rules:?} wait in real time: replay them without a \
+                 clock (in real time), or as enforced rules"
+            ))));
+        }
         let mut routes = layer.routes();
         routes.extend(self.routes);
         routes.sort();
@@ -229,74 +277,154 @@ impl<St: Store> Replay<St> {
                 message: panic_message(&panic),
             })?;
         }
-        let mut router = router.fallback(any(answer)).layer(layer);
+        let mut sender = Sender {
+            router: router.fallback(any(answer)).layer(layer),
+            events,
+            served,
+            clock: self.clock,
+            key_header: self.key_header,
+            cost_header: self.cost_header,
+            keep_decisions: self.keep_decisions,
+            started: tokio::time::Instant::now(),
+            first: None,
+            report: Report::default(),
+        };
 
-        let origin = self.clock.as_ref().map(Clock::now_micros);
-        let started = tokio::time::Instant::now();
-        let mut first: Option<Duration> = None;
-        let mut last = Duration::ZERO;
-        let mut report = Report::default();
+        // Arrivals up to `reorder_within` apart are sent in time order, from a heap of those
+        // not yet sent; one further back is an error.
+        let window = self.reorder_within;
+        let mut waiting: BinaryHeap<Reverse<Waiting>> = BinaryHeap::new();
+        let mut newest = Duration::ZERO;
         for (index, arrival) in traffic.into_iter().enumerate() {
             let arrival = arrival?;
-            let place = || arrival.place(index);
-            let first = *first.get_or_insert(arrival.at);
-            if arrival.at < last {
+            if arrival.at.saturating_add(window) < newest {
                 return Err(ReplayError::OutOfOrder {
-                    place: place(),
-                    by: last - arrival.at,
+                    place: arrival.place(index),
+                    by: newest - arrival.at,
                 });
             }
-            last = arrival.at;
-            let offset = arrival.at - first;
-            match (&self.clock, origin) {
-                (Some(clock), Some(origin)) => {
-                    let micros = u64::try_from(offset.as_micros()).unwrap_or(u64::MAX);
-                    clock.set(origin.saturating_add(micros));
-                }
-                _ => tokio::time::sleep_until(started + offset).await,
-            }
-            let request = request_of(&arrival, &self.key_header, self.cost_header.as_ref())
-                .map_err(|message| ReplayError::Request {
-                    place: place(),
-                    message,
-                })?;
-
-            let before = served.load(Ordering::Relaxed);
-            let _ = poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut router, cx)).await;
-            let response = match router.call(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            };
-            let status = response.status();
-            // Read to the end, as a client would: a held slot is given back there.
-            let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
-            let admitted = served.load(Ordering::Relaxed) > before;
-
-            let mut decided = None;
-            let mut count = 0;
-            while let Ok(event) = events.try_recv() {
-                count += 1;
-                decided = Some(event);
-            }
-            let (1, Some(event)) = (count, decided) else {
-                return Err(ReplayError::Decision {
-                    place: place(),
-                    events: count,
-                });
-            };
-            report.count(&event, admitted);
-            if self.keep_decisions {
-                report.decisions.push(Replayed {
-                    index,
-                    line: arrival.line,
-                    at: offset,
-                    status,
-                    admitted,
-                    event,
-                });
+            newest = newest.max(arrival.at);
+            waiting.push(Reverse(Waiting { index, arrival }));
+            while let Some(Reverse(next)) = waiting.peek()
+                && next.arrival.at.saturating_add(window) <= newest
+            {
+                let Some(Reverse(next)) = waiting.pop() else {
+                    break;
+                };
+                sender.send(next.index, next.arrival).await?;
             }
         }
-        Ok(report)
+        while let Some(Reverse(next)) = waiting.pop() {
+            sender.send(next.index, next.arrival).await?;
+        }
+        Ok(sender.report)
+    }
+}
+
+/// An arrival not yet sent, first by time, then by its place in the traffic.
+struct Waiting {
+    index: usize,
+    arrival: Arrival,
+}
+
+impl Waiting {
+    fn order(&self) -> (Duration, usize) {
+        (self.arrival.at, self.index)
+    }
+}
+
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.order() == other.order()
+    }
+}
+
+impl Eq for Waiting {}
+
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.order().cmp(&other.order())
+    }
+}
+
+/// Sends arrivals through the router one at a time and counts their decisions.
+struct Sender {
+    router: Router,
+    events: DecisionReceiver,
+    served: Arc<AtomicU64>,
+    clock: Option<ManualClock>,
+    key_header: HeaderName,
+    cost_header: Option<HeaderName>,
+    keep_decisions: bool,
+    started: tokio::time::Instant,
+    first: Option<Duration>,
+    report: Report,
+}
+
+impl Sender {
+    async fn send(&mut self, index: usize, arrival: Arrival) -> Result<(), ReplayError> {
+        let place = || arrival.place(index);
+        let first = *self.first.get_or_insert(arrival.at);
+        let offset = arrival.at.saturating_sub(first);
+        match &self.clock {
+            // The store's clock shows the arrival's own time: windows fall where they fell.
+            Some(clock) => clock.set(u64::try_from(arrival.at.as_micros()).unwrap_or(u64::MAX)),
+            None => {
+                let due = self.started + offset;
+                tokio::time::sleep_until(due).await;
+                if tokio::time::Instant::now().saturating_duration_since(due) > LATE {
+                    self.report.late += 1;
+                }
+            }
+        }
+        let request = request_of(&arrival, &self.key_header, self.cost_header.as_ref()).map_err(
+            |message| ReplayError::Request {
+                place: place(),
+                message,
+            },
+        )?;
+
+        let before = self.served.load(Ordering::Relaxed);
+        let _ = poll_fn(|cx| Service::<Request<Body>>::poll_ready(&mut self.router, cx)).await;
+        let response = match self.router.call(request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        };
+        let status = response.status();
+        // Read to the end, as a client would: a held slot is given back there.
+        let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
+        let admitted = self.served.load(Ordering::Relaxed) > before;
+
+        let mut decided = None;
+        let mut count = 0;
+        while let Ok(event) = self.events.try_recv() {
+            count += 1;
+            decided = Some(event);
+        }
+        let (1, Some(event)) = (count, decided) else {
+            return Err(ReplayError::Decision {
+                place: place(),
+                events: count,
+            });
+        };
+        self.report.count(&event, admitted);
+        if self.keep_decisions {
+            self.report.decisions.push(Replayed {
+                index,
+                line: arrival.line,
+                at: offset,
+                status,
+                admitted,
+                event,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -1,5 +1,5 @@
 //! Timestamps of recorded traffic: decimal seconds, RFC 3339 and the access log's date, read
-//! exactly to the microsecond (never through a float).
+//! exactly to the microsecond from their text (a JSON number from its shortest decimal form).
 
 use std::time::Duration;
 
@@ -16,14 +16,27 @@ pub(super) fn parse_time(text: &str) -> Result<Duration, String> {
     parse_rfc3339(text)
 }
 
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z): larger "seconds" are most
+/// likely milliseconds.
+const MAX_SECONDS: u64 = 253_402_300_799;
+
 /// `seconds[.fraction]`, at most six fractional digits.
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     let bad = || format!("the time `{text}` is not seconds (digits, at most six after a `.`)");
     let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    if whole.is_empty() || fraction.len() > 6 || fraction.contains('.') {
+    if whole.is_empty()
+        || fraction.len() > 6
+        || fraction.contains('.')
+        || (text.contains('.') && fraction.is_empty())
+    {
         return Err(bad());
     }
     let seconds: u64 = whole.parse().map_err(|_| bad())?;
+    if seconds > MAX_SECONDS {
+        return Err(format!(
+            "the time `{text}` is after the year 9999 as seconds: milliseconds? (times are seconds)"
+        ));
+    }
     let micros = if fraction.is_empty() {
         0
     } else {
@@ -39,7 +52,13 @@ fn parse_rfc3339(text: &str) -> Result<Duration, String> {
         format!("the time `{text}` is neither seconds nor RFC 3339 (like 2026-12-03T10:00:00.125Z)")
     };
     let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+    // Every slice below is at a byte position: ASCII only.
+    if !text.is_ascii()
+        || b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+    {
         return Err(bad());
     }
     let year = number(&text[0..4]).ok_or_else(bad)?;
@@ -63,6 +82,10 @@ fn parse_rfc3339(text: &str) -> Result<Duration, String> {
 /// The access log's `10/Oct/2026:13:55:36 -0700` (the text between its brackets).
 pub(super) fn parse_log_date(text: &str) -> Result<Duration, String> {
     let bad = || format!("the date `{text}` is not like 10/Oct/2026:13:55:36 +0000");
+    // Every slice below is at a byte position: ASCII only.
+    if !text.is_ascii() {
+        return Err(bad());
+    }
     let (clock, zone) = text.split_once(' ').ok_or_else(bad)?;
     let b = clock.as_bytes();
     if b.len() < 20
@@ -91,16 +114,10 @@ pub(super) fn parse_log_date(text: &str) -> Result<Duration, String> {
         "" => 0,
         rest => fraction_micros(rest.strip_prefix('.').ok_or_else(bad)?).ok_or_else(bad)?,
     };
-    let zone = zone.as_bytes();
-    if zone.len() != 5 || !matches!(zone[0], b'+' | b'-') {
+    if zone.len() != 5 || !zone.starts_with(['+', '-']) {
         return Err(bad());
     }
-    let offset = zone_seconds(
-        zone[0],
-        &text[text.len() - 4..text.len() - 2],
-        &text[text.len() - 2..],
-    )
-    .ok_or_else(bad)?;
+    let offset = zone_seconds(zone.as_bytes()[0], &zone[1..3], &zone[3..5]).ok_or_else(bad)?;
     let local = civil_seconds(year, month, day, hour, minute, second).ok_or_else(bad)?;
     let utc = to_utc(local, offset).ok_or_else(bad)?;
     Ok(Duration::from_secs(utc) + Duration::from_micros(micros))
@@ -225,6 +242,11 @@ mod tests {
         );
         assert_eq!(micros(parse_time("12.5").unwrap()), 12_500_000);
         assert!(parse_time("12.1234567").is_err());
+        assert!(parse_time("1.").is_err());
+        // Milliseconds are not seconds.
+        let error = parse_time("1733223600123").unwrap_err();
+        assert!(error.contains("milliseconds"), "{error}");
+        assert!(parse_time("2026-12-03T10:00:0€Z").is_err());
         assert!(parse_time("1.2.3").is_err());
         assert!(parse_time(".5").is_err());
         assert!(parse_time("").is_err());
@@ -270,5 +292,9 @@ mod tests {
         );
         assert!(parse_log_date("03/Dez/2026:10:00:00 +0000").is_err());
         assert!(parse_log_date("03/Dec/2026:10:00:00").is_err());
+        // Multi-byte characters where digits belong: errors, never a panic.
+        assert!(parse_log_date("03/Dec/2026:10:00:0€ +0000").is_err());
+        assert!(parse_log_date("03/Dec/2026:10:00:00 +0é0").is_err());
+        assert!(parse_log_date("€3/Dec/2026:10:00:00 +0000").is_err());
     }
 }

@@ -45,6 +45,7 @@ impl Format {
 
 /// A line of traffic that could not be read: which line, and what is wrong with it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TrafficError {
     /// The line, counted from 1 (none when the file could not be opened).
     pub line: Option<u64>,
@@ -137,6 +138,15 @@ impl Traffic<BufReader<File>> {
     }
 }
 
+impl<R> fmt::Debug for Traffic<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Traffic")
+            .field("format", &self.format)
+            .field("line", &self.line)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<R: BufRead> Iterator for Traffic<R> {
     type Item = Result<Arrival, TrafficError>;
 
@@ -148,7 +158,11 @@ impl<R: BufRead> Iterator for Traffic<R> {
             match self.reader.read_line(&mut self.buffer) {
                 Ok(0) => self.done = true,
                 Ok(_) => {
-                    let text = self.buffer.trim_end_matches(['\n', '\r']);
+                    let mut text = self.buffer.trim_end_matches(['\n', '\r']);
+                    if line == 1 {
+                        // A byte-order mark, as spreadsheets write.
+                        text = text.strip_prefix('\u{feff}').unwrap_or(text);
+                    }
                     if text.trim().is_empty() {
                         continue;
                     }
@@ -505,7 +519,7 @@ mod tests {
 
     #[test]
     fn csv_reads_under_its_header_with_quotes() {
-        let text = "path,time,key,method\n\"/a,b\",1,\"say \"\"hi\"\"\",\n/c,2,,PUT\n";
+        let text = "\u{feff}path,time,key,method\n\"/a,b\",1,\"say \"\"hi\"\"\",\n/c,2,,PUT\n";
         let arrivals: Vec<_> = read(text, Format::Csv)
             .into_iter()
             .map(Result::unwrap)
