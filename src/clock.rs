@@ -22,6 +22,39 @@ pub(crate) fn unix_micros() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
+/// The months' English abbreviations, as HTTP dates and access logs write them.
+pub(crate) const MONTHS: [&str; 12] = [
+    "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+];
+
+/// Seconds since the Unix epoch of a UTC date and time of the proleptic Gregorian calendar
+/// (Howard Hinnant's `days_from_civil`), none before 1970 or for a month outside 1 to 12. The
+/// day and the time are taken as given: callers check their ranges.
+pub(crate) fn unix_seconds(
+    year: u64,
+    month: u64,
+    day: u64,
+    hour: u64,
+    minute: u64,
+    second: u64,
+) -> Option<u64> {
+    if !(1..=12).contains(&month) || day == 0 {
+        return None;
+    }
+    // Years from March, so that the leap day ends the year.
+    let (y, m) = if month <= 2 {
+        (year.checked_sub(1)?, month + 9)
+    } else {
+        (year, month - 3)
+    };
+    let era = y / 400;
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * m + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = (era * 146_097 + day_of_era).checked_sub(719_468)?;
+    Some(days * 86_400 + hour * 3_600 + minute * 60 + second)
+}
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -162,11 +162,18 @@ async fn costs_are_settled<St: Store + Clone>(store: St, name: &str) {
             .remaining
     };
     // 200 used of 500 reserved: 300 come back. The header is not passed on.
+    let started = std::time::Instant::now();
     let res = send(&app, request("POST", "/complete/200")).await;
     assert_eq!(res.status(), 200);
     assert!(res.headers().get("x-tokens-used").is_none(), "{name}");
     let next = send(&app, request("POST", "/complete/500")).await;
-    assert_eq!(remaining(&next), 10_000 - 200 - 500, "{name}");
+    // A token comes back every 6 ms (10,000 a minute): a slow machine sees a few.
+    let refilled = u64::try_from(started.elapsed().as_millis() / 6).unwrap();
+    let left = remaining(&next);
+    assert!(
+        (10_000 - 200 - 500..=10_000 - 200 - 500 + refilled).contains(&left),
+        "{name}: {left} left, {refilled} refilled"
+    );
     // 4,000 used of 500 reserved: 3,500 more, until the budget is in debt. The handler may
     // say so with an `ActualCost` extension instead (the same rule, on the same store).
     let by_extension = tokens_app(store, false);

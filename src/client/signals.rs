@@ -7,6 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, StatusCode};
 
+use crate::clock::{MONTHS, unix_seconds};
+
 /// The longest wait a server may announce and be believed: a day. A longer one (a
 /// misconfigured or hostile server, draft-11 §8.5.1) is capped to it.
 pub const MAX_ANNOUNCED_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
@@ -126,12 +128,7 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
             .then(|| text.parse().ok())?
     };
     let day = number(5, 2)?;
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| value.get(8..11) == Some(*m))? as u64
-        + 1;
+    let month = MONTHS.iter().position(|m| value.get(8..11) == Some(*m))? as u64 + 1;
     let year = number(12, 4)?;
     let (hour, minute, second) = (number(17, 2)?, number(20, 2)?, number(23, 2)?);
     if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
@@ -140,20 +137,7 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
     if !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 || year < 1970 {
         return None;
     }
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y / 400;
-    let yoe = y - era * 400;
-    let doy = (153 * m + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = (era * 146_097 + doe).checked_sub(719_468)?;
-    Some(Duration::from_secs(
-        days * 86_400 + hour * 3_600 + minute * 60 + second,
-    ))
+    unix_seconds(year, month, day, hour, minute, second).map(Duration::from_secs)
 }
 
 /// The policies of a `RateLimit` field, each with what it says: `r=0` and a `t` waits `t`

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use crate::clock::{MONTHS, unix_seconds};
+
 /// Decimal seconds (`1733223600`, `1733223600.125`, `12.5`) or an RFC 3339 timestamp
 /// (`2026-12-03T10:00:00.125Z`, `2026-12-03 10:00:00+01:00`).
 pub(super) fn parse_time(text: &str) -> Result<Duration, String> {
@@ -98,9 +100,6 @@ pub(super) fn parse_log_date(text: &str) -> Result<Duration, String> {
         return Err(bad());
     }
     let day = number(&clock[0..2]).ok_or_else(bad)?;
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
     let month = MONTHS
         .iter()
         .position(|m| *m == &clock[3..6])
@@ -208,18 +207,7 @@ fn civil_seconds(
     {
         return None;
     }
-    // Days from 1970-01-01 (Howard Hinnant's days_from_civil, years from March).
-    let (y, m) = if month <= 2 {
-        (year - 1, month + 9)
-    } else {
-        (year, month - 3)
-    };
-    let era = y / 400;
-    let year_of_era = y - era * 400;
-    let day_of_year = (153 * m + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    let days = era * 146_097 + day_of_era - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+    unix_seconds(year, month, day, hour, minute, second)
 }
 
 #[cfg(test)]
