@@ -28,8 +28,8 @@ pub(crate) const MONTHS: [&str; 12] = [
 ];
 
 /// Seconds since the Unix epoch of a UTC date and time of the proleptic Gregorian calendar
-/// (Howard Hinnant's `days_from_civil`), none before 1970 or for a month outside 1 to 12. The
-/// day and the time are taken as given: callers check their ranges.
+/// (Howard Hinnant's `days_from_civil`): none for a date that does not exist (30 February), a
+/// time outside 00:00:00 to 23:59:60, or a year outside 1970 to 9999.
 pub(crate) fn unix_seconds(
     year: u64,
     month: u64,
@@ -38,12 +38,25 @@ pub(crate) fn unix_seconds(
     minute: u64,
     second: u64,
 ) -> Option<u64> {
-    if !(1..=12).contains(&month) || day == 0 {
+    let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
+    let days_in_month = match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        1..=12 => 31,
+        _ => return None,
+    };
+    if !(1970..=9999).contains(&year)
+        || !(1..=days_in_month).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return None;
     }
     // Years from March, so that the leap day ends the year.
     let (y, m) = if month <= 2 {
-        (year.checked_sub(1)?, month + 9)
+        (year - 1, month + 9)
     } else {
         (year, month - 3)
     };
@@ -51,7 +64,7 @@ pub(crate) fn unix_seconds(
     let year_of_era = y - era * 400;
     let day_of_year = (153 * m + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    let days = (era * 146_097 + day_of_era).checked_sub(719_468)?;
+    let days = era * 146_097 + day_of_era - 719_468;
     Some(days * 86_400 + hour * 3_600 + minute * 60 + second)
 }
 

@@ -134,9 +134,6 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
     if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
         return None;
     }
-    if !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 || year < 1970 {
-        return None;
-    }
     unix_seconds(year, month, day, hour, minute, second).map(Duration::from_secs)
 }
 

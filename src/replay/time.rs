@@ -76,7 +76,7 @@ fn parse_rfc3339(text: &str) -> Result<Duration, String> {
     let minute = number(&clock[3..5]).ok_or_else(bad)?;
     let second = number(&clock[6..8]).ok_or_else(bad)?;
     let micros = fraction_micros(fraction).ok_or_else(bad)?;
-    let local = civil_seconds(year, month, day, hour, minute, second).ok_or_else(bad)?;
+    let local = unix_seconds(year, month, day, hour, minute, second).ok_or_else(bad)?;
     let utc = to_utc(local, offset).ok_or_else(bad)?;
     Ok(Duration::from_secs(utc) + Duration::from_micros(micros))
 }
@@ -117,7 +117,7 @@ pub(super) fn parse_log_date(text: &str) -> Result<Duration, String> {
         return Err(bad());
     }
     let offset = zone_seconds(zone.as_bytes()[0], &zone[1..3], &zone[3..5]).ok_or_else(bad)?;
-    let local = civil_seconds(year, month, day, hour, minute, second).ok_or_else(bad)?;
+    let local = unix_seconds(year, month, day, hour, minute, second).ok_or_else(bad)?;
     let utc = to_utc(local, offset).ok_or_else(bad)?;
     Ok(Duration::from_secs(utc) + Duration::from_micros(micros))
 }
@@ -171,43 +171,6 @@ fn number(text: &str) -> Option<u64> {
         return None;
     }
     text.parse().ok()
-}
-
-/// Seconds since the Unix epoch of a proleptic Gregorian date and time (UTC), checked.
-fn civil_seconds(
-    year: u64,
-    month: u64,
-    day: u64,
-    hour: u64,
-    minute: u64,
-    second: u64,
-) -> Option<u64> {
-    let leap = year.is_multiple_of(4) && (!year.is_multiple_of(100) || year.is_multiple_of(400));
-    let days_in_month = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if !(1970..=9999).contains(&year)
-        || !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in_month[month as usize - 1]
-        || hour > 23
-        || minute > 59
-        || second > 60
-    {
-        return None;
-    }
-    unix_seconds(year, month, day, hour, minute, second)
 }
 
 #[cfg(test)]
