@@ -10,6 +10,9 @@
 //! it (the load is written on the same stream, so the checks wait for it under their own
 //! deadlines, as every check does).
 
+mod deadlines;
+mod reload;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
@@ -317,34 +320,6 @@ impl Driver {
         self.recycle(call.jobs);
     }
 
-    /// A call of checks answered with something else: an error (the code did not run, the
-    /// server refused) or an answer of another shape.
-    fn refused(&mut self, call: Call, reply: RedisResult<Value>) {
-        let owner = self.owner();
-        let error = match reply {
-            Err(error) => error,
-            Ok(value) => {
-                let error = StoreError::Protocol(format!(
-                    "{}: the rate-limit code answered {value:?}, not an array of integers",
-                    self.shared.server
-                ));
-                return self.failed_call(call, owner, true, error);
-            }
-        };
-        if script::not_run(&error) && !call.timed_out && call.jobs.iter().all(|j| !j.resent) {
-            return self.reload(call, error);
-        }
-        let answered = if is_demoted(&error) {
-            // The server became a replica: a new connection finds the primary.
-            self.shared.health.broke();
-            true
-        } else {
-            is_server_answer(&error)
-        };
-        let error = store_error(&self.shared.server, error);
-        self.failed_call(call, owner, answered, error);
-    }
-
     /// Every check of `call` fails with `error`; the breaker hears whether the server answered.
     fn failed_call(
         &mut self,
@@ -362,84 +337,6 @@ impl Driver {
             deliver(&owner, job, Err(error.duplicate()));
         }
         self.recycle(call.jobs);
-    }
-
-    /// The server lost the code (or has no functions): it is loaded again on this stream (in
-    /// the form the server takes), and the checks of `call` go first in the queue once it is.
-    /// The calls written after the one that failed fail alike: their checks wait for the same
-    /// load.
-    fn reload(&mut self, mut call: Call, error: RedisError) {
-        let Some(checks) = &self.checks else {
-            return self.recycle(call.jobs);
-        };
-        let form = script::reload_form(checks.form.get(), &error);
-        for job in &mut call.jobs {
-            job.resent = true;
-        }
-        let waiting = self.sent.iter_mut().find_map(|sent| match sent {
-            Sent::Load(load) => Some(load),
-            _ => None,
-        });
-        match waiting {
-            Some(load) => {
-                load.jobs.append(&mut call.jobs);
-                self.recycle(call.jobs);
-            }
-            None => self.load(form, call.jobs, call.permit),
-        }
-    }
-
-    /// Writes the load of the code in `form`; `jobs` are sent again once it is.
-    fn load(&mut self, form: Form, jobs: Vec<Job>, permit: Permit) {
-        let Some(checks) = &self.checks else {
-            return self.recycle(jobs);
-        };
-        let earliest = jobs.iter().map(|job| job.deadline).min();
-        self.out
-            .extend(checks.program.load_command(form).get_packed_command());
-        self.sent
-            .push_back(Sent::Load(Reload { form, jobs, permit }));
-        if let Some(at) = earliest {
-            self.arm_by(at);
-        }
-    }
-
-    /// The server answered the load of `load`: its checks go again, first in the queue; or
-    /// the script form is loaded where the server takes no function; or they fail.
-    fn loaded(&mut self, load: Reload, reply: RedisResult<Value>) {
-        let Reload {
-            form,
-            mut jobs,
-            permit,
-        } = load;
-        // Those whose requests stopped waiting meanwhile go no further.
-        jobs.retain(|job| job.answer.as_ref().is_some_and(|a| !a.is_closed()));
-        match script::loaded(form, reply) {
-            Loaded::Done => {
-                if let Some(checks) = &self.checks {
-                    checks.form.set(form);
-                }
-                if let Err(jobs) = self.shared.push_front(jobs) {
-                    let owner = self.owner();
-                    let error = store_error(&self.shared.server, stream::closed());
-                    for job in jobs {
-                        deliver(&owner, job, Err(error.duplicate()));
-                    }
-                }
-            }
-            Loaded::TryScript => self.load(Form::Script, jobs, permit),
-            Loaded::Failed(error) => {
-                let owner = self.owner();
-                let answered = is_server_answer(&error);
-                let error = store_error(&self.shared.server, error);
-                if let Some(owner) = &owner {
-                    owner.report(permit, answered, Some(&error));
-                }
-                for job in jobs {
-                    deliver(&owner, job, Err(error.duplicate()));
-                }
-            }
-        }
     }
 
     /// Takes the work queued: commands are written at once (ahead of checks that wait for
@@ -589,25 +486,6 @@ impl Driver {
         }
     }
 
-    /// Arms the timer for `at`, unless it fires sooner.
-    fn arm_by(&mut self, at: Instant) {
-        let sooner = match &self.timer {
-            Some(timer) if self.armed => timer.deadline() <= at,
-            _ => false,
-        };
-        if !sooner {
-            self.arm(at);
-        }
-    }
-
-    fn arm(&mut self, at: Instant) {
-        match &mut self.timer {
-            Some(timer) => timer.as_mut().reset(at),
-            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
-        }
-        self.armed = true;
-    }
-
     /// Writes what is to be written; whether it wrote.
     fn write(&mut self, cx: &mut Context<'_>) -> RedisResult<bool> {
         let mut wrote = false;
@@ -635,102 +513,6 @@ impl Driver {
             }
         }
         Ok(wrote)
-    }
-
-    /// Answers `Timeout` for the checks whose time ran out, when the timer says some may have;
-    /// whether it fired (calls that timed out leave room for the checks queued).
-    fn deadlines(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut fired = false;
-        while self.armed {
-            let Some(timer) = &mut self.timer else {
-                break;
-            };
-            if timer.as_mut().poll(cx).is_pending() {
-                break;
-            }
-            fired = true;
-            self.armed = false;
-            if let Some(next) = self.expire(Instant::now()) {
-                self.arm(next);
-            }
-        }
-        fired
-    }
-
-    /// Times out the calls and the queued checks whose deadline is past `now`; the next
-    /// deadline, if any.
-    fn expire(&mut self, now: Instant) -> Option<Instant> {
-        let owner = self.owner();
-        let mut next: Option<Instant> = None;
-        let mut earliest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
-        for sent in &mut self.sent {
-            match sent {
-                Sent::Checks(call) if call.timed_out => {
-                    // Waited for until `late`, when a connection no handle holds may end.
-                    if call.late > now {
-                        earliest(call.late);
-                    }
-                }
-                Sent::Checks(call) if call.budget > now => earliest(call.budget),
-                Sent::Checks(call) => {
-                    call.timed_out = true;
-                    // No longer out: the checks queued behind it go without it.
-                    self.calls_out -= 1;
-                    self.shared.health.timed_out();
-                    if let Some(owner) = &owner {
-                        owner.report(call.permit, false, Some(&StoreError::Timeout));
-                    }
-                    for job in &mut call.jobs {
-                        if let Some(answer) = job.answer.take() {
-                            answer.fail(StoreError::Timeout);
-                        }
-                    }
-                    if call.late > now {
-                        earliest(call.late);
-                    }
-                }
-                Sent::Load(load) => {
-                    // The checks waiting for the code to load wait no longer than any other.
-                    load.jobs.retain_mut(|job| {
-                        if job.deadline > now {
-                            earliest(job.deadline);
-                            return true;
-                        }
-                        if let Some(answer) = job.answer.take() {
-                            answer.fail(StoreError::Timeout);
-                        }
-                        false
-                    });
-                }
-                Sent::Command(_) => {}
-            }
-        }
-        let mut late = Vec::new();
-        {
-            let mut queue = self.shared.lock();
-            let mut i = 0;
-            while i < queue.work.len() {
-                match &queue.work[i] {
-                    Work::Check(job) if job.deadline <= now => {
-                        late.extend(queue.work.remove(i));
-                        self.shared.took(1);
-                    }
-                    Work::Check(job) => {
-                        earliest(job.deadline);
-                        i += 1;
-                    }
-                    Work::Command(_) => i += 1,
-                }
-            }
-        }
-        for work in late {
-            if let Work::Check(mut job) = work
-                && let Some(answer) = job.answer.take()
-            {
-                answer.fail(StoreError::Timeout);
-            }
-        }
-        next
     }
 
     /// Whether the driver may end: no handle is left, nothing is queued, and nothing it sent
