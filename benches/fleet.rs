@@ -17,7 +17,8 @@
 //! `FLEET_LEASE` (units leased on the hot tenant's rules, default 32), `FLEET_SPLIT` (sub-keys
 //! of the hot tenant's split rules, default 8), `FLEET_CONFIGS` (a comma-separated subset of
 //! `exact,deny-cache,lease-hot,split-hot,all,all-split`), `FLEET_GLOBAL=0` (no global rule: to
-//! see the other mechanisms without it).
+//! see the other mechanisms without it), `FLEET_BUSY_SECONDS` (each configuration's busy
+//! phase, default 4).
 //!
 //! What it does:
 //!
@@ -44,7 +45,9 @@
 //!    each request's scheduled time (`clock(..)`, feature `testing`), so Redis decides each
 //!    request at exactly the time the oracle does;
 //! 6. measures, from the servers: calls (`INFO commandstats`) and CPU (`INFO cpu`) per primary,
-//!    and this process's CPU (`/proc/self/stat`), decision latency and schedule lag;
+//!    and this process's CPU (`/proc/self/stat`), decision latency and schedule lag; then, in a
+//!    busy phase, the same arrivals closed-loop (64 in flight per gateway): Redis's CPU per
+//!    call when its calls come in batches, as on a busy shard;
 //! 7. decides the same arrivals with the reference model (the memory store on a manual clock,
 //!    in time order) and compares with it request by request (wrongly allowed, wrongly limited)
 //!    and each tenant's admitted count, against the tolerance of the exact configuration
@@ -52,7 +55,8 @@
 //!    shows refusing that tenant; the decisions made locally (no Redis) show which mechanisms
 //!    acted;
 //! 8. derives seed 001's fleet (50 gateways, 200,000 requests/s, 1,000,000 tenants) and ten
-//!    times it from the measured per-request costs of each class of key, and writes two SVG
+//!    times it from the measured calls per request of each class of key and the busy phase's
+//!    CPU per call, and writes two SVG
 //!    charts to `benches/fleet/`.
 
 #[path = "../tests/support/mod.rs"]
@@ -109,6 +113,9 @@ struct Settings {
     configs: Vec<Config>,
     /// Whether the global rule is stacked on every request (`FLEET_GLOBAL=0` leaves it out).
     global: bool,
+    /// Seconds of each configuration's busy phase (closed loop), which measures Redis's CPU
+    /// per call when its calls come in batches, as on a busy shard.
+    busy_seconds: f64,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, String> {
@@ -150,6 +157,7 @@ impl Settings {
             lease: env_or("FLEET_LEASE", 32)?,
             split: env_or("FLEET_SPLIT", 8)?,
             global: env_or("FLEET_GLOBAL", 1u8)? != 0,
+            busy_seconds: env_or("FLEET_BUSY_SECONDS", 4.0)?,
             configs,
         };
         if settings.gateways == 0 || settings.gateways > 1000 {
@@ -161,6 +169,9 @@ impl Settings {
                  least 10"
                     .into(),
             );
+        }
+        if settings.busy_seconds.is_nan() || settings.busy_seconds < 1.0 {
+            return Err("FLEET_BUSY_SECONDS must be at least 1".into());
         }
         if settings.lease < 2 || !(2..=64).contains(&settings.split) {
             return Err("FLEET_LEASE must be at least 2, FLEET_SPLIT between 2 and 64".into());
@@ -575,12 +586,15 @@ fn slot_owners(cluster: &support::RedisCluster) -> Result<Vec<u8>, String> {
     Ok(owners)
 }
 
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct NodeStats {
     /// Calls of tollgate's code (FCALL, EVALSHA).
     code_calls: f64,
-    /// Every other command the stores sent (not this harness's INFO / CONFIG).
+    /// Every other command counted (not this harness's INFO / CONFIG): those tollgate's code
+    /// runs inside its calls.
     other_calls: f64,
+    /// Those commands by name, cumulative since the last `CONFIG RESETSTAT`.
+    others: Vec<(String, f64)>,
     /// µs the server spent in tollgate's code (`INFO commandstats`).
     code_usec: f64,
     /// CPU seconds (user + system), cumulative.
@@ -616,7 +630,10 @@ fn node_stats(node: &support::RedisServer) -> Result<NodeStats, String> {
                 stats.code_usec += field("usec");
             }
             "info" | "config" | "flushall" | "cluster" | "ping" => {}
-            _ => stats.other_calls += field("calls"),
+            _ => {
+                stats.other_calls += field("calls");
+                stats.others.push((command.to_owned(), field("calls")));
+            }
         }
     }
     let cpu = info(node, "cpu")?;
@@ -794,27 +811,21 @@ struct Run {
     at_once: Vec<bool>,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn run_config(
+/// The gateways of one configuration: each its own cluster store (on its clock) and layer.
+fn gateways(
     runtime: &tokio::runtime::Runtime,
     cluster: &support::RedisCluster,
-    settings: &Settings,
     rules: &Rules,
-    traffic: &Arc<Traffic>,
+    settings: &Settings,
     hot_id: &str,
     config: Config,
-    epoch: u64,
-    ticks: f64,
-) -> Result<Run, String> {
-    reset_nodes(cluster)?;
+    clocks: &[ManualClock],
+) -> Result<Vec<Router>, String> {
     let text = policy_text(config, rules, settings, hot_id);
     let urls = cluster.urls();
-    let clocks: Vec<ManualClock> = (0..settings.gateways)
-        .map(|_| ManualClock::new(epoch))
-        .collect();
-    let routers: Vec<Router> = runtime.block_on(async {
+    runtime.block_on(async {
         let mut routers = Vec::new();
-        for clock in &clocks {
+        for clock in clocks {
             let policy = Policy::from_toml(&text, "fleet.toml")
                 .map_err(|e| format!("the rules of {}: {e}", config.name()))?;
             let store = RedisClusterStore::builder(urls.clone())
@@ -835,7 +846,26 @@ fn run_config(
             routers.push(router(layer));
         }
         Ok::<_, String>(routers)
-    })?;
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_config(
+    runtime: &tokio::runtime::Runtime,
+    cluster: &support::RedisCluster,
+    settings: &Settings,
+    rules: &Rules,
+    traffic: &Arc<Traffic>,
+    hot_id: &str,
+    config: Config,
+    epoch: u64,
+    ticks: f64,
+) -> Result<Run, String> {
+    reset_nodes(cluster)?;
+    let clocks: Vec<ManualClock> = (0..settings.gateways)
+        .map(|_| ManualClock::new(epoch))
+        .collect();
+    let routers = gateways(runtime, cluster, rules, settings, hot_id, config, &clocks)?;
     // Statistics from here: the stores' connections and code loading are not counted.
     for node in &cluster.nodes {
         redis::cmd("CONFIG")
@@ -909,6 +939,7 @@ fn run_config(
         .map(|(b, a)| NodeStats {
             code_calls: a.code_calls,
             other_calls: a.other_calls,
+            others: a.others.clone(),
             code_usec: a.code_usec,
             cpu: a.cpu - b.cpu,
         })
@@ -950,6 +981,124 @@ fn run_config(
             .end
             .iter()
             .map(|s| s.load(Ordering::Relaxed))
+            .collect(),
+    })
+}
+
+/// Requests in flight per gateway in the busy phase.
+const BUSY_IN_FLIGHT: usize = 64;
+
+/// What one configuration's busy phase measured: each primary's calls and CPU seconds.
+struct Busy {
+    seconds: f64,
+    requests: usize,
+    nodes: Vec<NodeStats>,
+}
+
+/// The busy phase: the same arrivals sent as fast as each gateway's answers come back
+/// ([`BUSY_IN_FLIGHT`] in flight per gateway; each store's clock still set to the arrival's
+/// time), for `busy_seconds`. Redis's calls then come in batches, as on a shard near its
+/// capacity, and its CPU per call is what a busy shard pays; the open-loop phase's, at this
+/// machine's low rate, is mostly waking up for each call.
+#[allow(clippy::too_many_arguments)]
+fn run_busy(
+    runtime: &tokio::runtime::Runtime,
+    cluster: &support::RedisCluster,
+    settings: &Settings,
+    rules: &Rules,
+    traffic: &Arc<Traffic>,
+    hot_id: &str,
+    config: Config,
+    epoch: u64,
+) -> Result<Busy, String> {
+    reset_nodes(cluster)?;
+    let clocks: Vec<ManualClock> = (0..settings.gateways)
+        .map(|_| ManualClock::new(epoch))
+        .collect();
+    let routers = gateways(runtime, cluster, rules, settings, hot_id, config, &clocks)?;
+    for node in &cluster.nodes {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(&mut node.conn())
+            .map_err(|e| format!("CONFIG RESETSTAT: {e}"))?;
+    }
+    let before: Vec<NodeStats> = cluster
+        .nodes
+        .iter()
+        .map(node_stats)
+        .collect::<Result<_, _>>()?;
+    let mut by_gateway: Vec<Vec<u32>> = vec![Vec::new(); settings.gateways];
+    for (i, a) in traffic.arrivals.iter().enumerate() {
+        by_gateway[usize::from(a.gateway)].push(i as u32);
+    }
+    let started = Instant::now();
+    let until = started + Duration::from_secs_f64(settings.busy_seconds);
+    let sent = Arc::new(AtomicUsize::new(0));
+    runtime.block_on(async {
+        let drivers: Vec<_> = routers
+            .iter()
+            .zip(&clocks)
+            .zip(by_gateway)
+            .map(|((router, clock), mine)| {
+                let (router, clock, traffic, sent) =
+                    (router.clone(), clock.clone(), traffic.clone(), sent.clone());
+                tokio::spawn(async move {
+                    let window = Arc::new(tokio::sync::Semaphore::new(BUSY_IN_FLIGHT));
+                    for index in mine {
+                        if Instant::now() >= until {
+                            break;
+                        }
+                        let Ok(permit) = window.clone().acquire_owned().await else {
+                            break;
+                        };
+                        let arrival = &traffic.arrivals[index as usize];
+                        clock.set(epoch + arrival.at);
+                        let mut future: RouterFuture =
+                            Box::pin(router.clone().oneshot(request(arrival, &traffic.tenants)));
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        // Polled once here, so that the layer reads the clock just set.
+                        if future
+                            .as_mut()
+                            .poll(&mut Context::from_waker(Waker::noop()))
+                            .is_pending()
+                        {
+                            tokio::spawn(async move {
+                                let _ = future.await;
+                                drop(permit);
+                            });
+                        }
+                    }
+                    // Every answer in.
+                    let _ = window.acquire_many(BUSY_IN_FLIGHT as u32).await;
+                })
+            })
+            .collect();
+        for driver in drivers {
+            if let Err(e) = driver.await {
+                eprintln!("fleet: a gateway's busy driver failed: {e}");
+            }
+        }
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let after: Vec<NodeStats> = cluster
+        .nodes
+        .iter()
+        .map(node_stats)
+        .collect::<Result<_, _>>()?;
+    runtime.block_on(async move {
+        drop(routers);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    Ok(Busy {
+        seconds,
+        requests: sent.load(Ordering::Relaxed),
+        nodes: before
+            .iter()
+            .zip(after)
+            .map(|(b, a)| NodeStats {
+                cpu: a.cpu - b.cpu,
+                ..a
+            })
             .collect(),
     })
 }
@@ -1127,6 +1276,10 @@ struct Accuracy {
     /// Requests the fleet admitted that the oracle refused, and the reverse.
     wrongly_allowed: usize,
     wrongly_limited: usize,
+    /// Of those (both kinds): the hot tenant's, and those with another request of their tenant
+    /// in flight at the same time (sent before the one answered, answered after the other sent).
+    wrong_hot: usize,
+    wrong_in_flight: usize,
     /// The longest reordering gap behind the exact tolerance, µs.
     gap: u64,
     /// (tenant's oracle admitted, fleet - oracle) of every tenant that differs.
@@ -1173,6 +1326,7 @@ fn bound(
 
 fn accuracy(
     run: &Run,
+    traffic: &Traffic,
     oracle: &Oracle,
     tolerance: &[u32],
     gap: u64,
@@ -1184,11 +1338,51 @@ fn accuracy(
         gap,
         ..Accuracy::default()
     };
-    for (&fleet, &want) in run.status.iter().zip(&oracle.decisions) {
-        if fleet == 1 && want != 1 {
+    let mut by_tenant: Vec<Vec<u32>> = vec![Vec::new(); seen.len()];
+    let mut position = Vec::with_capacity(traffic.arrivals.len());
+    for (i, a) in traffic.arrivals.iter().enumerate() {
+        position.push(by_tenant[a.tenant as usize].len());
+        by_tenant[a.tenant as usize].push(i as u32);
+    }
+    // Whether another request of `j`'s tenant was in flight while `j` was (either way round).
+    let in_flight = |j: usize| {
+        let requests = &by_tenant[traffic.arrivals[j].tenant as usize];
+        let k = position[j];
+        let overlaps = |&i: &u32| {
+            let i = i as usize;
+            run.start[i] <= run.end[j] && run.start[j] <= run.end[i]
+        };
+        let near = |i: &&u32| {
+            traffic.arrivals[**i as usize]
+                .at
+                .abs_diff(traffic.arrivals[j].at)
+                <= 5_000_000
+        };
+        requests[..k]
+            .iter()
+            .rev()
+            .take(4096)
+            .take_while(near)
+            .any(&overlaps)
+            || requests[k + 1..]
+                .iter()
+                .take(4096)
+                .take_while(near)
+                .any(&overlaps)
+    };
+    for (j, (&fleet, &want)) in run.status.iter().zip(&oracle.decisions).enumerate() {
+        let wrong = if fleet == 1 && want != 1 {
             acc.wrongly_allowed += 1;
+            true
         } else if fleet != 1 && want == 1 {
             acc.wrongly_limited += 1;
+            true
+        } else {
+            false
+        };
+        if wrong {
+            acc.wrong_hot += usize::from(traffic.arrivals[j].tenant == 0);
+            acc.wrong_in_flight += usize::from(in_flight(j));
         }
     }
     let refusing = &oracle.refusing;
@@ -1608,13 +1802,14 @@ fn run() -> Result<(), String> {
         .collect::<Result<_, _>>()?;
 
     let mut runs = Vec::new();
+    let mut busies: Vec<Busy> = Vec::new();
     for &config in &settings.configs {
         eprintln!("fleet: {} ...", config.name());
         let run = run_config(
             &runtime, &cluster, &settings, &rules, &traffic, &hot_id, config, epoch, ticks,
         )?;
         let (tolerance, gap) = tolerances(&run, &traffic, &rules, &oracle.refusing);
-        let acc = accuracy(&run, &oracle, &tolerance, gap, &settings, &seen);
+        let acc = accuracy(&run, &traffic, &oracle, &tolerance, gap, &settings, &seen);
         eprintln!(
             "fleet: {} done in {:.1} s: {} tenants differ, {} outside the bound",
             config.name(),
@@ -1623,6 +1818,16 @@ fn run() -> Result<(), String> {
             acc.outside_bound
         );
         runs.push((run, acc));
+        let busy = run_busy(
+            &runtime, &cluster, &settings, &rules, &traffic, &hot_id, config, epoch,
+        )?;
+        eprintln!(
+            "fleet: {} busy: {} requests in {:.1} s",
+            config.name(),
+            busy.requests,
+            busy.seconds
+        );
+        busies.push(busy);
     }
 
     // Node labels: which keys each holds.
@@ -1692,7 +1897,7 @@ fn run() -> Result<(), String> {
     // Table 1: cost.
     let _ = writeln!(
         out,
-        "| configuration | requests/s | admitted | Redis calls/s | calls/request | other commands/request | Redis CPU µs/decision | Redis CPU µs/call | Redis µs in code/decision | hottest primary (of this harness's placement: one class of key per primary): calls, CPU | decided locally: admits / 429s (hot tenant's) | gateway CPU µs/request | p50 µs | p99 µs | lag p99 ms | errors |"
+        "| configuration | requests/s | admitted | Redis calls/s | calls/request | commands run by the scripts/request | Redis CPU µs/decision | Redis CPU µs/call | Redis µs in code/decision | hottest primary (of this harness's placement: one class of key per primary): calls, CPU | decided locally: admits / 429s (hot tenant's) | gateway CPU µs/request | p50 µs | p99 µs | lag p99 ms | errors |"
     );
     let _ = writeln!(
         out,
@@ -1767,11 +1972,38 @@ fn run() -> Result<(), String> {
     let _ = writeln!(
         out,
         "\nRedis CPU per script call, all primaries together, in this run: {:.0}–{:.0} µs by configuration. \
-         Other commands: every command the servers counted besides the stores' FCALLs (and the \
-         harness's own INFO/CONFIG/CLUSTER/PING). Decided locally: answered at the first poll, \
+         Commands run by the scripts: the GETs and SETs tollgate's code runs inside its calls, \
+         which Redis counts apart (no store sends any other command; the harness's own \
+         INFO/CONFIG/CLUSTER/PING are left out). Decided locally: answered at the first poll, \
          without waiting on Redis (a lease's local units, the deny cache's 429s).",
         per_call.0, per_call.1
     );
+    for (run, _) in &runs {
+        let mut by_name: Vec<(String, f64)> = Vec::new();
+        for node in &run.nodes {
+            for (name, calls) in &node.others {
+                match by_name.iter_mut().find(|(n, _)| n == name) {
+                    Some(entry) => entry.1 += calls,
+                    None => by_name.push((name.clone(), *calls)),
+                }
+            }
+        }
+        by_name.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let list: Vec<String> = by_name
+            .iter()
+            .map(|(name, calls)| format!("{name} {:.3}", calls / n as f64))
+            .collect();
+        let _ = writeln!(
+            out,
+            "Commands run by the scripts per request, {}: {}.",
+            run.config.name(),
+            if list.is_empty() {
+                "none".to_owned()
+            } else {
+                list.join(", ")
+            }
+        );
+    }
 
     // Table 2: per primary.
     let _ = writeln!(out);
@@ -1812,21 +2044,25 @@ fn run() -> Result<(), String> {
     let _ = writeln!(
         out,
         "\nRequest by request (the oracle's decision for each request against the fleet's):\n\n\
-         | configuration | requests | wrongly allowed | wrongly limited | wrongly allowed or limited | longest reordering gap behind the exact tolerance |\n\
-         |---|---:|---:|---:|---:|---:|"
+         | configuration | requests | wrongly allowed | wrongly limited | wrongly allowed or limited | of which the hot tenant's | of which with another request of their tenant in flight | longest reordering gap behind the exact tolerance |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|"
     );
     for (run, acc) in &runs {
         let pct = |x: usize| x as f64 / n as f64 * 100.0;
+        let wrong = acc.wrongly_allowed + acc.wrongly_limited;
+        let share = |x: usize| x as f64 / wrong.max(1) as f64 * 100.0;
         let _ = writeln!(
             out,
-            "| {} | {} | {} ({:.4} %) | {} ({:.4} %) | {:.4} % | {:.1} ms |",
+            "| {} | {} | {} ({:.4} %) | {} ({:.4} %) | {:.4} % | {:.1} % | {:.1} % | {:.1} ms |",
             run.config.name(),
             n,
             acc.wrongly_allowed,
             pct(acc.wrongly_allowed),
             acc.wrongly_limited,
             pct(acc.wrongly_limited),
-            pct(acc.wrongly_allowed + acc.wrongly_limited),
+            pct(wrong),
+            share(acc.wrong_hot),
+            share(acc.wrong_in_flight),
             acc.gap as f64 / 1000.0,
         );
     }
@@ -1959,14 +2195,74 @@ fn run() -> Result<(), String> {
             10_000_000usize,
         ),
     ];
+    // Redis's CPU per call when busy: the closed-loop phase, idle CPU taken out.
+    let _ = writeln!(
+        out,
+        "\nRedis busy (each configuration's busy phase: the same arrivals sent closed-loop, {BUSY_IN_FLIGHT} in flight per gateway, for {} s; Redis's calls come in batches, as on a shard near its capacity; idle CPU taken out):\n",
+        settings.busy_seconds
+    );
+    let mut header = "| configuration | requests/s | Redis calls/s |".to_owned();
+    let mut rule = "|---|---:|---:|".to_owned();
+    for i in 0..cluster.nodes.len() {
+        let _ = write!(header, " primary {} CPU % | µs/call |", i + 1);
+        rule.push_str("---:|---:|");
+    }
+    header.push_str(" all primaries µs/call | at the offered rate µs/call |");
+    rule.push_str("---:|---:|");
+    let _ = writeln!(out, "{header}\n{rule}");
+    let busy_per_call: Vec<Vec<f64>> = runs
+        .iter()
+        .zip(&busies)
+        .map(|((run, _), busy)| {
+            let cpu = |i: usize| (busy.nodes[i].cpu - idle[i] * busy.seconds).max(0.0);
+            let total_cpu: f64 = (0..busy.nodes.len()).map(cpu).sum();
+            let total_calls: f64 = busy.nodes.iter().map(|x| x.code_calls).sum();
+            let overall = total_cpu * 1e6 / total_calls.max(1.0);
+            let per: Vec<f64> = (0..busy.nodes.len())
+                .map(|i| {
+                    // A primary that saw few calls (the global key's, leased) has no figure of
+                    // its own worth the name: it takes the whole cluster's.
+                    if busy.nodes[i].code_calls >= 500.0 {
+                        cpu(i) * 1e6 / busy.nodes[i].code_calls
+                    } else {
+                        overall
+                    }
+                })
+                .collect();
+            let open_calls: f64 = run.nodes.iter().map(|x| x.code_calls).sum();
+            let open_cpu: f64 = run.nodes.iter().map(|x| x.cpu).sum();
+            let mut line = format!(
+                "| {} | {:.0} | {:.0} |",
+                run.config.name(),
+                busy.requests as f64 / busy.seconds,
+                total_calls / busy.seconds
+            );
+            for (i, p) in per.iter().enumerate() {
+                let _ = write!(line, " {:.1} | {:.1} |", cpu(i) / busy.seconds * 100.0, p);
+            }
+            let _ = write!(
+                line,
+                " {overall:.1} | {:.1} |",
+                open_cpu * 1e6 / open_calls.max(1.0)
+            );
+            let _ = writeln!(out, "{line}");
+            per.into_iter().chain([overall]).collect()
+        })
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nA primary's µs/call is its own where it ran at least 500 calls, else all primaries'. The derived tables below use these busy figures: a shard at half its CPU or more is busy, and its calls come in batches."
+    );
+
     let mut costs = Vec::new();
     let _ = writeln!(
         out,
-        "\nPer-request costs by class of key (measured: each class's primary's calls and CPU, its idle CPU taken out, over the requests of the class; in the split configurations the hot cost and the others' are estimated, see below the table):\n\n\
-         | configuration | calls per other tenant's request | calls on the global slot per request | calls per hot-tenant request | Redis CPU µs per other tenant's request | on the global slot per request | per hot-tenant request |\n\
+        "\nPer-request costs by class of key (calls: measured in the open-loop run, each class's primary's calls over the requests of the class; Redis CPU at the offered rate: that primary's CPU, its idle taken out, over the same; busy: the calls times the busy µs/call of the class's primary (the hot tenant's sub-keys: their primaries' µs weighted by sub-keys); in the split configurations the hot cost and the others' are estimated, see below the table):\n\n\
+         | configuration | calls per other tenant's request | calls on the global slot per request | calls per hot-tenant request | Redis CPU µs per other tenant's request, offered rate / busy | on the global slot per request, offered / busy | per hot-tenant request, offered / busy |\n\
          |---|---:|---:|---:|---:|---:|---:|"
     );
-    for (run, _) in &runs {
+    for (index, (run, _)) in runs.iter().enumerate() {
+        let per_call = &busy_per_call[index];
         let node = |i: u8| &run.nodes[usize::from(i)];
         let busy = |i: u8| ((node(i).cpu / run.seconds - idle[usize::from(i)]) * 1e6).max(0.0);
         let calls = |i: u8| node(i).code_calls / run.seconds;
@@ -1988,18 +2284,37 @@ fn run() -> Result<(), String> {
         };
         let c = costs_of(&calls);
         let u = costs_of(&busy);
+        let hot_per_call = if run.config.hot_split() {
+            let subs: usize = subs_on.iter().sum();
+            subs_on
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| per_call[i] * k as f64)
+                .sum::<f64>()
+                / subs.max(1) as f64
+        } else {
+            per_call[usize::from(hot_node)]
+        };
+        let b = Costs {
+            tail: c.tail * per_call[usize::from(tail_node)],
+            global: c.global * per_call[usize::from(global_node)],
+            hot: c.hot * hot_per_call,
+        };
         let _ = writeln!(
             out,
-            "| {} | {:.3} | {:.3} | {:.3} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {:.3} | {:.3} | {:.3} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} |",
             run.config.name(),
             c.tail,
             c.global,
             c.hot,
             u.tail,
+            b.tail,
             u.global,
-            u.hot
+            b.global,
+            u.hot,
+            b.hot
         );
-        costs.push((run.config, c, u));
+        costs.push((run.config, c, b));
     }
     let _ = writeln!(
         out,
@@ -2021,8 +2336,8 @@ fn run() -> Result<(), String> {
         let shares = tail_slot_shares(tenants, settings.zipf);
         let _ = writeln!(
             out,
-            "\n{title} (derived: this run's measured per-request costs of each class, applied to the fleet's rate and to the natural hash slots of its tenants' names, on primaries holding equal slot ranges; the 100,000 calls/s columns take seed 001's shard of 100,000 operations/s and count one script call as one operation; the CPU columns use the Redis CPU per call measured on this machine):\n\n\
-             | configuration | Redis calls/s | primaries for every shard < 50 % at 100,000 calls/s a shard | then: calls/s per shard (hottest) | primaries for every shard < 50 % CPU at the measured µs | then: CPU % per shard (hottest) |\n\
+            "\n{title} (derived: this run's measured per-request costs of each class, applied to the fleet's rate and to the natural hash slots of its tenants' names, on primaries holding equal slot ranges; the 100,000 calls/s columns take seed 001's shard of 100,000 operations/s and count one script call as one operation; the CPU columns use the Redis CPU per call measured busy on this machine, above):\n\n\
+             | configuration | Redis calls/s | primaries for every shard < 50 % at 100,000 calls/s a shard | then: calls/s per shard (hottest) | primaries for every shard < 50 % CPU at the busy µs/call | then: CPU % per shard (hottest) |\n\
              |---|---:|---:|---|---:|---|"
         );
         for &(config, c, u) in &costs {

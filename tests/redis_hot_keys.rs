@@ -141,6 +141,113 @@ async fn a_known_denied_key_costs_redis_nothing_and_a_new_quota_asks_it_again() 
     assert_eq!(calls(&server), before + 2);
 }
 
+/// A per-tenant rule stacked under a global one (the common shape: a fleet-wide ceiling over
+/// each tenant's quota): a denied tenant is answered here while other tenants' requests pass
+/// and the global rule's next unit comes and goes, on a standalone server and on a cluster.
+/// The global rule's numbers in such an answer are the last Redis gave on this replica, aged.
+#[tokio::test]
+async fn a_denied_tenant_under_a_global_rule_is_answered_here_while_others_pass() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let standalone = store_on(&server, Some(&clock)).await;
+    denied_tenant_under_a_global_rule(&standalone, &clock, || calls(&server)).await;
+
+    let cluster = support::RedisCluster::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = RedisClusterStore::builder(cluster.urls())
+        .response_timeout(Duration::from_secs(5))
+        .deny_cache_max_age(Duration::from_secs(3600))
+        .clock(clock.clone())
+        .connect()
+        .await
+        .unwrap();
+    let cluster_calls = || cluster.nodes.iter().map(calls).sum::<u64>();
+    denied_tenant_under_a_global_rule(&store, &clock, cluster_calls).await;
+}
+
+async fn denied_tenant_under_a_global_rule<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    calls: impl Fn() -> u64,
+) {
+    // The global rule refills a unit every millisecond; a tenant has 2 a minute.
+    let global = RuleSpec::new(
+        "global",
+        Algorithm::TokenBucket,
+        Limits::new(1000, 1_000_000, 1000).unwrap(),
+    )
+    .unwrap();
+    let tenant = RuleSpec::new(
+        "tenant",
+        Algorithm::TokenBucket,
+        Limits::new(2, 60_000_000, 2).unwrap(),
+    )
+    .unwrap();
+    let everyone = Key::text("global");
+    let request = |key: &Key| {
+        store.check(&[
+            Charge {
+                rule: &global,
+                key: &everyone,
+                cost: 1,
+            },
+            Charge {
+                rule: &tenant,
+                key,
+                cost: 1,
+            },
+        ])
+    };
+    let over = Key::text("tenant-over");
+    for _ in 0..2 {
+        assert!(request(&over).await.unwrap().allowed());
+    }
+    let denied = request(&over).await.unwrap();
+    assert!(!denied.allowed());
+    assert_eq!(denied.source(), DecisionSource::Store);
+    let mut others = 0;
+    for round in 0..20 {
+        // Another tenant passes (the global rule admits and spends), and 5 ms go by: past the
+        // global rule's next unit, well within the denied tenant's 30 s.
+        let other = Key::text(format!("tenant-{round}"));
+        let passed = request(&other).await.unwrap();
+        assert!(passed.allowed());
+        others += 1;
+        clock.advance(Duration::from_millis(5));
+        let before = calls();
+        let again = request(&over).await.unwrap();
+        assert!(!again.allowed(), "round {round}");
+        assert_eq!(
+            again.source(),
+            DecisionSource::DenyCache,
+            "round {round}: answered here"
+        );
+        assert_eq!(calls(), before, "round {round}: no call to Redis");
+        // The tenant's own numbers are Redis's, aged; the global rule's the last Redis gave.
+        assert_eq!(again.outcomes()[1].remaining, 0);
+        assert!(!again.outcomes()[1].allowed);
+        assert!(again.outcomes()[0].allowed);
+        assert_eq!(
+            again.outcomes()[0].remaining,
+            passed.outcomes()[0].remaining,
+            "round {round}: the global rule's numbers are the freshest Redis gave here"
+        );
+        assert_eq!(
+            again.retry_after_micros(),
+            denied
+                .retry_after_micros()
+                .map(|wait| wait - 5_000 * (round + 1)),
+            "round {round}: the retry-after, aged"
+        );
+    }
+    assert_eq!(others, 20);
+    // At its retry-after, Redis decides, and admits.
+    clock.advance(Duration::from_micros(denied.retry_after_micros().unwrap()));
+    let admitted = request(&over).await.unwrap();
+    assert_eq!(admitted.source(), DecisionSource::Store);
+    assert!(admitted.allowed());
+}
+
 /// While Redis is away, a key Redis denied stays denied (Redis would deny it); other keys
 /// follow their failure mode.
 #[tokio::test]

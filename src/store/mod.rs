@@ -142,7 +142,10 @@
 //! When Redis denies a request, the store keeps its answer, and answers the same request (same
 //! rules, keys and costs) itself until the sooner of the denying rule's retry-after and the
 //! time its next unit comes back, with Redis's numbers aged by the time since: a client that
-//! is already denied costs Redis nothing. Within that time Redis would deny it too (other
+//! is already denied costs Redis nothing. The request's other rules, those that admitted it (a
+//! global rule stacked over every tenant's), do not end the answer: they are shown with the
+//! numbers Redis last gave for them on this replica, aged, while the denial stands. Within that
+//! time Redis would deny it too (other
 //! requests only spend), so the cache never denies what Redis would admit; its time is counted
 //! from when the check was sent, before Redis read its clock. The exceptions are units given
 //! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and

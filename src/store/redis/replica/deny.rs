@@ -1,10 +1,13 @@
 //! The deny cache: the denials Redis made moments ago, answered on this replica, aged by the time
 //! since, until the sooner of their retry-after and their window.
 
+use std::sync::atomic::Ordering;
+
 use smallvec::SmallVec;
 
 use super::Replica;
 use super::denial::{Denial, aged};
+use super::table::Table;
 use crate::algorithm::Outcome;
 use crate::key::Key;
 use crate::store::Charge;
@@ -46,5 +49,42 @@ impl Replica {
             return None;
         }
         Some(entry)
+    }
+}
+
+impl Table<Denial> {
+    /// Keeps a charge of a denied request. The numbers of a rule that admitted it live as long
+    /// as the longest denial they serve: a rule stacked over many keys (a global one) is shared
+    /// by the denials of all of them.
+    pub(super) fn keep(&self, key: (u64, Key), mut denial: Denial, now: u64) {
+        let mut shard = self.shard(&key);
+        if !denial.denies
+            && let Some(kept) = shard.get(&key)
+            && !kept.denies
+            && kept.cost == denial.cost
+        {
+            denial.until = denial.until.max(kept.until);
+        }
+        if self.room(&mut shard, &key, now, |d| d.until <= now)
+            && shard.insert(key, denial).is_none()
+        {
+            self.len.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Redis admitted `cost` of `key` at `at`: a denial of it is over; the numbers kept of it
+    /// (it admitted a denied request) are these now, fresher.
+    pub(super) fn admitted(&self, key: (u64, Key), cost: u64, outcome: &Outcome, at: u64) {
+        let mut shard = self.shard(&key);
+        let Some(kept) = shard.get_mut(&key) else {
+            return;
+        };
+        if kept.denies {
+            shard.remove(&key);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        } else if kept.cost == cost && at >= kept.at {
+            kept.outcome = *outcome;
+            kept.at = at;
+        }
     }
 }

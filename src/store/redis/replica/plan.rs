@@ -292,13 +292,17 @@ impl Plan {
         }
         if admitted {
             // Redis admitted what it was asked to charge: those denials are over (a request
-            // paid here, or a refill ahead of need, says nothing of Redis's budget).
+            // paid here, or a refill ahead of need, says nothing of Redis's budget). A rule
+            // kept only for its numbers (it admitted a denied request) keeps them, fresher.
             if !local.denials.is_empty() {
-                for planned in &self.charges {
+                for (planned, outcome) in self.charges.iter().zip(&outcomes) {
                     if matches!(planned.how, How::Sent | How::Refill { .. }) {
-                        local
-                            .denials
-                            .remove(&(planned.fingerprint, planned.key.clone()));
+                        local.denials.admitted(
+                            (planned.fingerprint, planned.key.clone()),
+                            planned.cost,
+                            outcome,
+                            self.at,
+                        );
                     }
                 }
             }
@@ -352,22 +356,19 @@ impl Plan {
                 outcome: *outcome,
                 cost: planned.cost,
                 at: self.at,
-                // A rule that admits keeps its numbers until its own next unit at most; so does
-                // one whose cost never fits (its retry-after is no bound).
-                until: if outcome.allowed || outcome.retry_after == u64::MAX {
+                // A rule that admits is kept for its numbers while the denial stands (they age:
+                // its next unit may come, other requests may spend); one whose cost never fits
+                // keeps them until its own next unit at most (its retry-after is no bound).
+                until: if !outcome.allowed && outcome.retry_after == u64::MAX {
                     until.min(self.at.saturating_add(outcome.window))
                 } else {
                     until
                 },
                 denies: !outcome.allowed,
             };
-            let now = self.at;
-            local.denials.put(
-                (planned.fingerprint, planned.key.clone()),
-                denial,
-                now,
-                |d| d.until <= now,
-            );
+            local
+                .denials
+                .keep((planned.fingerprint, planned.key.clone()), denial, self.at);
         }
     }
 

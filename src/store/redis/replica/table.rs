@@ -73,14 +73,6 @@ impl<V> Table<V> {
         shard.len() < most
     }
 
-    /// Inserts or replaces, when there is room (see [`room`](Table::room)).
-    pub(super) fn put(&self, key: (u64, Key), value: V, now: u64, gone: impl Fn(&V) -> bool) {
-        let mut shard = self.shard(&key);
-        if self.room(&mut shard, &key, now, gone) && shard.insert(key, value).is_none() {
-            self.len.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
     pub(super) fn remove(&self, key: &(u64, Key)) {
         if self.shard(key).remove(key).is_some() {
             self.len.fetch_sub(1, Ordering::Relaxed);
