@@ -36,8 +36,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
-use crate::engine::{Admitted, Decide, Driver, Engine, Ruling, Slots, report_settle};
+use crate::body::{ResponseBody, StreamForm};
+use crate::engine::{Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, report_settle};
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
 use crate::shed::InFlight;
@@ -97,6 +97,7 @@ pin_project! {
             future: Option<StoreFuture<()>>,
             response: Option<Resp>,
             slots: Option<Slots>,
+            meter: Option<Meter>,
         },
         // Decided: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
@@ -149,10 +150,16 @@ where
     S: Service<Request<ReqBody>>,
 {
     match ruling {
-        Ruling::Call(admitted) => State::Calling {
-            future: service.call(Request::from_parts(parts, body)),
-            admitted,
-        },
+        Ruling::Call(admitted) => {
+            let mut parts = parts;
+            if let Some(meter) = &admitted.meter {
+                parts.extensions.insert(meter.clone());
+            }
+            State::Calling {
+                future: service.call(Request::from_parts(parts, body)),
+                admitted,
+            }
+        }
         Ruling::Answer { refusal, grpc } => State::Answered {
             response: Some(snapshot.answers.render(&refusal, grpc)),
         },
@@ -186,6 +193,7 @@ where
                     let mut response = ready!(future.poll(cx))?;
                     let mut decision = admitted.decision.take();
                     let slots = admitted.slots.take();
+                    let meter = admitted.meter.take();
                     let mut pending = None;
                     if let Some(settle) = admitted.settle.take() {
                         let answer = decision.as_mut().map(|d| (d, &admitted.applied[..]));
@@ -208,17 +216,18 @@ where
                             future: Some(future),
                             response: Some(response),
                             slots,
+                            meter,
                         });
                         continue;
                     }
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response
-                        .map(|body| ResponseBody::holding(body, slots, this.in_flight.take()))));
+                    return Poll::Ready(Ok(holding(response, slots, this.in_flight.take(), meter)));
                 }
                 StateProj::Settling {
                     future,
                     response,
                     slots,
+                    meter,
                 } => {
                     if let Some(pending) = future {
                         report_settle(ready!(pending.as_mut().poll(cx)));
@@ -226,12 +235,12 @@ where
                     }
                     let response = response.take();
                     let slots = slots.take();
+                    let meter = meter.take();
                     this.state.set(State::Done);
                     let Some(response) = response else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    return Poll::Ready(Ok(response
-                        .map(|body| ResponseBody::holding(body, slots, this.in_flight.take()))));
+                    return Poll::Ready(Ok(holding(response, slots, this.in_flight.take(), meter)));
                 }
                 StateProj::Answered { response } => {
                     let response = response.take();
@@ -245,6 +254,19 @@ where
             }
         }
     }
+}
+
+/// The inner service's response, its body holding the request's slots, its place among the
+/// requests in flight and its meter until it ends.
+fn holding<B>(
+    response: Response<B>,
+    slots: Option<Slots>,
+    in_flight: Option<InFlight>,
+    meter: Option<Meter>,
+) -> Response<ResponseBody<B>> {
+    let (parts, body) = response.into_parts();
+    let meter = meter.map(|meter| (meter, StreamForm::of(&parts.headers)));
+    Response::from_parts(parts, ResponseBody::holding(body, slots, in_flight, meter))
 }
 
 /// Lets a settle whose request was dropped finish on the runtime (a store's calls have their

@@ -212,6 +212,12 @@
 //! sliding window log (one entry per unit) cannot hold a debt: settling one is refused at build
 //! time, as is settling or charging by outcome a leased or split rule.
 //!
+//! A cost known only as the response streams (an LLM's tokens, generated one by one) is
+//! [metered](Rule::meter): the rule's units are taken from the store a chunk at a time while
+//! the producer [spends](Meter::spend) them, a spent budget stops the producer and ends the
+//! stream with the refusal (a final server-sent event, gRPC trailers), and the charge is
+//! settled to what was spent when the response ends or the client leaves.
+//!
 //! # Answers
 //!
 //! ```
@@ -427,6 +433,7 @@ struct ReadmeDoctests;
 pub use algorithm::decision::{Decision, DecisionSource};
 pub use algorithm::kind::Algorithm;
 pub use body::ResponseBody;
+pub use engine::{Meter, Spend};
 pub use error::ConfigError;
 pub use layer::{DEFAULT_MAX_WAITING, RateLimitLayer, RateLimitLayerBuilder};
 pub use limiter::{Limiter, LimiterError};

@@ -12,8 +12,9 @@
 //!    service, or answer for it. A store failure is decided by each rule's failure mode
 //!    (`fallback`); a denial by shadow rules only admits the request, one by delay rules waits
 //!    and checks again (`delay`); what answers show is decided by pure functions (`verdict`).
-//! 4. After the response: charges settled (`settle`), slots given back (`slots`); every
-//!    decision is told to the events (`events`).
+//! 4. After the response: charges settled (`settle`), slots given back (`slots`), a streamed
+//!    response's budget metered and settled (`meter`); every decision is told to the events
+//!    (`events`).
 //!
 //! Nothing here knows about `Service`: the faces (`service`, `future`, `grpc`) call
 //! [`Engine::decide`] and drive what it could not decide with the [`Driver`].
@@ -25,6 +26,7 @@ mod events;
 mod fallback;
 mod gate;
 mod keys;
+mod meter;
 mod next;
 mod reload;
 mod ruling;
@@ -35,6 +37,7 @@ mod uses;
 mod verdict;
 
 pub(crate) use driver::Driver;
+pub use meter::{Meter, Spend};
 pub(crate) use ruling::{Admitted, Decide, Ruling};
 pub(crate) use settle::report_settle;
 pub(crate) use slots::Slots;

@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 
 use super::check::{Ctx, Phase};
 use super::fallback::WithoutStore;
+use super::meter::Meter;
 use super::ruling::{Admitted, Decide};
 use super::settle::{Settle, charges_of};
 use super::slots::Slots;
@@ -215,12 +216,20 @@ impl<St: Store> Engine<St> {
         } else {
             None
         };
+        let meter = if snapshot.meters {
+            let charges = charges_of(applied, keys, &decision, |i| rule(i).meter.is_some());
+            (!charges.is_empty())
+                .then(|| Meter::new(self.clone(), snapshot.clone(), charges, on_fallback))
+        } else {
+            None
+        };
         let decision = visible(snapshot, applied, decision);
         Decide::call(Admitted {
             decision: Some(decision),
             applied: std::mem::take(applied),
             settle,
             slots,
+            meter,
         })
     }
 

@@ -5,6 +5,7 @@
 use pin_project_lite::pin_project;
 
 use super::check::{Check, DeferredCheck, Stopwatch};
+use super::meter::Meter;
 use super::settle::Settle;
 use super::slots::Slots;
 use crate::Decision;
@@ -21,13 +22,15 @@ pub(crate) struct Admitted {
     pub(crate) applied: RuleIndices,
     pub(crate) settle: Option<Box<Settle>>,
     pub(crate) slots: Option<Slots>,
+    /// The budget its response streams from, when a rule meters it.
+    pub(crate) meter: Option<Meter>,
 }
 
 impl Admitted {
     /// Whether the request holds slots or has charges to settle after its response.
     #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
     pub(crate) fn holds_or_settles(&self) -> bool {
-        self.slots.is_some() || self.settle.is_some()
+        self.slots.is_some() || self.settle.is_some() || self.meter.is_some()
     }
 }
 

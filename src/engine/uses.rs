@@ -30,11 +30,11 @@ impl Use {
     /// Why `snapshot` cannot serve this use, if it cannot.
     pub(crate) fn refuses(self, snapshot: &Snapshot) -> Option<ConfigError> {
         match self {
-            Use::PerMessage => (snapshot.holds || snapshot.settles).then(|| {
+            Use::PerMessage => (snapshot.holds || snapshot.settles || snapshot.meters).then(|| {
                 ConfigError::new(
-                    "concurrency limits and charges by outcome or settled costs act after a \
-                     response, which a message has not: they cannot be checked per message; use \
-                     them on a layer of their own",
+                    "concurrency limits, charges by outcome, settled costs and metered rules act \
+                     after a response, which a message has not: they cannot be checked per \
+                     message; use them on a layer of their own",
                 )
             }),
             Use::Interceptor => {
@@ -42,11 +42,11 @@ impl Use {
                     .rules
                     .iter()
                     .any(|rule| matches!(rule.mode, RuleMode::Delay { .. }));
-                (snapshot.holds || snapshot.settles || delays).then(|| {
+                (snapshot.holds || snapshot.settles || snapshot.meters || delays).then(|| {
                     ConfigError::new(
                         "a tonic interceptor neither sees the response nor waits: concurrency \
-                         limits, charges by outcome or settled costs and delay rules need the \
-                         layer on the service (layer.layer(MyServiceServer::new(service)))",
+                         limits, charges by outcome, settled costs, metered rules and delay rules \
+                         need the layer on the service (layer.layer(MyServiceServer::new(service)))",
                     )
                 })
             }

@@ -53,6 +53,8 @@ pub struct Rule {
     pub(crate) after: After,
     /// The longest hold of a concurrency rule, when set.
     pub(crate) max_hold: Option<Duration>,
+    /// Units taken from the store at a time while a response streams, when metered.
+    pub(crate) meter: Option<u64>,
 }
 
 /// How long leased units live, unless [`Rule::lease_ttl`] says otherwise.
@@ -79,6 +81,7 @@ impl Rule {
             split: None,
             after: After::default(),
             max_hold: None,
+            meter: None,
         }
     }
 
@@ -272,6 +275,53 @@ impl Rule {
         self
     }
 
+    /// Meters the rule's units while the response streams, for costs known only as they are
+    /// produced (an LLM's tokens): the layer takes `chunk` units from the store when it admits
+    /// the request (the rule's cost is the chunk), and hands the handler a [`Meter`] in the
+    /// request's extensions. The producer calls [`Meter::spend`] for the units it is about to
+    /// generate;
+    /// the meter takes the next `chunk` from the store when the ones it holds are spent, and
+    /// when the store refuses it, [`Spend::Exhausted`] tells the producer to stop, and the
+    /// layer ends the response at its next frame with the refusal (a final server-sent event,
+    /// gRPC trailers, or trailers on other bodies: see [`Meter`]). When the response ends or
+    /// is dropped (the client left), the charge is settled to the units spent, in one store
+    /// call: unused units of the last chunk go back, units spent past it are charged (a debt).
+    ///
+    /// The precision is the chunk: every unit spent is taken from the store before it is
+    /// generated, so a fleet never delivers more than the budget (units
+    /// [recorded](crate::Meter::record) after the fact may go past it, as a debt), and a stream
+    /// may be cut up to one chunk before the budget when less than a chunk is left. A chunk
+    /// costs one store call per `chunk` units: a few percent of the quota is the usual
+    /// trade-off.
+    ///
+    /// ```
+    /// use tollgate::key::FromHeader;
+    /// use tollgate::{Quota, RateLimitLayer, Rule};
+    ///
+    /// // 10,000 tokens per minute per API key, taken 500 at a time as the answer streams.
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(
+    ///         Rule::new("tokens", Quota::per_minute(10_000))
+    ///             .key(FromHeader::new("x-api-key").hashed())
+    ///             .meter(500),
+    ///     )
+    ///     .build()?;
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    ///
+    /// Not for the sliding window log (it cannot hold a debt), concurrency, leased or split
+    /// rules, rules that charge by the response (`charge_when`, `settle`), or shadow and delay
+    /// rules. A store failure while a chunk is taken ends the stream unless the rule fails
+    /// open (then the stream goes on, and the units it spends uncounted are not charged).
+    ///
+    /// [`Meter`]: crate::Meter
+    /// [`Meter::spend`]: crate::Meter::spend
+    /// [`Spend::Exhausted`]: crate::Spend::Exhausted
+    pub fn meter(mut self, chunk: u64) -> Self {
+        self.meter = Some(chunk);
+        self
+    }
+
     /// What the rule does with a request over its limit (default [`RuleMode::Enforce`]).
     pub fn mode(&self) -> RuleMode {
         self.mode
@@ -310,6 +360,7 @@ impl Rule {
             && self.split == other.split
             && self.after.same_as(&other.after)
             && self.max_hold == other.max_hold
+            && self.meter == other.meter
             && same_key
             && self.key_spec == other.key_spec
             && same_cost
@@ -415,13 +466,47 @@ impl Rule {
                  rule of another algorithm (Algorithm::SlidingWindowCounter is close to it)",
             ));
         }
+        let mut cost = self.cost;
+        if let Some(chunk) = self.meter {
+            let refused = if concurrency
+                || self.lease.is_some()
+                || self.split.is_some()
+                || !self.after.is_empty()
+            {
+                Some("a concurrency, leased or split rule, or one that charges by the response")
+            } else if self.algorithm == Algorithm::SlidingWindowLog {
+                Some("a sliding window log (it keeps one entry per unit and cannot hold a debt)")
+            } else if self.mode != RuleMode::Enforce {
+                Some("a shadow or delay rule")
+            } else {
+                None
+            };
+            if let Some(what) = refused {
+                return Err(ConfigError::in_rule(
+                    &name,
+                    format_args!("meter(..) is not for {what}; remove .meter(..)"),
+                ));
+            }
+            let capacity = self.algorithm.capacity(&limits);
+            if chunk == 0 || chunk > capacity {
+                return Err(ConfigError::in_rule(
+                    &name,
+                    format_args!(
+                        "a meter's chunk is between 1 and the most the rule ever holds \
+                         ({capacity}); got {chunk}"
+                    ),
+                ));
+            }
+            cost = Cost::Fixed(chunk);
+        }
         let mut spec = RuleSpec::new(name, self.algorithm, limits)?;
         if let Some((units, ttl)) = self.lease {
             spec = spec.with_lease(units, ttl)?;
         }
         if let Some(parts) = self.split {
             spec = spec.with_parts(parts)?;
-            if let Cost::Fixed(cost) = self.cost {
+            if let Cost::Fixed(fixed) = &cost {
+                let cost = *fixed;
                 let capacity = self.algorithm.capacity(spec.part_limits());
                 if cost > capacity {
                     return Err(ConfigError::in_rule(
@@ -441,11 +526,12 @@ impl Rule {
                 (None, Some(key)) => key,
                 (None, None) => default_key.clone(),
             },
-            cost: self.cost,
+            cost,
             on_store_error: self.on_store_error.unwrap_or(default_failure),
             skip_unidentified: self.skip_unidentified,
             mode: self.mode,
             after: (!self.after.is_empty()).then(|| Arc::new(self.after)),
+            meter: self.meter,
         })
     }
 }
@@ -473,6 +559,8 @@ pub(crate) struct CompiledRule {
     pub(crate) mode: RuleMode,
     /// What it does once the response head is there, if anything.
     pub(crate) after: Option<Arc<After>>,
+    /// Units taken at a time while the response streams, when metered.
+    pub(crate) meter: Option<u64>,
 }
 
 /// The longest a [`RuleMode::Delay`] rule may make a request wait.

@@ -56,6 +56,8 @@ pub(crate) struct Snapshot {
     pub(crate) settles: bool,
     /// Whether a rule is a concurrency limit, whose slots are given back after the response.
     pub(crate) holds: bool,
+    /// Whether a rule meters its units while the response streams.
+    pub(crate) meters: bool,
     /// The response headers rules read their real cost from: removed from every response,
     /// settled or not (the store failed open, the rule did not apply).
     pub(crate) cost_headers: Box<[http::HeaderName]>,
@@ -65,7 +67,7 @@ impl Snapshot {
     /// Whether a request's keys must be kept after its check: for the local fallback, for a
     /// second check of shadow and delay rules, or to settle charges after the response.
     pub(crate) fn keeps_keys(&self) -> bool {
-        self.uses_fallback || self.watches || self.settles || self.holds
+        self.uses_fallback || self.watches || self.settles || self.holds || self.meters
     }
 
     /// Compiles and checks a policy; errors name where they are when the policy was read from
@@ -253,6 +255,7 @@ impl Snapshot {
                 .any(|rule| rule.on_store_error == FailureMode::Local),
             watches: rules.iter().any(|rule| rule.mode != RuleMode::Enforce),
             settles: rules.iter().any(|rule| rule.after.is_some()),
+            meters: rules.iter().any(|rule| rule.meter.is_some()),
             holds: rules
                 .iter()
                 .any(|rule| rule.spec.algorithm().is_concurrency()),

@@ -1,0 +1,408 @@
+//! [`Meter`]: the budget a streamed response spends as it is produced, taken from the store a
+//! chunk at a time and settled to what was spent when the response ends.
+//!
+//! ```
+//! use tollgate::{Meter, Spend};
+//!
+//! // In a handler: the producer spends as it generates, and stops when the budget is gone.
+//! async fn generate(meter: Option<Meter>, tokens: u64) -> u64 {
+//!     let mut produced = 0;
+//!     for _ in 0..tokens {
+//!         if let Some(meter) = &meter {
+//!             if meter.spend(1).await == Spend::Exhausted {
+//!                 break; // the layer ends the response with the refusal
+//!             }
+//!         }
+//!         produced += 1; // ...and yield the token
+//!     }
+//!     produced
+//! }
+//! ```
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use smallvec::SmallVec;
+
+use super::settle::report_settle;
+use super::state::Engine;
+use crate::key::Key;
+use crate::policy::RuleIndices;
+use crate::policy::snapshot::Snapshot;
+use crate::response::Refusal;
+use crate::store::{Adjustment, Change, Charge, Store, StoreError, StoreFuture};
+use crate::{Decision, FailureMode};
+
+/// What [`Meter::spend`] answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spend {
+    /// The units are within the budget: go on.
+    Holds,
+    /// The budget is spent (or the store refused the next chunk): stop producing. The layer
+    /// ends the response at its next frame with the refusal.
+    Exhausted,
+}
+
+/// The budget of one streamed response, for the rules that [meter](crate::Rule::meter) it:
+/// found in the request's extensions (`Option<Extension<Meter>>` in axum) when such a rule
+/// applies. Clones share one budget.
+///
+/// The producer calls [`spend`](Meter::spend) with the units it is about to generate (or
+/// [`record`](Meter::record) with units it already has). The meter holds the units the store
+/// granted (the admission's chunk first) and takes the next chunk when they are spent; when
+/// the store refuses it, the producer is told [`Spend::Exhausted`] and should stop: its units
+/// are what the budget protects. The layer
+/// ends the response at its next frame (or at its end, if the producer ends it), in the form
+/// the client reads:
+///
+/// - **server-sent events** (`text/event-stream`): a final event, `event: error`, whose data is
+///   the `quota-exceeded` problem document (type, title, status 429, `violated-policies`), then
+///   the end of the stream;
+/// - **gRPC** (`application/grpc`): trailers with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
+///   `grpc-retry-pushback-ms` and `google.rpc.RetryInfo`, as a refused call's;
+/// - **other bodies**: trailers with `Retry-After` and the budget fields, then the end of the
+///   body. An HTTP/2 client reads them; an HTTP/1.1 client reads trailers only if it asked for
+///   them (`TE: trailers`), else it sees a body that ends early.
+///
+/// When the response ends, or is dropped (the client disconnected), and the last clone of the
+/// meter is gone, the charge is settled to the units spent, in one store call: units taken and
+/// not spent go back, units spent past what was taken are charged (the key is in debt). A
+/// client that leaves mid-stream pays for what was produced for it, not for the chunk.
+#[derive(Clone)]
+pub struct Meter {
+    inner: Arc<Metered>,
+}
+
+impl std::fmt::Debug for Meter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.inner.state();
+        f.debug_struct("Meter")
+            .field("spent", &state.spent)
+            .field("exhausted", &state.exhausted.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a meter takes its chunks and settles: the layer's store (or its fallback limiter).
+pub(crate) trait Spender: Send + Sync {
+    /// Takes `charges` (rule index, key, units) in one check.
+    fn take(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: bool,
+    ) -> StoreFuture<Decision>;
+
+    /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
+    /// on the runtime.
+    fn settle_meter(
+        &self,
+        snapshot: &Snapshot,
+        changes: &[(u16, Key, Change, u64)],
+        on_fallback: bool,
+    );
+}
+
+struct Metered {
+    spender: Arc<dyn Spender>,
+    snapshot: Arc<Snapshot>,
+    on_fallback: bool,
+    state: Mutex<State>,
+}
+
+/// One metered rule's account.
+struct Account {
+    rule: u16,
+    key: Key,
+    chunk: u64,
+    /// Units granted by the store so far.
+    taken: u64,
+    /// Of those, units granted while the store failed and the rule fails open: never charged.
+    free: u64,
+    /// When the last chunk was charged, on the store's clock (0: not known).
+    charged_at: u64,
+}
+
+struct State {
+    accounts: SmallVec<[Account; 1]>,
+    spent: u64,
+    /// The refusal that ended the budget.
+    exhausted: Option<Arc<Refusal>>,
+    /// The body waiting for a frame, woken when the budget ends.
+    body: Option<Waker>,
+}
+
+impl Metered {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Meter {
+    /// The meter of an admitted request: `charges` (rule index, key, units, when charged) are
+    /// the admission's chunks.
+    pub(crate) fn new(
+        spender: Arc<dyn Spender>,
+        snapshot: Arc<Snapshot>,
+        charges: impl IntoIterator<Item = (u16, Key, u64, u64)>,
+        on_fallback: bool,
+    ) -> Meter {
+        let accounts = charges
+            .into_iter()
+            .map(|(rule, key, units, charged_at)| Account {
+                chunk: snapshot.rules[usize::from(rule)]
+                    .meter
+                    .unwrap_or(units)
+                    .max(1),
+                rule,
+                key,
+                taken: units,
+                free: 0,
+                charged_at,
+            })
+            .collect();
+        Meter {
+            inner: Arc::new(Metered {
+                spender,
+                snapshot,
+                on_fallback,
+                state: Mutex::new(State {
+                    accounts,
+                    spent: 0,
+                    exhausted: None,
+                    body: None,
+                }),
+            }),
+        }
+    }
+
+    /// Asks for `units` the producer is about to generate: [`Spend::Holds`] when they fit (they
+    /// are counted as spent), [`Spend::Exhausted`] when the budget is spent (they are not
+    /// counted: do not generate them). Takes the next chunk from the store (one call) when the
+    /// units held run out; otherwise answers at once.
+    pub async fn spend(&self, units: u64) -> Spend {
+        self.ask(units, false).await
+    }
+
+    /// Records `units` already generated (a frame that exists, a usage figure reported after
+    /// the fact): counted whatever the budget, past it as a debt, and answers whether the
+    /// budget still holds for more.
+    pub async fn record(&self, units: u64) -> Spend {
+        self.ask(units, true).await
+    }
+
+    async fn ask(&self, units: u64, produced: bool) -> Spend {
+        let wanted: SmallVec<[(u16, Key, u64); 1]> = {
+            let mut state = self.inner.state();
+            if state.exhausted.is_some() {
+                if produced {
+                    state.spent = state.spent.saturating_add(units);
+                }
+                return Spend::Exhausted;
+            }
+            state.spent = state.spent.saturating_add(units);
+            let spent = state.spent;
+            state
+                .accounts
+                .iter()
+                .filter(|a| a.taken < spent)
+                .map(|a| (a.rule, a.key.clone(), a.chunk.max(spent - a.taken)))
+                .collect()
+        };
+        if wanted.is_empty() {
+            return Spend::Holds;
+        }
+        let answer = self
+            .inner
+            .spender
+            .take(&self.inner.snapshot, &wanted, self.inner.on_fallback)
+            .await;
+        let spend = self.granted(&wanted, answer);
+        if spend == Spend::Exhausted && !produced {
+            // Not generated: not spent.
+            let mut state = self.inner.state();
+            state.spent = state.spent.saturating_sub(units);
+        }
+        spend
+    }
+
+    /// Records the store's answer to a chunk, and answers the spend that asked for it.
+    fn granted(&self, wanted: &[(u16, Key, u64)], answer: Result<Decision, StoreError>) -> Spend {
+        let snapshot = &self.inner.snapshot;
+        let mut state = self.inner.state();
+        match answer {
+            Ok(decision) if decision.allowed() => {
+                for (position, (rule, _, units)) in wanted.iter().enumerate() {
+                    if let Some(account) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
+                        account.taken = account.taken.saturating_add(*units);
+                        account.charged_at = decision.charged_at(position);
+                    }
+                }
+                // Another clone's refusal meanwhile ends it all the same.
+                if state.exhausted.is_some() {
+                    Spend::Exhausted
+                } else {
+                    Spend::Holds
+                }
+            }
+            Ok(decision) => {
+                let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
+                state.exhausted = Some(Arc::new(Refusal::Denied { applied, decision }));
+                wake(&mut state);
+                Spend::Exhausted
+            }
+            Err(error) => {
+                let open = wanted.iter().all(|(rule, _, _)| {
+                    snapshot.rules[usize::from(*rule)].on_store_error == FailureMode::Open
+                });
+                tracing::warn!(
+                    %error,
+                    "tollgate: a metered response could not take its next units; {}",
+                    if open { "it goes on (the rule fails open)" } else { "it ends" }
+                );
+                if open {
+                    for (rule, _, units) in wanted {
+                        if let Some(account) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
+                            account.taken = account.taken.saturating_add(*units);
+                            account.free = account.free.saturating_add(*units);
+                        }
+                    }
+                    return Spend::Holds;
+                }
+                let closed = wanted.iter().map(|(rule, _, _)| *rule).collect();
+                state.exhausted = Some(Arc::new(Refusal::Unavailable { closed }));
+                wake(&mut state);
+                Spend::Exhausted
+            }
+        }
+    }
+
+    /// The units spent so far.
+    pub fn spent(&self) -> u64 {
+        self.inner.state().spent
+    }
+
+    /// Whether the budget is spent (a spend was answered [`Spend::Exhausted`]).
+    pub fn is_exhausted(&self) -> bool {
+        self.inner.state().exhausted.is_some()
+    }
+
+    /// The refusal that ended the budget, if it ended; else the body's waker is kept, to be
+    /// woken when it does.
+    pub(crate) fn poll_exhausted(&self, cx: &mut Context<'_>) -> Poll<Arc<Refusal>> {
+        let mut state = self.inner.state();
+        match &state.exhausted {
+            Some(refusal) => Poll::Ready(refusal.clone()),
+            None => {
+                match &mut state.body {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    slot => *slot = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The refusal that ended the budget, if it ended.
+    pub(crate) fn exhausted(&self) -> Option<Arc<Refusal>> {
+        self.inner.state().exhausted.clone()
+    }
+
+    /// The policy the request was decided under.
+    pub(crate) fn snapshot(&self) -> &Snapshot {
+        &self.inner.snapshot
+    }
+}
+
+fn wake(state: &mut State) {
+    if let Some(waker) = state.body.take() {
+        waker.wake();
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let spent = state.spent;
+        let changes: SmallVec<[(u16, Key, Change, u64); 1]> = state
+            .accounts
+            .iter()
+            .filter_map(|a| {
+                // Units granted while the store failed open were never charged, and are not now.
+                let charged = a.taken - a.free;
+                let owed = spent.saturating_sub(a.free);
+                let change = match owed.cmp(&charged) {
+                    std::cmp::Ordering::Equal => return None,
+                    std::cmp::Ordering::Greater => Change::Charge(owed - charged),
+                    std::cmp::Ordering::Less => Change::Refund(charged - owed),
+                };
+                let at = match change {
+                    Change::Refund(_) => a.charged_at,
+                    Change::Charge(_) => 0,
+                };
+                Some((a.rule, a.key.clone(), change, at))
+            })
+            .collect();
+        if !changes.is_empty() {
+            self.spender
+                .settle_meter(&self.snapshot, &changes, self.on_fallback);
+        }
+    }
+}
+
+impl<St: Store> Spender for Engine<St> {
+    fn take(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: bool,
+    ) -> StoreFuture<Decision> {
+        let charges: SmallVec<[Charge<'_>; 1]> = charges
+            .iter()
+            .map(|(rule, key, cost)| Charge {
+                rule: &snapshot.rules[usize::from(*rule)].spec,
+                key,
+                cost: *cost,
+            })
+            .collect();
+        match self.fallback.get().filter(|_| on_fallback) {
+            Some(fallback) => Box::pin(fallback.check(&charges)),
+            None => Box::pin(self.store.check(&charges)),
+        }
+    }
+
+    fn settle_meter(
+        &self,
+        snapshot: &Snapshot,
+        changes: &[(u16, Key, Change, u64)],
+        on_fallback: bool,
+    ) {
+        let adjustments: SmallVec<[Adjustment<'_>; 1]> = changes
+            .iter()
+            .map(|(rule, key, change, at)| Adjustment {
+                rule: &snapshot.rules[usize::from(*rule)].spec,
+                key,
+                change: *change,
+                charged_at: *at,
+            })
+            .collect();
+        let mut future = match self.fallback.get().filter(|_| on_fallback) {
+            Some(fallback) => fallback.adjust(&adjustments),
+            None => self.store.adjust(&adjustments),
+        };
+        let mut context = Context::from_waker(Waker::noop());
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(result) => report_settle(result),
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report_settle(future.await) });
+                }
+                Err(_) => report_settle(Err(StoreError::Unavailable(
+                    "a metered response settled outside a Tokio runtime".into(),
+                ))),
+            },
+        }
+    }
+}

@@ -1,0 +1,467 @@
+//! Budgets that hold during a stream ([`Rule::meter`]): three 4,000-token streams against
+//! 10,000 tokens, the third cut at the budget with a final event a client can parse and its
+//! producer stopped; another key unaffected; a client that leaves mid-stream charged for what
+//! was produced; ten streams at once over three replicas sharing Redis, and over a 3-primary
+//! cluster, delivering no more than the budget and settling exactly what they delivered; gRPC
+//! and other bodies ended with trailers.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use http::Request;
+use http_body_util::BodyExt;
+use tokio::sync::mpsc;
+use tollgate::clock::ManualClock;
+use tollgate::key::FromHeader;
+use tollgate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
+use tollgate::{Meter, Quota, RateLimitLayer, Rule, Spend};
+use tower::ServiceExt;
+
+const BUDGET: u64 = 10_000;
+const CHUNK: u64 = 500;
+const TOKENS: u64 = 4_000;
+
+/// Tokens every producer of one app generated.
+#[derive(Clone, Default)]
+struct Produced(Arc<AtomicU64>);
+
+/// An app streaming `tokens` tokens (the `x-tokens` header) as server-sent events (or as
+/// `content_type` says), each spent from the meter before it is generated, through a channel
+/// of one event: a producer that a slow or gone client holds back.
+fn app<St: Store>(store: St, content_type: &'static str) -> (Router, Produced) {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_minute(BUDGET))
+                .key(FromHeader::new("x-api-key"))
+                .meter(CHUNK),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    let produced = Produced::default();
+    let router = Router::new()
+        .route(
+            "/v1/completions",
+            post(
+                move |State(produced): State<Produced>,
+                      meter: Option<axum::Extension<Meter>>,
+                      headers: http::HeaderMap| async move {
+                    let tokens: u64 = headers
+                        .get("x-tokens")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(TOKENS);
+                    let meter = meter.map(|axum::Extension(m)| m);
+                    let (events, receiver) = mpsc::channel::<Bytes>(1);
+                    tokio::spawn(async move {
+                        for index in 0..tokens {
+                            if let Some(meter) = &meter
+                                && meter.spend(1).await == Spend::Exhausted
+                            {
+                                return;
+                            }
+                            produced.0.fetch_add(1, Ordering::SeqCst);
+                            let event = format!("data: tok{index}\n\n");
+                            if events.send(Bytes::from(event)).await.is_err() {
+                                return;
+                            }
+                        }
+                        let _ = events
+                            .send(Bytes::from_static(b"event: done\ndata: end\n\n"))
+                            .await;
+                    });
+                    let stream =
+                        futures_util::stream::unfold(receiver, |mut receiver| async move {
+                            let event = receiver.recv().await?;
+                            Some((Ok::<_, std::convert::Infallible>(event), receiver))
+                        });
+                    Response::builder()
+                        .header(http::header::CONTENT_TYPE, content_type)
+                        .body(Body::from_stream(stream))
+                        .unwrap()
+                },
+            ),
+        )
+        .with_state(produced.clone())
+        .layer(layer);
+    (router, produced)
+}
+
+fn request(key: &str, tokens: u64) -> Request<Body> {
+    Request::post("/v1/completions")
+        .header("x-api-key", key)
+        .header("x-tokens", tokens.to_string())
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// What a client read of one stream.
+#[derive(Debug, Default)]
+struct Read {
+    status: u16,
+    tokens: u64,
+    done: bool,
+    /// The data of a final `error` event.
+    error: Option<serde_json::Value>,
+    trailers: Option<http::HeaderMap>,
+    /// `r` of the `RateLimit` field at admission.
+    remaining: Option<u64>,
+}
+
+/// Sends one request and reads its stream to its end, or `max_tokens` tokens then leaves.
+async fn read(app: &Router, key: &str, tokens: u64, max_tokens: Option<u64>) -> Read {
+    let response = app.clone().oneshot(request(key, tokens)).await.unwrap();
+    let mut read = Read {
+        status: response.status().as_u16(),
+        remaining: response
+            .headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(";r=").nth(1)?.split(';').next()?.parse().ok()),
+        ..Read::default()
+    };
+    let mut body = response.into_body();
+    let mut text = String::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        if let Some(trailers) = frame.trailers_ref() {
+            read.trailers = Some(trailers.clone());
+            continue;
+        }
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        text.push_str(std::str::from_utf8(&data).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let event: String = text.drain(..end + 2).collect();
+            if event.starts_with("data: tok") {
+                read.tokens += 1;
+            } else if event.starts_with("event: done") {
+                read.done = true;
+            } else if let Some(data) = event.strip_prefix("event: error\ndata: ") {
+                read.error = Some(serde_json::from_str(data.trim_end()).expect("a JSON problem"));
+            }
+        }
+        if max_tokens.is_some_and(|max| read.tokens >= max) {
+            // The client leaves.
+            return read;
+        }
+    }
+    read
+}
+
+/// Three 4,000-token streams in a row on one key against 10,000 tokens: the first two
+/// complete, the third is cut at the budget with a final event a client can parse, and its
+/// producer stops there; another key streams in full; the next request is refused.
+#[tokio::test]
+async fn the_third_stream_is_cut_at_the_budget_and_its_producer_stops() {
+    // A clock that stands still: no token comes back during the test.
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let (app, produced) = app(store, "text/event-stream");
+    for stream in 0..2 {
+        let read = read(&app, "demo", TOKENS, None).await;
+        assert_eq!(read.status, 200);
+        assert_eq!(read.tokens, TOKENS, "stream {stream}");
+        assert!(
+            read.done && read.error.is_none(),
+            "stream {stream}: {read:?}"
+        );
+    }
+    let before = produced.0.load(Ordering::SeqCst);
+    let third = read(&app, "demo", TOKENS, None).await;
+    assert_eq!(third.status, 200);
+    assert!(!third.done);
+    // Cut at the budget: 2,000 left, within one chunk.
+    assert!(
+        third.tokens.abs_diff(BUDGET - 2 * TOKENS) <= CHUNK,
+        "{} tokens",
+        third.tokens
+    );
+    let problem = third.error.expect("a final error event");
+    assert_eq!(
+        problem["type"],
+        "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    );
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"][0], "tokens");
+    // The producer stopped within one chunk of the cut (here, at it: it asks first).
+    let generated = produced.0.load(Ordering::SeqCst) - before;
+    assert!(generated >= third.tokens && generated - third.tokens <= CHUNK);
+    // Another key has its own budget.
+    let other = read(&app, "other", TOKENS, None).await;
+    assert_eq!((other.tokens, other.done), (TOKENS, true));
+    // The key's budget is spent: the next request is refused at once.
+    let next = read(&app, "demo", 10, None).await;
+    assert_eq!(next.status, 429);
+    assert_eq!(
+        next.remaining,
+        Some(BUDGET - 2 * TOKENS - third.tokens),
+        "settled at what was delivered"
+    );
+}
+
+/// A client that leaves mid-stream is charged for the tokens produced for it, not for the
+/// admission's chunk nor for the stream it asked for.
+#[tokio::test]
+async fn a_client_that_leaves_is_charged_for_what_was_produced() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let (app, produced) = app(store, "text/event-stream");
+    let gone = read(&app, "leaver", TOKENS, Some(700)).await;
+    assert_eq!(gone.tokens, 700);
+    // The producer notices the client is gone at its next send, and the meter settles.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let generated = produced.0.load(Ordering::SeqCst);
+    // At most the channel's event and the one being sent beyond what was read.
+    assert!((700..=702).contains(&generated), "{generated} produced");
+    // A probe: admitted with a chunk of its own, the budget less what was produced before it.
+    let probe = read(&app, "leaver", 1, None).await;
+    assert_eq!(probe.remaining, Some(BUDGET - generated - CHUNK));
+}
+
+/// Ten streams at once on one key, over three replicas sharing Redis and over a 3-primary
+/// cluster: the fleet delivers at most the budget (chunks are taken before their tokens), and
+/// what the store holds after is exactly what was delivered.
+#[tokio::test]
+async fn ten_streams_at_once_over_replicas_deliver_the_budget_and_settle_it() {
+    for cluster in [false, true] {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let prefix = support::unique_prefix(if cluster { "meter-cluster" } else { "meter" });
+        let mut apps = Vec::new();
+        for _ in 0..3 {
+            let app = if cluster {
+                let store = RedisClusterStore::builder(support::cluster().urls())
+                    .prefix(prefix.clone())
+                    .clock(clock.clone())
+                    .response_timeout(Duration::from_secs(5))
+                    .connect()
+                    .await
+                    .unwrap();
+                app(store, "text/event-stream").0
+            } else {
+                let store = RedisStore::builder(support::standalone().url())
+                    .prefix(prefix.clone())
+                    .clock(clock.clone())
+                    .response_timeout(Duration::from_secs(5))
+                    .connect()
+                    .await
+                    .unwrap();
+                app(store, "text/event-stream").0
+            };
+            apps.push(app);
+        }
+        let mut streams = tokio::task::JoinSet::new();
+        for i in 0..10 {
+            let app = apps[i % 3].clone();
+            streams.spawn(async move { read(&app, "shared", TOKENS, None).await });
+        }
+        let mut delivered = 0;
+        let mut cut = 0;
+        while let Some(read) = streams.join_next().await {
+            let read = read.unwrap();
+            delivered += read.tokens;
+            cut += usize::from(read.status == 429 || read.error.is_some());
+        }
+        assert!(
+            delivered <= BUDGET,
+            "cluster {cluster}: {delivered} delivered"
+        );
+        assert!(
+            delivered >= BUDGET - 10 * CHUNK,
+            "cluster {cluster}: only {delivered} delivered"
+        );
+        assert!(cut >= 7, "cluster {cluster}: {cut} streams cut or refused");
+        // What the store holds now: a probe of one token sees exactly the budget less what
+        // was delivered (its own chunk taken, when it fits).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let probe = read(&apps[0], "shared", 1, None).await;
+        let left = BUDGET - delivered;
+        let expected = if left >= CHUNK { left - CHUNK } else { left };
+        assert_eq!(
+            probe.remaining,
+            Some(expected),
+            "cluster {cluster}: {delivered} delivered"
+        );
+    }
+}
+
+/// A gRPC response is ended with the refused call's trailers, another body with trailers
+/// holding `Retry-After` and the budget fields.
+#[tokio::test]
+async fn grpc_and_other_bodies_end_with_trailers() {
+    for (content_type, status) in [
+        ("application/grpc", "grpc-status"),
+        ("application/x-ndjson", "retry-after"),
+    ] {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let store = MemoryStore::builder().clock(clock).build().unwrap();
+        let (app, _) = app(store, content_type);
+        let read = read(&app, "k", BUDGET + 1_000, None).await;
+        assert_eq!(read.tokens, BUDGET, "{content_type}");
+        let trailers = read.trailers.expect("trailers");
+        assert!(
+            trailers.contains_key(status),
+            "{content_type}: {trailers:?}"
+        );
+        if content_type == "application/grpc" {
+            assert_eq!(trailers["grpc-status"], "8");
+            assert!(trailers.contains_key("grpc-retry-pushback-ms"));
+        } else {
+            assert!(trailers.contains_key("ratelimit"));
+        }
+    }
+}
+
+/// Rules a meter cannot keep are refused when the layer is built, saying why.
+#[test]
+fn rules_that_cannot_be_metered_are_refused_at_build_time() {
+    let refused = |rule: Rule| {
+        RateLimitLayer::builder()
+            .rule(rule)
+            .build()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    };
+    let quota = Quota::per_minute(BUDGET);
+    for (rule, says) in [
+        (Rule::new("t", quota).meter(0), "chunk"),
+        (Rule::new("t", quota).meter(BUDGET + 1), "chunk"),
+        (Rule::new("t", quota).meter(10).lease(10), "leased"),
+        (
+            Rule::new("t", quota)
+                .algorithm(tollgate::Algorithm::SlidingWindowLog)
+                .meter(10),
+            "sliding window log",
+        ),
+        (Rule::concurrent("t", 5).meter(1), "concurrency"),
+        (
+            Rule::new("t", quota).meter(10).settle(),
+            "charges by the response",
+        ),
+    ] {
+        let message = refused(rule);
+        assert!(message.contains(says), "{message:?} should say {says:?}");
+    }
+}
+
+#[allow(missing_docs, clippy::all)]
+#[path = "generated/notes.rs"]
+mod notes;
+
+/// A gRPC server that streams `n` notes for the first note it receives, each spent from the
+/// meter before it is made (tonic hands the request's extensions to the handler).
+#[derive(Clone, Default)]
+struct Streamer {
+    produced: Arc<AtomicU64>,
+}
+
+type Notes =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = Result<notes::Note, tonic::Status>> + Send>>;
+
+#[tonic::async_trait]
+impl notes::notes_server::Notes for Streamer {
+    async fn record(
+        &self,
+        _: tonic::Request<tonic::Streaming<notes::Note>>,
+    ) -> Result<tonic::Response<notes::Summary>, tonic::Status> {
+        Err(tonic::Status::unimplemented("streams only"))
+    }
+
+    type ChatStream = Notes;
+
+    async fn chat(
+        &self,
+        request: tonic::Request<tonic::Streaming<notes::Note>>,
+    ) -> Result<tonic::Response<Notes>, tonic::Status> {
+        let meter = request.extensions().get::<Meter>().cloned();
+        let produced = self.produced.clone();
+        let notes = futures_util::stream::unfold(0u64, move |index| {
+            let (meter, produced) = (meter.clone(), produced.clone());
+            async move {
+                if index == TOKENS {
+                    return None;
+                }
+                if let Some(meter) = &meter
+                    && meter.spend(1).await == Spend::Exhausted
+                {
+                    return None;
+                }
+                produced.fetch_add(1, Ordering::SeqCst);
+                let note = notes::Note {
+                    text: format!("tok{index}"),
+                };
+                Some((Ok(note), index + 1))
+            }
+        });
+        Ok(tonic::Response::new(Box::pin(notes)))
+    }
+}
+
+/// The gRPC form: a server stream of 4,000 notes on one peer against 10,000: two complete,
+/// the third ends with `RESOURCE_EXHAUSTED` and a `RetryInfo` at the budget, its producer
+/// stopped there, and the peer's budget is what was delivered.
+#[tokio::test]
+async fn a_grpc_server_stream_ends_with_resource_exhausted_at_the_budget() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("tokens", Quota::per_minute(BUDGET)).meter(CHUNK))
+        .store(store)
+        .build()
+        .unwrap();
+    let streamer = Streamer::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .layer(layer)
+            .add_service(notes::notes_server::NotesServer::new(streamer.clone()))
+            .serve_with_incoming(incoming),
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = notes::notes_client::NotesClient::new(channel);
+    let mut delivered = Vec::new();
+    for _ in 0..3 {
+        let hello = futures_util::stream::iter([notes::Note {
+            text: "hello".into(),
+        }]);
+        let mut stream = client.chat(hello).await.unwrap().into_inner();
+        let mut count = 0u64;
+        let end = loop {
+            match stream.message().await {
+                Ok(Some(_)) => count += 1,
+                Ok(None) => break None,
+                Err(status) => break Some(status),
+            }
+        };
+        delivered.push((count, end));
+    }
+    assert_eq!(delivered[0].0, TOKENS);
+    assert!(delivered[0].1.is_none() && delivered[1].1.is_none());
+    assert_eq!(delivered[1].0, TOKENS);
+    let (third, end) = &delivered[2];
+    assert_eq!(*third, BUDGET - 2 * TOKENS, "cut at the budget");
+    let status = end.as_ref().expect("a status");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let url = b"type.googleapis.com/google.rpc.RetryInfo";
+    assert!(status.details().windows(url.len()).any(|w| w == url));
+    assert_eq!(
+        streamer.produced.load(Ordering::SeqCst),
+        BUDGET,
+        "the producer stopped at the budget"
+    );
+}
