@@ -36,7 +36,7 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::body::{ResponseBody, StreamForm};
+use crate::body::{MeteredStream, ResponseBody};
 use crate::engine::{Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, report_settle};
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
@@ -265,8 +265,11 @@ fn holding<B>(
     meter: Option<Meter>,
 ) -> Response<ResponseBody<B>> {
     let (parts, body) = response.into_parts();
-    let meter = meter.map(|meter| (meter, StreamForm::of(&parts.headers)));
-    Response::from_parts(parts, ResponseBody::holding(body, slots, in_flight, meter))
+    let metered = meter.map(|meter| MeteredStream::new(meter, &parts.headers));
+    Response::from_parts(
+        parts,
+        ResponseBody::holding(body, slots, in_flight, metered),
+    )
 }
 
 /// Lets a settle whose request was dropped finish on the runtime (a store's calls have their

@@ -3,7 +3,8 @@
 //! producer stopped; another key unaffected; a client that leaves mid-stream charged for what
 //! was produced; ten streams at once over three replicas sharing Redis, and over a 3-primary
 //! cluster, delivering no more than the budget and settling exactly what they delivered; gRPC
-//! and other bodies ended with trailers.
+//! and other bodies ended with trailers; a handler that cannot be changed metered by its
+//! frames, or settled by its usage trailer.
 
 mod support;
 
@@ -464,4 +465,115 @@ async fn a_grpc_server_stream_ends_with_resource_exhausted_at_the_budget() {
         BUDGET,
         "the producer stopped at the budget"
     );
+}
+
+/// An app whose handler knows nothing of the meter: it streams `x-tokens` events (each a
+/// frame), then trailers saying what it used (`x-usage-tokens`, when `x-usage` is set); the
+/// rule counts its frames, or reads its trailer.
+fn unchanged_app(rule: Rule) -> (Router, Produced) {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(rule.key(FromHeader::new("x-api-key")))
+        .store(store)
+        .build()
+        .unwrap();
+    let produced = Produced::default();
+    let router = Router::new()
+        .route(
+            "/v1/completions",
+            post(
+                move |State(produced): State<Produced>, headers: http::HeaderMap| async move {
+                    let number = |name: &str| {
+                        headers
+                            .get(name)
+                            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    };
+                    let tokens = number("x-tokens").unwrap_or(TOKENS);
+                    let usage = number("x-usage");
+                    let (frames, receiver) = mpsc::channel::<http_body::Frame<Bytes>>(1);
+                    tokio::spawn(async move {
+                        for index in 0..tokens {
+                            produced.0.fetch_add(1, Ordering::SeqCst);
+                            let event = Bytes::from(format!("data: tok{index}\n\n"));
+                            if frames.send(http_body::Frame::data(event)).await.is_err() {
+                                return;
+                            }
+                        }
+                        if let Some(usage) = usage {
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("x-usage-tokens", usage.into());
+                            let _ = frames.send(http_body::Frame::trailers(trailers)).await;
+                        }
+                    });
+                    let stream =
+                        futures_util::stream::unfold(receiver, |mut receiver| async move {
+                            let frame = receiver.recv().await?;
+                            Some((Ok::<_, std::convert::Infallible>(frame), receiver))
+                        });
+                    Response::builder()
+                        .header(http::header::CONTENT_TYPE, "text/event-stream")
+                        .body(Body::new(http_body_util::StreamBody::new(stream)))
+                        .unwrap()
+                },
+            ),
+        )
+        .with_state(produced.clone())
+        .layer(layer);
+    (router, produced)
+}
+
+/// A handler that cannot be changed, metered by its frames: two streams complete, the third
+/// ends with the final event one frame past the budget (that frame is a debt), its producer
+/// held back there, and the charge is what was delivered.
+#[tokio::test]
+async fn a_handler_that_cannot_be_changed_is_metered_by_its_frames() {
+    let rule = Rule::new("tokens", Quota::per_minute(BUDGET))
+        .meter(CHUNK)
+        .meter_frames(|frame: &[u8]| frame.windows(6).filter(|w| w == b"data: ").count() as u64);
+    let (app, produced) = unchanged_app(rule);
+    for stream in 0..2 {
+        let read = read(&app, "demo", TOKENS, None).await;
+        assert_eq!(read.tokens, TOKENS, "stream {stream}");
+        assert!(read.error.is_none(), "stream {stream}");
+    }
+    let before = produced.0.load(Ordering::SeqCst);
+    let third = read(&app, "demo", TOKENS, None).await;
+    assert_eq!(
+        third.tokens,
+        BUDGET - 2 * TOKENS + 1,
+        "one frame past the budget"
+    );
+    assert_eq!(third.error.expect("a final event")["status"], 429);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let generated = produced.0.load(Ordering::SeqCst) - before;
+    assert!(
+        generated <= third.tokens + 2,
+        "the producer is held back: {generated} made for {} delivered",
+        third.tokens
+    );
+    // In debt by the one frame: refused, nothing left.
+    let next = read(&app, "demo", 1, None).await;
+    assert_eq!((next.status, next.remaining), (429, Some(0)));
+}
+
+/// A service that reports its usage in the trailers is settled to that number (the trailer
+/// removed), whatever it streamed.
+#[tokio::test]
+async fn a_usage_trailer_settles_the_charge() {
+    let rule = Rule::new("tokens", Quota::per_minute(BUDGET))
+        .meter(CHUNK)
+        .meter_usage_trailer(http::HeaderName::from_static("x-usage-tokens"));
+    let (app, _) = unchanged_app(rule);
+    let mut request = request("k", 20);
+    request
+        .headers_mut()
+        .insert("x-usage", http::HeaderValue::from_static("1234"));
+    let response = app.clone().oneshot(request).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    assert!(!trailers.contains_key("x-usage-tokens"), "{trailers:?}");
+    // Settled to 1,234: a probe takes its chunk from the rest.
+    let probe = read(&app, "k", 1, None).await;
+    assert_eq!(probe.remaining, Some(BUDGET - 1234 - CHUNK));
 }

@@ -19,8 +19,12 @@
 //! }
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+
+use http::HeaderName;
 
 use smallvec::SmallVec;
 
@@ -28,10 +32,14 @@ use super::settle::report_settle;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::RuleIndices;
+use crate::policy::metering::{FrameUnits, Metering};
 use crate::policy::snapshot::Snapshot;
 use crate::response::Refusal;
 use crate::store::{Adjustment, Change, Charge, Store, StoreError, StoreFuture};
 use crate::{Decision, FailureMode};
+
+/// A spend waiting for the next chunk.
+pub(crate) type SpendFuture = Pin<Box<dyn Future<Output = Spend> + Send>>;
 
 /// What [`Meter::spend`] answers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +162,8 @@ impl Meter {
             .map(|(rule, key, units, charged_at)| Account {
                 chunk: snapshot.rules[usize::from(rule)]
                     .meter
-                    .unwrap_or(units)
+                    .as_ref()
+                    .map_or(units, |m| m.chunk)
                     .max(1),
                 rule,
                 key,
@@ -277,6 +286,46 @@ impl Meter {
                 Spend::Exhausted
             }
         }
+    }
+
+    /// Counts `units` of a frame being delivered: a future taking the next chunk when they go
+    /// past the units held (its refusal ends the budget; the frame stays counted, a debt of at
+    /// most its units), `None` when they are held.
+    pub(crate) fn count_frame(&self, units: u64) -> Option<SpendFuture> {
+        {
+            let mut state = self.inner.state();
+            state.spent = state.spent.saturating_add(units);
+            let spent = state.spent;
+            if state.exhausted.is_some() || state.accounts.iter().all(|a| a.taken >= spent) {
+                return None;
+            }
+        }
+        let meter = self.clone();
+        Some(Box::pin(async move { meter.ask(0, true).await }))
+    }
+
+    /// The response's own count of what it used (a usage trailer): the charge is settled to it.
+    pub(crate) fn settle_to(&self, total: u64) {
+        self.inner.state().spent = total;
+    }
+
+    /// How each data frame of the response counts, when a metered rule of it says.
+    pub(crate) fn frame_units(&self) -> Option<FrameUnits> {
+        self.metering().find_map(|m| m.frames.clone())
+    }
+
+    /// The trailer holding the response's usage, when a metered rule of it says.
+    pub(crate) fn usage_trailer(&self) -> Option<HeaderName> {
+        self.metering().find_map(|m| m.usage_trailer.clone())
+    }
+
+    fn metering(&self) -> impl Iterator<Item = &Metering> {
+        let snapshot = &self.inner.snapshot;
+        let rules: SmallVec<[u16; 2]> =
+            self.inner.state().accounts.iter().map(|a| a.rule).collect();
+        rules
+            .into_iter()
+            .filter_map(move |rule| snapshot.rules[usize::from(rule)].meter.as_ref())
     }
 
     /// The units spent so far.

@@ -37,6 +37,7 @@ mod uses;
 mod verdict;
 
 pub(crate) use driver::Driver;
+pub(crate) use meter::SpendFuture;
 pub use meter::{Meter, Spend};
 pub(crate) use ruling::{Admitted, Decide, Ruling};
 pub(crate) use settle::report_settle;

@@ -277,6 +277,7 @@ pub(crate) mod failure;
 mod file;
 mod key_spec;
 pub(crate) mod lists;
+pub(crate) mod metering;
 pub(crate) mod mode;
 mod model;
 pub(crate) mod outcome;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::key_spec::KeySpec;
+use super::metering::Metering;
 use super::outcome::{After, ChargeWhen, SettleFrom};
 use super::{Cost, FailureMode, Quota, RuleMode};
 use crate::algorithm::Limits;
@@ -53,8 +54,10 @@ pub struct Rule {
     pub(crate) after: After,
     /// The longest hold of a concurrency rule, when set.
     pub(crate) max_hold: Option<Duration>,
-    /// Units taken from the store at a time while a response streams, when metered.
-    pub(crate) meter: Option<u64>,
+    /// How a response's units are metered while it streams, when they are.
+    pub(crate) meter: Option<Metering>,
+    /// `meter_frames` or `meter_usage_trailer` without `meter`: refused when compiled.
+    pub(crate) meter_without_chunk: bool,
 }
 
 /// How long leased units live, unless [`Rule::lease_ttl`] says otherwise.
@@ -82,6 +85,7 @@ impl Rule {
             after: After::default(),
             max_hold: None,
             meter: None,
+            meter_without_chunk: false,
         }
     }
 
@@ -318,7 +322,45 @@ impl Rule {
     /// [`Meter::spend`]: crate::Meter::spend
     /// [`Spend::Exhausted`]: crate::Spend::Exhausted
     pub fn meter(mut self, chunk: u64) -> Self {
-        self.meter = Some(chunk);
+        match &mut self.meter {
+            Some(metering) => metering.chunk = chunk,
+            None => self.meter = Some(Metering::new(chunk)),
+        }
+        self
+    }
+
+    /// For a handler that cannot be changed: the layer counts each data frame of a
+    /// [metered](Rule::meter) response with `units` and spends them before the frame is
+    /// delivered; a frame the budget cannot pay is not delivered, and the stream ends there
+    /// with the refusal. The charge is what was delivered.
+    ///
+    /// ```
+    /// use tollgate::{Quota, Rule};
+    ///
+    /// // Each server-sent event of the response is a token.
+    /// let tokens = Rule::new("tokens", Quota::per_minute(10_000))
+    ///     .meter(500)
+    ///     .meter_frames(|frame: &[u8]| frame.windows(6).filter(|w| w == b"data: ").count() as u64);
+    /// # let _ = tokens;
+    /// ```
+    pub fn meter_frames(mut self, units: impl Fn(&[u8]) -> u64 + Send + Sync + 'static) -> Self {
+        match &mut self.meter {
+            Some(metering) => metering.frames = Some(Arc::new(units)),
+            None => self.meter_without_chunk = true,
+        }
+        self
+    }
+
+    /// For a service that reports what it used at the end (a gRPC or HTTP/2 trailer such as
+    /// `x-usage-tokens: 1234`): the charge of a [metered](Rule::meter) response is settled to
+    /// that number, which the layer removes from the trailers. The units spent meanwhile (by
+    /// the handler's [`Meter`](crate::Meter) or [frames](Rule::meter_frames)) still stop the
+    /// stream at the budget; without the trailer, they are the charge.
+    pub fn meter_usage_trailer(mut self, name: http::HeaderName) -> Self {
+        match &mut self.meter {
+            Some(metering) => metering.usage_trailer = Some(name),
+            None => self.meter_without_chunk = true,
+        }
         self
     }
 
@@ -360,7 +402,11 @@ impl Rule {
             && self.split == other.split
             && self.after.same_as(&other.after)
             && self.max_hold == other.max_hold
-            && self.meter == other.meter
+            && match (&self.meter, &other.meter) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same_as(b),
+                _ => false,
+            }
             && same_key
             && self.key_spec == other.key_spec
             && same_cost
@@ -467,7 +513,14 @@ impl Rule {
             ));
         }
         let mut cost = self.cost;
-        if let Some(chunk) = self.meter {
+        if self.meter_without_chunk {
+            return Err(ConfigError::in_rule(
+                &name,
+                "meter_frames and meter_usage_trailer count a metered rule's units: call \
+                 .meter(chunk) before them",
+            ));
+        }
+        if let Some(chunk) = self.meter.as_ref().map(|m| m.chunk) {
             let refused = if concurrency
                 || self.lease.is_some()
                 || self.split.is_some()
@@ -559,8 +612,8 @@ pub(crate) struct CompiledRule {
     pub(crate) mode: RuleMode,
     /// What it does once the response head is there, if anything.
     pub(crate) after: Option<Arc<After>>,
-    /// Units taken at a time while the response streams, when metered.
-    pub(crate) meter: Option<u64>,
+    /// How the response's units are metered while it streams, when they are.
+    pub(crate) meter: Option<Metering>,
 }
 
 /// The longest a [`RuleMode::Delay`] rule may make a request wait.
