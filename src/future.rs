@@ -153,7 +153,12 @@ where
         Ruling::Call(admitted) => {
             let mut parts = parts;
             if let Some(meter) = &admitted.meter {
-                parts.extensions.insert(meter.clone());
+                // Behind another metered layer, the handler spends from both.
+                let meter = match parts.extensions.get::<Meter>() {
+                    Some(outer) => meter.within(outer),
+                    None => meter.clone(),
+                };
+                parts.extensions.insert(meter);
             }
             State::Calling {
                 future: service.call(Request::from_parts(parts, body)),
@@ -264,7 +269,11 @@ fn holding<B>(
     in_flight: Option<InFlight>,
     meter: Option<Meter>,
 ) -> Response<ResponseBody<B>> {
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    // A metered body may end early, or with one frame more: its length is not known.
+    if meter.is_some() {
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+    }
     let metered = meter.map(|meter| MeteredStream::new(meter, &parts.headers));
     Response::from_parts(
         parts,

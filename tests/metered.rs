@@ -577,3 +577,37 @@ async fn a_usage_trailer_settles_the_charge() {
     let probe = read(&app, "k", 1, None).await;
     assert_eq!(probe.remaining, Some(BUDGET - 1234 - CHUNK));
 }
+
+/// Two metered layers, a tenant's budget around a route's: the handler's meter spends from
+/// both, the outer budget cuts the stream, and each layer settles what was delivered.
+#[tokio::test]
+async fn a_stream_behind_two_metered_layers_spends_from_both() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let tenant_store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let route_store = MemoryStore::builder().clock(clock).build().unwrap();
+    let (inner, _) = app(route_store.clone(), "text/event-stream");
+    // The same route budget, without the tenant's layer: to look at what it was charged.
+    let (route_alone, _) = app(route_store, "text/event-stream");
+    let tenant = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tenant", Quota::per_minute(3_000))
+                .key(FromHeader::new("x-api-key"))
+                .meter(CHUNK),
+        )
+        .store(tenant_store)
+        .build()
+        .unwrap();
+    let app = inner.layer(tenant);
+    let first = read(&app, "k", TOKENS, None).await;
+    assert_eq!(first.tokens, 3_000, "cut by the outer budget");
+    assert_eq!(
+        first.error.expect("a final event")["violated-policies"][0],
+        "tenant"
+    );
+    let probe = read(&app, "k", 1, None).await;
+    assert_eq!(probe.status, 429, "the tenant's budget is spent");
+    assert_eq!(probe.remaining, Some(0));
+    // The route's budget was charged what was delivered: a probe takes its chunk of the rest.
+    let route = read(&route_alone, "k", 1, None).await;
+    assert_eq!(route.remaining, Some(BUDGET - 3_000 - CHUNK));
+}

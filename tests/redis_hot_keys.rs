@@ -143,30 +143,39 @@ async fn a_known_denied_key_costs_redis_nothing_and_a_new_quota_asks_it_again() 
 
 /// A per-tenant rule stacked under a global one (the common shape: a fleet-wide ceiling over
 /// each tenant's quota): a denied tenant is answered here while other tenants' requests pass
-/// and the global rule's next unit comes and goes, on a standalone server and on a cluster.
-/// The global rule's numbers in such an answer are the last Redis gave on this replica, aged.
+/// and the global rule's next unit comes and goes, on a standalone server and on a cluster,
+/// with the numbers Redis gives (a store without the cache, on the same server and clock,
+/// asks it: the global rule's units come back in the cached answer as they do in Redis).
 #[tokio::test]
 async fn a_denied_tenant_under_a_global_rule_is_answered_here_while_others_pass() {
     let server = support::RedisServer::start();
     let clock = ManualClock::new(1_700_000_000_000_000);
     let standalone = store_on(&server, Some(&clock)).await;
-    denied_tenant_under_a_global_rule(&standalone, &clock, || calls(&server)).await;
-
-    let cluster = support::RedisCluster::start();
-    let clock = ManualClock::new(1_700_000_000_000_000);
-    let store = RedisClusterStore::builder(cluster.urls())
-        .response_timeout(Duration::from_secs(5))
-        .deny_cache_max_age(Duration::from_secs(3600))
+    let uncached = RedisStore::builder(server.url())
         .clock(clock.clone())
+        .deny_cache(0)
         .connect()
         .await
         .unwrap();
+    denied_tenant_under_a_global_rule(&standalone, &uncached, &clock, || calls(&server)).await;
+
+    let cluster = support::RedisCluster::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let builder = || {
+        RedisClusterStore::builder(cluster.urls())
+            .response_timeout(Duration::from_secs(5))
+            .deny_cache_max_age(Duration::from_secs(3600))
+            .clock(clock.clone())
+    };
+    let store = builder().connect().await.unwrap();
+    let uncached = builder().deny_cache(0).connect().await.unwrap();
     let cluster_calls = || cluster.nodes.iter().map(calls).sum::<u64>();
-    denied_tenant_under_a_global_rule(&store, &clock, cluster_calls).await;
+    denied_tenant_under_a_global_rule(&store, &uncached, &clock, cluster_calls).await;
 }
 
 async fn denied_tenant_under_a_global_rule<S: Store>(
     store: &S,
+    uncached: &S,
     clock: &ManualClock,
     calls: impl Fn() -> u64,
 ) {
@@ -184,7 +193,7 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
     )
     .unwrap();
     let everyone = Key::text("global");
-    let request = |key: &Key| {
+    let request = |store: &S, key: &Key| {
         store.check(&[
             Charge {
                 rule: &global,
@@ -200,9 +209,9 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
     };
     let over = Key::text("tenant-over");
     for _ in 0..2 {
-        assert!(request(&over).await.unwrap().allowed());
+        assert!(request(store, &over).await.unwrap().allowed());
     }
-    let denied = request(&over).await.unwrap();
+    let denied = request(store, &over).await.unwrap();
     assert!(!denied.allowed());
     assert_eq!(denied.source(), DecisionSource::Store);
     let mut others = 0;
@@ -210,12 +219,12 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
         // Another tenant passes (the global rule admits and spends), and 5 ms go by: past the
         // global rule's next unit, well within the denied tenant's 30 s.
         let other = Key::text(format!("tenant-{round}"));
-        let passed = request(&other).await.unwrap();
+        let passed = request(store, &other).await.unwrap();
         assert!(passed.allowed());
         others += 1;
         clock.advance(Duration::from_millis(5));
         let before = calls();
-        let again = request(&over).await.unwrap();
+        let again = request(store, &over).await.unwrap();
         assert!(!again.allowed(), "round {round}");
         assert_eq!(
             again.source(),
@@ -223,15 +232,15 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
             "round {round}: answered here"
         );
         assert_eq!(calls(), before, "round {round}: no call to Redis");
-        // The tenant's own numbers are Redis's, aged; the global rule's the last Redis gave.
-        assert_eq!(again.outcomes()[1].remaining, 0);
-        assert!(!again.outcomes()[1].allowed);
-        assert!(again.outcomes()[0].allowed);
+        // Redis's own answer (a denial charges nothing): the same numbers, every rule's.
+        let redis = request(uncached, &over).await.unwrap();
+        assert_eq!(redis.source(), DecisionSource::Store);
         assert_eq!(
-            again.outcomes()[0].remaining,
-            passed.outcomes()[0].remaining,
-            "round {round}: the global rule's numbers are the freshest Redis gave here"
+            again.outcomes(),
+            redis.outcomes(),
+            "round {round}: the cached answer is Redis's"
         );
+        assert!(passed.outcomes()[0].remaining < redis.outcomes()[0].remaining);
         assert_eq!(
             again.retry_after_micros(),
             denied
@@ -243,7 +252,7 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
     assert_eq!(others, 20);
     // At its retry-after, Redis decides, and admits.
     clock.advance(Duration::from_micros(denied.retry_after_micros().unwrap()));
-    let admitted = request(&over).await.unwrap();
+    let admitted = request(store, &over).await.unwrap();
     assert_eq!(admitted.source(), DecisionSource::Store);
     assert!(admitted.allowed());
 }

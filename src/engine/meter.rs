@@ -76,17 +76,21 @@ pub enum Spend {
 /// meter is gone, the charge is settled to the units spent, in one store call: units taken and
 /// not spent go back, units spent past what was taken are charged (the key is in debt). A
 /// client that leaves mid-stream pays for what was produced for it, not for the chunk.
+///
+/// Behind two metered layers (a tenant's budget around a route's), the handler's meter spends
+/// from both: a spend holds when every layer's budget holds it.
 #[derive(Clone)]
 pub struct Meter {
-    inner: Arc<Metered>,
+    /// The budgets of the layers the request passed, outermost first; the last is this
+    /// layer's (its body's).
+    parts: SmallVec<[Arc<Metered>; 1]>,
 }
 
 impl std::fmt::Debug for Meter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let state = self.inner.state();
         f.debug_struct("Meter")
-            .field("spent", &state.spent)
-            .field("exhausted", &state.exhausted.is_some())
+            .field("spent", &self.spent())
+            .field("exhausted", &self.is_exhausted())
             .finish_non_exhaustive()
     }
 }
@@ -111,11 +115,16 @@ pub(crate) trait Spender: Send + Sync {
     );
 }
 
+/// One layer's budget of one response.
 struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
     state: Mutex<State>,
+    /// Held while a chunk is fetched: one fetch at a time, which every spend that needs units
+    /// waits for before it asks again (held by the fetch itself, so that a spend dropped while
+    /// it waits leaves the fetch to finish and be counted).
+    fetching: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// One metered rule's account.
@@ -172,19 +181,35 @@ impl Meter {
                 charged_at,
             })
             .collect();
-        Meter {
-            inner: Arc::new(Metered {
-                spender,
-                snapshot,
-                on_fallback,
-                state: Mutex::new(State {
-                    accounts,
-                    spent: 0,
-                    exhausted: None,
-                    body: None,
-                }),
+        let metered = Arc::new(Metered {
+            spender,
+            snapshot,
+            on_fallback,
+            state: Mutex::new(State {
+                accounts,
+                spent: 0,
+                exhausted: None,
+                body: None,
             }),
+            fetching: Arc::new(tokio::sync::Mutex::new(())),
+        });
+        Meter {
+            parts: smallvec::smallvec![metered],
         }
+    }
+
+    /// This meter, inside `outer`'s (an outer layer's): the request's handler spends from both.
+    pub(crate) fn within(&self, outer: &Meter) -> Meter {
+        Meter {
+            parts: outer.parts.iter().chain(&self.parts).cloned().collect(),
+        }
+    }
+
+    /// This layer's budget.
+    fn own(&self) -> &Arc<Metered> {
+        self.parts
+            .last()
+            .expect("a meter has at least its own layer's budget")
     }
 
     /// Asks for `units` the producer is about to generate: [`Spend::Holds`] when they fit (they
@@ -192,55 +217,117 @@ impl Meter {
     /// counted: do not generate them). Takes the next chunk from the store (one call) when the
     /// units held run out; otherwise answers at once.
     pub async fn spend(&self, units: u64) -> Spend {
-        self.ask(units, false).await
+        for (i, part) in self.parts.iter().enumerate() {
+            if Metered::ask(part, units, false).await == Spend::Exhausted {
+                // Not generated: the layers that held them do not count them either.
+                for held in &self.parts[..i] {
+                    held.unspend(units);
+                }
+                return Spend::Exhausted;
+            }
+        }
+        Spend::Holds
     }
 
     /// Records `units` already generated (a frame that exists, a usage figure reported after
     /// the fact): counted whatever the budget, past it as a debt, and answers whether the
     /// budget still holds for more.
     pub async fn record(&self, units: u64) -> Spend {
-        self.ask(units, true).await
-    }
-
-    async fn ask(&self, units: u64, produced: bool) -> Spend {
-        let wanted: SmallVec<[(u16, Key, u64); 1]> = {
-            let mut state = self.inner.state();
-            if state.exhausted.is_some() {
-                if produced {
-                    state.spent = state.spent.saturating_add(units);
-                }
-                return Spend::Exhausted;
+        let mut spend = Spend::Holds;
+        for part in &self.parts {
+            if Metered::ask(part, units, true).await == Spend::Exhausted {
+                spend = Spend::Exhausted;
             }
-            state.spent = state.spent.saturating_add(units);
-            let spent = state.spent;
-            state
-                .accounts
-                .iter()
-                .filter(|a| a.taken < spent)
-                .map(|a| (a.rule, a.key.clone(), a.chunk.max(spent - a.taken)))
-                .collect()
-        };
-        if wanted.is_empty() {
-            return Spend::Holds;
-        }
-        let answer = self
-            .inner
-            .spender
-            .take(&self.inner.snapshot, &wanted, self.inner.on_fallback)
-            .await;
-        let spend = self.granted(&wanted, answer);
-        if spend == Spend::Exhausted && !produced {
-            // Not generated: not spent.
-            let mut state = self.inner.state();
-            state.spent = state.spent.saturating_sub(units);
         }
         spend
     }
+}
 
-    /// Records the store's answer to a chunk, and answers the spend that asked for it.
-    fn granted(&self, wanted: &[(u16, Key, u64)], answer: Result<Decision, StoreError>) -> Spend {
-        let snapshot = &self.inner.snapshot;
-        let mut state = self.inner.state();
+/// Takes back `units` counted by a spend that did not happen (dropped before its answer, or
+/// refused), on drop.
+struct Unspend<'a> {
+    metered: &'a Metered,
+    units: u64,
+}
+
+impl Drop for Unspend<'_> {
+    fn drop(&mut self) {
+        self.metered.unspend(self.units);
+    }
+}
+
+impl Metered {
+    fn unspend(&self, units: u64) {
+        let mut state = self.state();
+        state.spent = state.spent.saturating_sub(units);
+    }
+
+    /// Counts `units` and answers whether this budget holds them, taking the next chunk when
+    /// they go past the units held. `produced`: they exist, and stay counted whatever the
+    /// answer.
+    async fn ask(self: &Arc<Self>, units: u64, produced: bool) -> Spend {
+        {
+            let mut state = self.state();
+            if state.exhausted.is_some() && !produced {
+                return Spend::Exhausted;
+            }
+            state.spent = state.spent.saturating_add(units);
+        }
+        // A spend dropped before its answer, or refused, did not happen.
+        let unspend = (!produced).then_some(Unspend {
+            metered: self,
+            units,
+        });
+        loop {
+            if self.state().exhausted.is_some() {
+                return Spend::Exhausted;
+            }
+            if self.wanted().is_empty() {
+                std::mem::forget(unspend);
+                return Spend::Holds;
+            }
+            // One fetch at a time: the one before may have brought what this spend needs.
+            let fetching = self.fetching.clone().lock_owned().await;
+            let wanted = self.wanted();
+            if wanted.is_empty() || self.state().exhausted.is_some() {
+                continue;
+            }
+            let metered = self.clone();
+            let fetch = async move {
+                let answer = metered
+                    .spender
+                    .take(&metered.snapshot, &wanted, metered.on_fallback)
+                    .await;
+                metered.granted(&wanted, answer);
+                drop(fetching);
+            };
+            // On the runtime, the fetch finishes (and its chunk is counted) even if this spend
+            // is dropped meanwhile.
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    let _ = runtime.spawn(fetch).await;
+                }
+                Err(_) => fetch.await,
+            }
+        }
+    }
+
+    /// The units each account needs from the store for what is spent: none when it holds them.
+    fn wanted(&self) -> SmallVec<[(u16, Key, u64); 1]> {
+        let state = self.state();
+        let spent = state.spent;
+        state
+            .accounts
+            .iter()
+            .filter(|a| a.taken < spent)
+            .map(|a| (a.rule, a.key.clone(), a.chunk.max(spent - a.taken)))
+            .collect()
+    }
+
+    /// Records the store's answer to a chunk.
+    fn granted(&self, wanted: &[(u16, Key, u64)], answer: Result<Decision, StoreError>) {
+        let snapshot = &self.snapshot;
+        let mut state = self.state();
         match answer {
             Ok(decision) if decision.allowed() => {
                 for (position, (rule, _, units)) in wanted.iter().enumerate() {
@@ -249,18 +336,11 @@ impl Meter {
                         account.charged_at = decision.charged_at(position);
                     }
                 }
-                // Another clone's refusal meanwhile ends it all the same.
-                if state.exhausted.is_some() {
-                    Spend::Exhausted
-                } else {
-                    Spend::Holds
-                }
             }
             Ok(decision) => {
                 let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
                 state.exhausted = Some(Arc::new(Refusal::Denied { applied, decision }));
                 wake(&mut state);
-                Spend::Exhausted
             }
             Err(error) => {
                 let open = wanted.iter().all(|(rule, _, _)| {
@@ -278,35 +358,43 @@ impl Meter {
                             account.free = account.free.saturating_add(*units);
                         }
                     }
-                    return Spend::Holds;
+                    return;
                 }
-                let closed = wanted.iter().map(|(rule, _, _)| *rule).collect();
+                // Units refused: the rules that do not fail open ended the budget.
+                let closed = wanted
+                    .iter()
+                    .map(|(rule, _, _)| *rule)
+                    .filter(|&rule| {
+                        snapshot.rules[usize::from(rule)].on_store_error != FailureMode::Open
+                    })
+                    .collect();
                 state.exhausted = Some(Arc::new(Refusal::Unavailable { closed }));
                 wake(&mut state);
-                Spend::Exhausted
             }
         }
     }
+}
 
+impl Meter {
     /// Counts `units` of a frame being delivered: a future taking the next chunk when they go
     /// past the units held (its refusal ends the budget; the frame stays counted, a debt of at
     /// most its units), `None` when they are held.
     pub(crate) fn count_frame(&self, units: u64) -> Option<SpendFuture> {
         {
-            let mut state = self.inner.state();
+            let mut state = self.own().state();
             state.spent = state.spent.saturating_add(units);
             let spent = state.spent;
             if state.exhausted.is_some() || state.accounts.iter().all(|a| a.taken >= spent) {
                 return None;
             }
         }
-        let meter = self.clone();
-        Some(Box::pin(async move { meter.ask(0, true).await }))
+        let meter = self.own().clone();
+        Some(Box::pin(async move { Metered::ask(&meter, 0, true).await }))
     }
 
     /// The response's own count of what it used (a usage trailer): the charge is settled to it.
     pub(crate) fn settle_to(&self, total: u64) {
-        self.inner.state().spent = total;
+        self.own().state().spent = total;
     }
 
     /// How each data frame of the response counts, when a metered rule of it says.
@@ -320,28 +408,30 @@ impl Meter {
     }
 
     fn metering(&self) -> impl Iterator<Item = &Metering> {
-        let snapshot = &self.inner.snapshot;
+        let snapshot = &self.own().snapshot;
         let rules: SmallVec<[u16; 2]> =
-            self.inner.state().accounts.iter().map(|a| a.rule).collect();
+            self.own().state().accounts.iter().map(|a| a.rule).collect();
         rules
             .into_iter()
             .filter_map(move |rule| snapshot.rules[usize::from(rule)].meter.as_ref())
     }
 
-    /// The units spent so far.
+    /// The units spent so far (of this layer's budget).
     pub fn spent(&self) -> u64 {
-        self.inner.state().spent
+        self.own().state().spent
     }
 
-    /// Whether the budget is spent (a spend was answered [`Spend::Exhausted`]).
+    /// Whether a budget is spent (a spend was answered [`Spend::Exhausted`]).
     pub fn is_exhausted(&self) -> bool {
-        self.inner.state().exhausted.is_some()
+        self.parts
+            .iter()
+            .any(|part| part.state().exhausted.is_some())
     }
 
     /// The refusal that ended the budget, if it ended; else the body's waker is kept, to be
     /// woken when it does.
     pub(crate) fn poll_exhausted(&self, cx: &mut Context<'_>) -> Poll<Arc<Refusal>> {
-        let mut state = self.inner.state();
+        let mut state = self.own().state();
         match &state.exhausted {
             Some(refusal) => Poll::Ready(refusal.clone()),
             None => {
@@ -356,12 +446,12 @@ impl Meter {
 
     /// The refusal that ended the budget, if it ended.
     pub(crate) fn exhausted(&self) -> Option<Arc<Refusal>> {
-        self.inner.state().exhausted.clone()
+        self.own().state().exhausted.clone()
     }
 
     /// The policy the request was decided under.
     pub(crate) fn snapshot(&self) -> &Snapshot {
-        &self.inner.snapshot
+        &self.own().snapshot
     }
 }
 
@@ -379,9 +469,10 @@ impl Drop for Metered {
             .accounts
             .iter()
             .filter_map(|a| {
-                // Units granted while the store failed open were never charged, and are not now.
+                // Units granted while the store failed open were never charged, and are not
+                // now: the charged ones are spent first, then those, then a debt past both.
                 let charged = a.taken - a.free;
-                let owed = spent.saturating_sub(a.free);
+                let owed = spent.min(charged) + spent.saturating_sub(a.taken);
                 let change = match owed.cmp(&charged) {
                     std::cmp::Ordering::Equal => return None,
                     std::cmp::Ordering::Greater => Change::Charge(owed - charged),

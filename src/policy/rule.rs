@@ -293,7 +293,8 @@ impl Rule {
     ///
     /// The precision is the chunk: every unit spent is taken from the store before it is
     /// generated, so a fleet never delivers more than the budget (units
-    /// [recorded](crate::Meter::record) after the fact may go past it, as a debt), and a stream
+    /// [recorded](crate::Meter::record) after the fact, or [counted by
+    /// frame](Rule::meter_frames), may go past it by what one of them holds, as a debt), and a stream
     /// may be cut up to one chunk before the budget when less than a chunk is left. A chunk
     /// costs one store call per `chunk` units: a few percent of the quota is the usual
     /// trade-off.
@@ -315,8 +316,12 @@ impl Rule {
     ///
     /// Not for the sliding window log (it cannot hold a debt), concurrency, leased or split
     /// rules, rules that charge by the response (`charge_when`, `settle`), or shadow and delay
-    /// rules. A store failure while a chunk is taken ends the stream unless the rule fails
-    /// open (then the stream goes on, and the units it spends uncounted are not charged).
+    /// rules. A store failure while a chunk is taken ends the stream (with a
+    /// `temporary-reduced-capacity` refusal) unless the rule fails open: then the stream goes
+    /// on, and the units it spends uncounted are not charged; a rule that falls back to the
+    /// local limiter ends it too (the fallback decides new requests, not a stream's next
+    /// chunk). A request admitted while the store failed open has no meter: take it as
+    /// `Option<Extension<Meter>>`. The rule's [`cost`](Rule::cost) is replaced by the chunk.
     ///
     /// [`Meter`]: crate::Meter
     /// [`Meter::spend`]: crate::Meter::spend
@@ -330,9 +335,11 @@ impl Rule {
     }
 
     /// For a handler that cannot be changed: the layer counts each data frame of a
-    /// [metered](Rule::meter) response with `units` and spends them before the frame is
-    /// delivered; a frame the budget cannot pay is not delivered, and the stream ends there
-    /// with the refusal. The charge is what was delivered.
+    /// [metered](Rule::meter) response with `units` as it passes, taking the next chunk before
+    /// another frame passes when they go past the units held. The frame that crosses the budget
+    /// is delivered (a debt of at most its units) and the stream ends after it with the
+    /// refusal. The charge is what was delivered. A handler that also spends from its
+    /// [`Meter`](crate::Meter) is counted twice: use one or the other.
     ///
     /// ```
     /// use tollgate::{Quota, Rule};
@@ -353,7 +360,8 @@ impl Rule {
 
     /// For a service that reports what it used at the end (a gRPC or HTTP/2 trailer such as
     /// `x-usage-tokens: 1234`): the charge of a [metered](Rule::meter) response is settled to
-    /// that number, which the layer removes from the trailers. The units spent meanwhile (by
+    /// that number, which the layer removes from the trailers. The number is trusted: it must
+    /// come from your service, not from a client or an upstream you do not control. The units spent meanwhile (by
     /// the handler's [`Meter`](crate::Meter) or [frames](Rule::meter_frames)) still stop the
     /// stream at the budget; without the trailer, they are the charge.
     pub fn meter_usage_trailer(mut self, name: http::HeaderName) -> Self {

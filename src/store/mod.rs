@@ -143,9 +143,11 @@
 //! rules, keys and costs) itself until the sooner of the denying rule's retry-after and the
 //! time its next unit comes back, with Redis's numbers aged by the time since: a client that
 //! is already denied costs Redis nothing. The request's other rules, those that admitted it (a
-//! global rule stacked over every tenant's), do not end the answer: they are shown with the
-//! numbers Redis last gave for them on this replica, aged, while the denial stands. Within that
-//! time Redis would deny it too (other
+//! global rule stacked over every tenant's), keep the numbers Redis last gave for them on this
+//! replica (with the denial, or with a later request it admitted): a token-bucket or GCRA rule
+//! (not leased, not split) for as long as the denial stands, its units coming back in the
+//! answer as they do in Redis; another until its own next unit, when the next request asks
+//! Redis again. Within that time Redis would deny it too (other
 //! requests only spend), so the cache never denies what Redis would admit; its time is counted
 //! from when the check was sent, before Redis read its clock. The exceptions are units given
 //! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and
@@ -158,7 +160,7 @@
 //! then every cached denial is dropped when it is back): whatever Redis computed, a cached denial
 //! is answered at most [`deny_cache_max_age`][deny_cache_max_age] (default 5 s), the bound of
 //! its staleness then. A rule with other numbers (a policy that
-//! changed) is a new rule to it, and an admitted request clears its keys. Bounded:
+//! changed) is a new rule to it, and an admitted request ends the denials of its keys. Bounded:
 //! [`deny_cache`][deny_cache] keys (default 100,000; 0 turns it off). While
 //! Redis is away, keys it denied stay denied until their time; other requests follow their
 //! rules' failure modes.

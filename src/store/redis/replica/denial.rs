@@ -2,7 +2,8 @@
 //! by the time since.
 
 use crate::Algorithm;
-use crate::algorithm::Outcome;
+use crate::algorithm::{GcraState, Limits, Outcome, State, TokenBucketState};
+use crate::store::RuleSpec;
 
 /// One charge of a request Redis denied.
 #[derive(Clone, Copy, Debug)]
@@ -18,7 +19,7 @@ pub(super) struct Denial {
 }
 
 /// An outcome `elapsed` microseconds later, nothing else having changed (and no unit come back:
-/// callers age an outcome at most until its window). A full budget's window is a constant of
+/// callers age an outcome this way at most until its window; [`aged_entry`] ages the others). A full budget's window is a constant of
 /// the token bucket, GCRA and sliding log (an interval, a period), not a time that runs out.
 pub(super) fn aged(outcome: Outcome, elapsed: u64, algorithm: Algorithm) -> Outcome {
     let constant_window = outcome.remaining >= outcome.limit
@@ -38,5 +39,55 @@ pub(super) fn aged(outcome: Outcome, elapsed: u64, algorithm: Algorithm) -> Outc
             outcome.window.saturating_sub(elapsed).max(1)
         },
         ..outcome
+    }
+}
+
+/// The limits by which a rule's admitting outcome can be aged exactly, past its next unit: a
+/// token bucket or GCRA rule (whose outcome holds its whole state), neither leased (its
+/// numbers count units held here) nor split (its sub-keys take turns).
+pub(super) fn exact_limits(rule: &RuleSpec) -> Option<Limits> {
+    (matches!(rule.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra)
+        && rule.lease().is_none()
+        && rule.parts() == 1)
+        .then(|| *rule.limits())
+}
+
+/// An entry's outcome at `now`: for a rule that admitted the request and whose outcome holds
+/// its state (`exact`), what the reference model gives `now - at` later with nothing charged
+/// meanwhile (its units come back as they would in Redis); else [`aged`].
+pub(super) fn aged_entry(
+    entry: &Denial,
+    now: u64,
+    exact: Option<&Limits>,
+    algorithm: Algorithm,
+) -> Outcome {
+    let elapsed = now.saturating_sub(entry.at);
+    match exact {
+        Some(limits) if entry.outcome.allowed => {
+            // The state the outcome describes, at a time `t0` far enough from zero.
+            let outcome = entry.outcome;
+            let t0 = limits.interval.saturating_add(outcome.reset);
+            let state = match algorithm {
+                Algorithm::TokenBucket => (outcome.remaining < limits.burst).then(|| {
+                    State::TokenBucket(TokenBucketState {
+                        tokens: outcome.remaining,
+                        updated: (t0 + outcome.window).saturating_sub(limits.interval),
+                    })
+                }),
+                Algorithm::Gcra => (outcome.reset > 0).then(|| {
+                    State::Gcra(GcraState {
+                        tat: t0 + outcome.reset,
+                    })
+                }),
+                _ => return aged(outcome, elapsed, algorithm),
+            };
+            algorithm.uncharged(
+                limits,
+                state.as_ref(),
+                t0.saturating_add(elapsed),
+                entry.cost,
+            )
+        }
+        _ => aged(entry.outcome, elapsed, algorithm),
     }
 }

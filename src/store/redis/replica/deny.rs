@@ -1,12 +1,14 @@
 //! The deny cache: the denials Redis made moments ago, answered on this replica, aged by the time
-//! since, until the sooner of their retry-after and their window.
+//! since, until the sooner of their retry-after and their window. The rules that admitted such
+//! a request keep their numbers with it: while the denial stands when they can be aged exactly
+//! (token bucket, GCRA), else until their own next unit.
 
 use std::sync::atomic::Ordering;
 
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::denial::{Denial, aged};
+use super::denial::{Denial, aged_entry, exact_limits};
 use super::table::Table;
 use crate::algorithm::Outcome;
 use crate::key::Key;
@@ -22,9 +24,11 @@ impl Replica {
             let key = (charge.rule.fingerprint(), charge.key.clone());
             let entry = self.live_denial(&key, charge, now)?;
             denied |= entry.denies;
-            outcomes.push(aged(
-                entry.outcome,
-                now.saturating_sub(entry.at),
+            let exact = exact_limits(charge.rule);
+            outcomes.push(aged_entry(
+                &entry,
+                now,
+                exact.as_ref(),
                 charge.rule.algorithm(),
             ));
         }
@@ -64,6 +68,11 @@ impl Table<Denial> {
             && kept.cost == denial.cost
         {
             denial.until = denial.until.max(kept.until);
+            // Numbers Redis gave later (an admission settled first) stay.
+            if kept.at > denial.at {
+                denial.outcome = kept.outcome;
+                denial.at = kept.at;
+            }
         }
         if self.room(&mut shard, &key, now, |d| d.until <= now)
             && shard.insert(key, denial).is_none()
@@ -73,8 +82,16 @@ impl Table<Denial> {
     }
 
     /// Redis admitted `cost` of `key` at `at`: a denial of it is over; the numbers kept of it
-    /// (it admitted a denied request) are these now, fresher.
-    pub(super) fn admitted(&self, key: (u64, Key), cost: u64, outcome: &Outcome, at: u64) {
+    /// (it admitted a denied request) are these now, fresher; `exact` when they can be aged
+    /// exactly, else they last until their own next unit.
+    pub(super) fn admitted(
+        &self,
+        key: (u64, Key),
+        cost: u64,
+        outcome: &Outcome,
+        at: u64,
+        exact: bool,
+    ) {
         let mut shard = self.shard(&key);
         let Some(kept) = shard.get_mut(&key) else {
             return;
@@ -85,6 +102,9 @@ impl Table<Denial> {
         } else if kept.cost == cost && at >= kept.at {
             kept.outcome = *outcome;
             kept.at = at;
+            if !exact {
+                kept.until = kept.until.min(at.saturating_add(outcome.window));
+            }
         }
     }
 }

@@ -6,10 +6,14 @@
 //! retry-after and its window (the time until one more unit is there), the same request (same
 //! rules, keys and costs) is denied here, with Redis's outcome aged by the time since: within
 //! that time no unit comes back to the denying rule, so Redis would deny it too, with those
-//! numbers (other requests only spend; a cluster's cross-slot refund is the exception). The time is counted from when the check was *sent*, before
-//! Redis read its clock, so a cached denial never outlives the one Redis computed. A rule whose
-//! numbers change is a new rule here (its fingerprint changes), and an admitted request clears
-//! the entries of its charges.
+//! numbers (other requests only spend; a cluster's cross-slot refund is the exception). The
+//! time is counted from when the check was *sent*, before Redis read its clock, so a cached
+//! denial never outlives the one Redis computed. The rules that admitted the request keep
+//! their numbers too (refreshed by the requests this replica sends that they admit): a token
+//! bucket's or GCRA's, not leased nor split, while the denial stands, aged by the reference
+//! model (their outcome holds their whole state); the others' until their own next unit. A
+//! rule whose numbers change is a new rule here (its fingerprint changes), and an admitted
+//! request ends the denials of its charges.
 //!
 //! **Leases.** A rule with a lease of `n` takes up to `n` units from Redis in the call that
 //! checks one of its requests (every unit there is, up to the lease's size, at least the

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::denial::{Denial, aged};
+use super::denial::{Denial, aged_entry, exact_limits};
 use super::held::lease_key;
 use super::split::{mix, whole};
-use crate::algorithm::Outcome;
+use crate::algorithm::{Limits, Outcome};
 use crate::key::Key;
 use crate::store::redis::script::{Prepared, Reply};
 use crate::store::{Charge, StoreError};
@@ -40,6 +40,8 @@ pub(super) struct Planned {
     pub(super) part: Option<(u16, u16)>,
     /// The rule's capacity (a split rule's sub-keys hold less).
     pub(super) capacity: u64,
+    /// The limits by which its admitting outcome ages exactly in the deny cache, if it does.
+    pub(super) exact: Option<Limits>,
     pub(super) how: How,
     /// Units of this key's leases that expired unspent, and when Redis charged them: this
     /// call gives them back.
@@ -296,13 +298,18 @@ impl Plan {
             // kept only for its numbers (it admitted a denied request) keeps them, fresher.
             if !local.denials.is_empty() {
                 for (planned, outcome) in self.charges.iter().zip(&outcomes) {
-                    if matches!(planned.how, How::Sent | How::Refill { .. }) {
-                        local.denials.admitted(
-                            (planned.fingerprint, planned.key.clone()),
+                    let key = (planned.fingerprint, planned.key.clone());
+                    match planned.how {
+                        How::Sent => local.denials.admitted(
+                            key,
                             planned.cost,
                             outcome,
                             self.at,
-                        );
+                            planned.exact.is_some(),
+                        ),
+                        // Its numbers count units held here: not Redis's to keep.
+                        How::Refill { .. } => local.denials.remove(&key),
+                        _ => {}
                     }
                 }
             }
@@ -356,10 +363,12 @@ impl Plan {
                 outcome: *outcome,
                 cost: planned.cost,
                 at: self.at,
-                // A rule that admits is kept for its numbers while the denial stands (they age:
-                // its next unit may come, other requests may spend); one whose cost never fits
-                // keeps them until its own next unit at most (its retry-after is no bound).
-                until: if !outcome.allowed && outcome.retry_after == u64::MAX {
+                // A rule that admits is kept for its numbers: while the denial stands when they
+                // age exactly (its units come back as in Redis), else until its own next unit;
+                // so is one whose cost never fits (its retry-after is no bound).
+                until: if (outcome.allowed && planned.exact.is_none())
+                    || outcome.retry_after == u64::MAX
+                {
                     until.min(self.at.saturating_add(outcome.window))
                 } else {
                     until
@@ -461,6 +470,7 @@ impl Replica {
                     period: rule.limits().period,
                     part,
                     capacity: rule.algorithm().capacity(rule.limits()),
+                    exact: exact_limits(rule),
                     how: How::Sent,
                     give_back: None,
                 }
@@ -478,7 +488,7 @@ impl Replica {
                 && !self.leases_pay(charges, at)
             {
                 for (p, d) in planned.iter_mut().zip(entries) {
-                    p.how = How::Cached(aged(d.outcome, at.saturating_sub(d.at), p.algorithm));
+                    p.how = How::Cached(aged_entry(&d, at, p.exact.as_ref(), p.algorithm));
                 }
                 return Plan {
                     local: self.clone(),

@@ -580,3 +580,109 @@ fn unspent_units_of_a_window_go_back_with_the_next_call_once() {
         assert_eq!(next.prepared("p", &charges)[0].give_back, None);
     }
 }
+
+/// The numbers of a rule that admitted a denied request age as the reference model's do: a
+/// token bucket's or GCRA's units come back in the cached answer as they would in Redis.
+#[test]
+fn an_admitting_rules_numbers_age_as_the_model_does() {
+    use super::denial::{Denial, aged_entry, exact_limits};
+    use crate::algorithm::State;
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limits = Limits::new(10, 1_000_000, 4).unwrap();
+        let spec = RuleSpec::new("r", algorithm, limits).unwrap();
+        let exact = exact_limits(&spec).expect("ages exactly");
+        // Spend the bucket down at various times, then age its outcome and compare.
+        let mut state: Option<State> = None;
+        let mut now = 5_000_000u64;
+        for step in 0..40u64 {
+            now += (step * 37_001) % 250_000;
+            if algorithm.check(&limits, state.as_ref(), now, 1).allowed {
+                algorithm.commit(&limits, &mut state, now, 1);
+            }
+            let outcome = algorithm.uncharged(&limits, state.as_ref(), now, 1);
+            if !outcome.allowed {
+                continue;
+            }
+            let entry = Denial {
+                outcome,
+                cost: 1,
+                at: now,
+                until: u64::MAX,
+                denies: false,
+            };
+            for later in [1, 99_999, 100_000, 250_001, 400_000, 2_000_000] {
+                assert_eq!(
+                    aged_entry(&entry, now + later, Some(&exact), algorithm),
+                    algorithm.uncharged(&limits, state.as_ref(), now + later, 1),
+                    "{algorithm}, step {step}, {later} µs later"
+                );
+            }
+        }
+    }
+    // A split or leased rule's numbers are not Redis's whole key's: they do not age so.
+    let limits = Limits::new(10, 1_000_000, 10).unwrap();
+    let split = RuleSpec::new("s", Algorithm::TokenBucket, limits)
+        .unwrap()
+        .with_parts(2)
+        .unwrap();
+    assert!(exact_limits(&split).is_none());
+    let log = RuleSpec::new("l", Algorithm::SlidingWindowLog, limits).unwrap();
+    assert!(exact_limits(&log).is_none());
+}
+
+/// A kept rule's numbers never go back to older ones (a denial settled after a later
+/// admission), live as long as the longest denial they serve, are refreshed by an admission of
+/// the same cost, and a denying entry ends with an admission.
+#[test]
+fn kept_numbers_never_go_back_and_a_denial_ends_with_an_admission() {
+    use super::denial::Denial;
+    use super::table::Table;
+    let table: Table<Denial> = Table::new(64);
+    let key = (1u64, Key::text("global"));
+    let numbers = |remaining| Outcome {
+        allowed: true,
+        limit: 10,
+        remaining,
+        reset: 0,
+        retry_after: 0,
+        window: 1,
+    };
+    let admitting = |remaining, at, until| Denial {
+        outcome: numbers(remaining),
+        cost: 1,
+        at,
+        until,
+        denies: false,
+    };
+    let kept = |table: &Table<Denial>| table.shard(&key).get(&key).copied();
+    table.keep(key.clone(), admitting(5, 200, 1_000), 200);
+    table.keep(key.clone(), admitting(7, 100, 5_000), 300);
+    let entry = kept(&table).unwrap();
+    assert_eq!(
+        (entry.outcome.remaining, entry.at, entry.until),
+        (5, 200, 5_000)
+    );
+    // Another cost is another request: its admission leaves the numbers.
+    table.admitted(key.clone(), 2, &numbers(1), 400, true);
+    assert_eq!(kept(&table).unwrap().outcome.remaining, 5);
+    table.admitted(key.clone(), 1, &numbers(3), 400, true);
+    assert_eq!(kept(&table).unwrap().outcome.remaining, 3);
+    // Numbers that cannot age exactly last until their next unit after a refresh.
+    table.admitted(key.clone(), 1, &numbers(2), 450, false);
+    assert_eq!(kept(&table).unwrap().until, 451);
+    let denying = Denial {
+        outcome: Outcome {
+            allowed: false,
+            retry_after: 1_000,
+            ..numbers(0)
+        },
+        cost: 1,
+        at: 500,
+        until: 1_500,
+        denies: true,
+    };
+    table.keep(key.clone(), denying, 500);
+    assert!(kept(&table).unwrap().denies);
+    table.admitted(key.clone(), 1, &numbers(9), 600, true);
+    assert!(kept(&table).is_none(), "a denial ends with an admission");
+}
