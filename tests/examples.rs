@@ -399,3 +399,68 @@ async fn the_grpc_interceptor_example_allows_ten_calls_a_minute_per_peer() {
     let printed = example.stop();
     assert!(printed.contains("grpcurl -plaintext"), "{printed}");
 }
+
+/// A streamed POST: the data events of `tokens` and whether it ended with `done`, or the data
+/// of its final `error` event.
+async fn stream_events(
+    client: &Client<HttpConnector, http_body_util::Full<Bytes>>,
+    url: &str,
+    key: &str,
+    max_tokens: u64,
+) -> (u16, u64, bool, Option<serde_json::Value>) {
+    let request = http::Request::post(url)
+        .header("content-type", "application/json")
+        .header("x-api-key", key)
+        .body(http_body_util::Full::new(Bytes::from(format!(
+            "{{\"max_tokens\": {max_tokens}}}"
+        ))))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    let mut tokens = 0;
+    let mut done = false;
+    let mut error = None;
+    for event in text.split("\n\n").filter(|e| !e.is_empty()) {
+        if event.starts_with("data: {\"index\"") {
+            tokens += 1;
+        } else if event.starts_with("event: done") {
+            done = true;
+        } else if let Some(data) = event.strip_prefix("event: error\ndata: ") {
+            error = Some(serde_json::from_str(data).expect("a JSON problem"));
+        }
+    }
+    (status, tokens, done, error)
+}
+
+#[tokio::test]
+async fn the_stream_example_cuts_the_third_stream_at_the_budget() {
+    let example = Example::start("stream", "TOLLGATE_ADDR", &[]);
+    let url = format!("http://{}/v1/completions", example.addr);
+    let client = json_client();
+    let started = Instant::now();
+    for stream in 0..2 {
+        let (status, tokens, done, error) = stream_events(&client, &url, "demo", 4000).await;
+        assert_eq!((status, tokens, done), (200, 4000, true), "stream {stream}");
+        assert!(error.is_none());
+    }
+    let (status, tokens, done, error) = stream_events(&client, &url, "demo", 4000).await;
+    // 2,000 left, plus what refilled meanwhile (10,000 a minute), within one chunk of 500.
+    let refilled = (started.elapsed().as_secs_f64() * 10_000.0 / 60.0).ceil() as u64;
+    assert_eq!(status, 200);
+    assert!(!done, "the third stream is cut");
+    assert!(
+        (1_500..=2_500 + refilled).contains(&tokens),
+        "{tokens} tokens, {refilled} refilled"
+    );
+    let problem = error.expect("a final error event");
+    assert_eq!(problem["status"], 429);
+    assert_eq!(problem["violated-policies"][0], "tokens");
+    // Another key has its own budget.
+    let (_, other, done, _) = stream_events(&client, &url, "other", 20).await;
+    assert_eq!((other, done), (20, true));
+    let printed = example.stop();
+    assert!(printed.contains("/v1/completions"), "{printed}");
+    assert!(printed.contains("x-api-key: demo"), "{printed}");
+}
