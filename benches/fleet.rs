@@ -849,6 +849,58 @@ fn gateways(
     })
 }
 
+/// A phase's gateways, on clocks of their own, after the cluster was emptied; and each
+/// node's statistics from then (the stores' connections and code loading not counted).
+#[allow(clippy::type_complexity)]
+fn prepare(
+    runtime: &tokio::runtime::Runtime,
+    cluster: &support::RedisCluster,
+    settings: &Settings,
+    rules: &Rules,
+    hot_id: &str,
+    config: Config,
+    epoch: u64,
+) -> Result<(Vec<ManualClock>, Vec<Router>, Vec<NodeStats>), String> {
+    reset_nodes(cluster)?;
+    let clocks: Vec<ManualClock> = (0..settings.gateways)
+        .map(|_| ManualClock::new(epoch))
+        .collect();
+    let routers = gateways(runtime, cluster, rules, settings, hot_id, config, &clocks)?;
+    for node in &cluster.nodes {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query::<()>(&mut node.conn())
+            .map_err(|e| format!("CONFIG RESETSTAT: {e}"))?;
+    }
+    let before = cluster
+        .nodes
+        .iter()
+        .map(node_stats)
+        .collect::<Result<_, _>>()?;
+    Ok((clocks, routers, before))
+}
+
+/// Each gateway's arrivals, by index.
+fn by_gateway(traffic: &Traffic, gateways: usize) -> Vec<Vec<u32>> {
+    let mut mine: Vec<Vec<u32>> = vec![Vec::new(); gateways];
+    for (i, a) in traffic.arrivals.iter().enumerate() {
+        mine[usize::from(a.gateway)].push(i as u32);
+    }
+    mine
+}
+
+/// Each node's statistics since `before` (calls counted from the reset; CPU a difference).
+fn since(before: &[NodeStats], after: Vec<NodeStats>) -> Vec<NodeStats> {
+    before
+        .iter()
+        .zip(after)
+        .map(|(b, a)| NodeStats {
+            cpu: a.cpu - b.cpu,
+            ..a
+        })
+        .collect()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_config(
     runtime: &tokio::runtime::Runtime,
@@ -861,31 +913,12 @@ fn run_config(
     epoch: u64,
     ticks: f64,
 ) -> Result<Run, String> {
-    reset_nodes(cluster)?;
-    let clocks: Vec<ManualClock> = (0..settings.gateways)
-        .map(|_| ManualClock::new(epoch))
-        .collect();
-    let routers = gateways(runtime, cluster, rules, settings, hot_id, config, &clocks)?;
-    // Statistics from here: the stores' connections and code loading are not counted.
-    for node in &cluster.nodes {
-        redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query::<()>(&mut node.conn())
-            .map_err(|e| format!("CONFIG RESETSTAT: {e}"))?;
-    }
-    let before: Vec<NodeStats> = cluster
-        .nodes
-        .iter()
-        .map(node_stats)
-        .collect::<Result<_, _>>()?;
+    let (clocks, routers, before) =
+        prepare(runtime, cluster, settings, rules, hot_id, config, epoch)?;
     let own_before = own_cpu(ticks);
-
     let n = traffic.arrivals.len();
     let outcomes = Arc::new(Outcomes::new(n));
-    let mut by_gateway: Vec<Vec<u32>> = vec![Vec::new(); settings.gateways];
-    for (i, a) in traffic.arrivals.iter().enumerate() {
-        by_gateway[usize::from(a.gateway)].push(i as u32);
-    }
+    let by_gateway = by_gateway(traffic, settings.gateways);
     let started = Instant::now();
     runtime.block_on(async {
         let start = Instant::now();
@@ -933,17 +966,7 @@ fn run_config(
             config.name()
         ));
     }
-    let nodes = before
-        .iter()
-        .zip(&after)
-        .map(|(b, a)| NodeStats {
-            code_calls: a.code_calls,
-            other_calls: a.other_calls,
-            others: a.others.clone(),
-            code_usec: a.code_usec,
-            cpu: a.cpu - b.cpu,
-        })
-        .collect();
+    let nodes = since(&before, after);
     let status: Vec<u8> = outcomes
         .status
         .iter()
@@ -1011,26 +1034,9 @@ fn run_busy(
     config: Config,
     epoch: u64,
 ) -> Result<Busy, String> {
-    reset_nodes(cluster)?;
-    let clocks: Vec<ManualClock> = (0..settings.gateways)
-        .map(|_| ManualClock::new(epoch))
-        .collect();
-    let routers = gateways(runtime, cluster, rules, settings, hot_id, config, &clocks)?;
-    for node in &cluster.nodes {
-        redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query::<()>(&mut node.conn())
-            .map_err(|e| format!("CONFIG RESETSTAT: {e}"))?;
-    }
-    let before: Vec<NodeStats> = cluster
-        .nodes
-        .iter()
-        .map(node_stats)
-        .collect::<Result<_, _>>()?;
-    let mut by_gateway: Vec<Vec<u32>> = vec![Vec::new(); settings.gateways];
-    for (i, a) in traffic.arrivals.iter().enumerate() {
-        by_gateway[usize::from(a.gateway)].push(i as u32);
-    }
+    let (clocks, routers, before) =
+        prepare(runtime, cluster, settings, rules, hot_id, config, epoch)?;
+    let by_gateway = by_gateway(traffic, settings.gateways);
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(settings.busy_seconds);
     let sent = Arc::new(AtomicUsize::new(0));
@@ -1092,14 +1098,7 @@ fn run_busy(
     Ok(Busy {
         seconds,
         requests: sent.load(Ordering::Relaxed),
-        nodes: before
-            .iter()
-            .zip(after)
-            .map(|(b, a)| NodeStats {
-                cpu: a.cpu - b.cpu,
-                ..a
-            })
-            .collect(),
+        nodes: since(&before, after),
     })
 }
 

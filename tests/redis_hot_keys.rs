@@ -257,6 +257,67 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
     assert!(admitted.allowed());
 }
 
+/// The same with the global rule leased (each replica spends its units from a lease): the
+/// denied tenant is answered here, the global rule's numbers those its lease here reports.
+#[tokio::test]
+async fn a_denied_tenant_under_a_leased_global_rule_is_answered_here() {
+    let server = support::RedisServer::start();
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = store_on(&server, Some(&clock)).await;
+    let global = RuleSpec::new(
+        "global",
+        Algorithm::TokenBucket,
+        Limits::new(1000, 1_000_000, 1000).unwrap(),
+    )
+    .unwrap()
+    .with_lease(100, Duration::from_secs(10))
+    .unwrap();
+    let tenant = RuleSpec::new(
+        "tenant",
+        Algorithm::TokenBucket,
+        Limits::new(2, 60_000_000, 2).unwrap(),
+    )
+    .unwrap();
+    let everyone = Key::text("global");
+    let request = |key: &Key| {
+        store.check(&[
+            Charge {
+                rule: &global,
+                key: &everyone,
+                cost: 1,
+            },
+            Charge {
+                rule: &tenant,
+                key,
+                cost: 1,
+            },
+        ])
+    };
+    let over = Key::text("tenant-over");
+    for _ in 0..2 {
+        assert!(request(&over).await.unwrap().allowed());
+    }
+    let denied = request(&over).await.unwrap();
+    assert!(!denied.allowed());
+    let mut answered_here = 0;
+    for round in 0..20 {
+        let other = Key::text(format!("tenant-{round}"));
+        assert!(request(&other).await.unwrap().allowed());
+        clock.advance(Duration::from_millis(5));
+        let before = calls(&server);
+        let again = request(&over).await.unwrap();
+        assert!(!again.allowed(), "round {round}");
+        assert!(again.outcomes()[0].allowed, "round {round}");
+        if again.source() == DecisionSource::DenyCache {
+            assert_eq!(calls(&server), before, "round {round}: no call to Redis");
+            answered_here += 1;
+        }
+    }
+    // Every round once the global rule's lease has grown to its demand (the first rounds
+    // send its charge to Redis, and then its own cached numbers last until its next unit only).
+    assert!(answered_here >= 15, "{answered_here} of 20 answered here");
+}
+
 /// While Redis is away, a key Redis denied stays denied (Redis would deny it); other keys
 /// follow their failure mode.
 #[tokio::test]

@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::Replica;
 use super::denial::{Denial, aged_entry, exact_limits};
 use super::table::Table;
-use crate::algorithm::Outcome;
+use crate::algorithm::{Limits, Outcome};
 use crate::key::Key;
 use crate::store::Charge;
 use crate::{Decision, DecisionSource};
@@ -22,17 +22,34 @@ impl Replica {
         let mut denied = false;
         for charge in charges {
             let key = (charge.rule.fingerprint(), charge.key.clone());
-            let entry = self.live_denial(&key, charge, now)?;
-            denied |= entry.denies;
             let exact = exact_limits(charge.rule);
-            outcomes.push(aged_entry(
-                &entry,
-                now,
-                exact.as_ref(),
-                charge.rule.algorithm(),
-            ));
+            let (outcome, denies) = self.standing(&key, charge, exact.as_ref(), now)?;
+            denied |= denies;
+            outcomes.push(outcome);
         }
         denied.then(|| Decision::from_outcomes(outcomes).made_by(DecisionSource::DenyCache))
+    }
+
+    /// A charge's outcome at `now` in a request answered from the deny cache, and whether it
+    /// denies: its cached entry's, aged; or, for a leased rule with none left, what its lease
+    /// here would report (as when it pays the request: the numbers the replica gives without
+    /// the cache). `None` when neither stands: Redis decides.
+    pub(super) fn standing(
+        &self,
+        key: &(u64, Key),
+        charge: &Charge<'_>,
+        exact: Option<&Limits>,
+        now: u64,
+    ) -> Option<(Outcome, bool)> {
+        match self.live_denial(key, charge, now) {
+            Some(entry) => Some((
+                aged_entry(&entry, now, exact, charge.rule.algorithm()),
+                entry.denies,
+            )),
+            None => self
+                .leased_numbers(charge, now)
+                .map(|outcome| (outcome, false)),
+        }
     }
 
     /// The denial cached for `charge` (under `key`: its sub-key's, for a split key), if it

@@ -222,10 +222,16 @@ impl Held {
     /// The outcome of a request paid from this lease: what Redis reported, aged, with the units
     /// still held here counted as remaining.
     pub(super) fn spent(&self, now: u64) -> Outcome {
+        self.spent_after(now, 0)
+    }
+
+    /// [`spent`](Held::spent) as it would be once `cost` more is paid here.
+    pub(super) fn spent_after(&self, now: u64, cost: u64) -> Outcome {
         let mut outcome = aged(self.outcome, now.saturating_sub(self.at), self.algorithm);
         outcome.allowed = true;
         outcome.retry_after = 0;
-        outcome.remaining = (outcome.remaining + self.units + self.next).min(outcome.limit);
+        outcome.remaining =
+            (outcome.remaining + self.units.saturating_sub(cost) + self.next).min(outcome.limit);
         outcome
     }
 }

@@ -28,6 +28,21 @@ impl Replica {
             })
     }
 
+    /// The numbers a leased rule reports for a request whose charge its lease here would pay
+    /// (as [`How::Leased`]), without paying it: those of the rule in a request another rule
+    /// denies, answered from the deny cache. `None` when it would not pay.
+    pub(super) fn leased_numbers(&self, charge: &Charge<'_>, now: u64) -> Option<Outcome> {
+        charge.rule.lease()?;
+        if charge.cost == 0 {
+            return None;
+        }
+        let key = (lease_key(charge.rule), charge.key.clone());
+        let mut shard = self.leases.shard(&key);
+        let held = shard.get_mut(&key)?;
+        held.pays(now, charge.cost)
+            .then(|| held.spent_after(now, charge.cost))
+    }
+
     /// Pays every charge from this replica's leases, all or nothing, in one pass; with `ahead`,
     /// a request whose payment would send a refill ahead of need is left to be planned.
     pub(super) fn paid_by_leases(&self, charges: &[Charge<'_>], ahead: bool) -> Paid {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::Replica;
-use super::denial::{Denial, aged_entry, exact_limits};
+use super::denial::{Denial, exact_limits};
 use super::held::lease_key;
 use super::split::{mix, whole};
 use crate::algorithm::{Limits, Outcome};
@@ -478,17 +478,24 @@ impl Replica {
             .collect();
         // Denied moments ago (with a split key's sub-keys now chosen): answered here.
         if !self.denials.is_empty() {
-            let entries: Option<SmallVec<[Denial; 2]>> = planned
+            let standing: Option<SmallVec<[(Outcome, bool); 2]>> = planned
                 .iter()
                 .zip(charges)
-                .map(|(p, charge)| self.live_denial(&(p.fingerprint, p.key.clone()), charge, at))
+                .map(|(p, charge)| {
+                    self.standing(
+                        &(p.fingerprint, p.key.clone()),
+                        charge,
+                        p.exact.as_ref(),
+                        at,
+                    )
+                })
                 .collect();
-            if let Some(entries) = entries
-                && entries.iter().any(|d| d.denies)
+            if let Some(standing) = standing
+                && standing.iter().any(|(_, denies)| *denies)
                 && !self.leases_pay(charges, at)
             {
-                for (p, d) in planned.iter_mut().zip(entries) {
-                    p.how = How::Cached(aged_entry(&d, at, p.exact.as_ref(), p.algorithm));
+                for (p, (outcome, _)) in planned.iter_mut().zip(standing) {
+                    p.how = How::Cached(outcome);
                 }
                 return Plan {
                     local: self.clone(),
