@@ -8,11 +8,12 @@
 //! ```
 //!
 //! `POST /v1/completions` streams `max_tokens` tokens (default 100), one event per token, with a
-//! millisecond's pause every ten tokens. The rule takes 500 tokens from the store when it admits the request and
-//! 500 more each time they are spent ([`Rule::meter`]); the producer asks the request's
-//! [`Meter`] before each token and stops when the budget is spent; the layer then ends the
-//! stream with a final `event: error` carrying the `quota-exceeded` problem document. When the
-//! stream ends (or the client leaves), the charge is settled to the tokens generated.
+//! millisecond's pause every ten tokens. The rule takes 500 tokens from the store when it
+//! admits the request and 500 more each time they are spent ([`Rule::meter`]); the producer
+//! asks the request's [`Meter`] before each token and stops when the budget is spent; the
+//! layer then ends the stream with a final `event: error` carrying the `quota-exceeded`
+//! problem document. When the stream ends (or the client leaves), the charge is settled to
+//! the tokens generated.
 //!
 //! Three streams of 4,000 tokens in a row on one key: the first two complete, the third is cut
 //! at the budget (about 2,000 tokens in, plus the few hundred that refilled meanwhile, within

@@ -45,8 +45,9 @@ impl Use {
                 (snapshot.holds || snapshot.settles || snapshot.meters || delays).then(|| {
                     ConfigError::new(
                         "a tonic interceptor neither sees the response nor waits: concurrency \
-                         limits, charges by outcome, settled costs, metered rules and delay rules \
-                         need the layer on the service (layer.layer(MyServiceServer::new(service)))",
+                         limits, charges by outcome, settled costs, metered rules and delay \
+                         rules need the layer on the service \
+                         (layer.layer(MyServiceServer::new(service)))",
                     )
                 })
             }

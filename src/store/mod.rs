@@ -146,9 +146,10 @@
 //! global rule stacked over every tenant's), keep the numbers Redis last gave for them on this
 //! replica (with the denial, or with a later request it admitted): a token-bucket or GCRA rule
 //! (not leased, not split) for as long as the denial stands, its units coming back in the
-//! answer as they do in Redis; a leased one, with the numbers its lease on this replica
-//! reports while it would pay the request; another until its own next unit, when the next
-//! request asks Redis again. Within that time Redis would deny it too (other
+//! answer as the reference model brings them back (spending by other replicas meanwhile is not
+//! in them); a leased one shows the numbers its lease on this replica reports while it would
+//! pay the request; another keeps them until its own next unit, when the next request asks
+//! Redis again. Within that time Redis would deny it too (other
 //! requests only spend), so the cache never denies what Redis would admit; its time is counted
 //! from when the check was sent, before Redis read its clock. The exceptions are units given
 //! back meanwhile: a cluster's cross-slot request that lost a race gives back what it took, and

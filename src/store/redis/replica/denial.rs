@@ -54,7 +54,8 @@ pub(super) fn exact_limits(rule: &RuleSpec) -> Option<Limits> {
 
 /// An entry's outcome at `now`: for a rule that admitted the request and whose outcome holds
 /// its state (`exact`), what the reference model gives `now - at` later with nothing charged
-/// meanwhile (its units come back as they would in Redis); else [`aged`].
+/// meanwhile (its units come back as they would in Redis, counted from when the check was
+/// sent); else [`aged`].
 pub(super) fn aged_entry(
     entry: &Denial,
     now: u64,
@@ -64,14 +65,22 @@ pub(super) fn aged_entry(
     let elapsed = now.saturating_sub(entry.at);
     match exact {
         Some(limits) if entry.outcome.allowed => {
-            // The state the outcome describes, at a time `t0` far enough from zero.
             let outcome = entry.outcome;
-            let t0 = limits.interval.saturating_add(outcome.reset);
+            // The state the outcome describes, at a time `t0` far enough from zero; numbers
+            // past what the rule can hold (never Redis's) are aged the plain way.
+            let horizon = limits
+                .burst
+                .saturating_add(1)
+                .saturating_mul(limits.interval);
+            if outcome.reset > horizon || outcome.window > horizon {
+                return aged(outcome, elapsed, algorithm);
+            }
+            let t0 = limits.interval + horizon;
             let state = match algorithm {
                 Algorithm::TokenBucket => (outcome.remaining < limits.burst).then(|| {
                     State::TokenBucket(TokenBucketState {
                         tokens: outcome.remaining,
-                        updated: (t0 + outcome.window).saturating_sub(limits.interval),
+                        updated: t0 + outcome.window - limits.interval,
                     })
                 }),
                 Algorithm::Gcra => (outcome.reset > 0).then(|| {

@@ -31,9 +31,9 @@ impl Replica {
     }
 
     /// A charge's outcome at `now` in a request answered from the deny cache, and whether it
-    /// denies: its cached entry's, aged; or, for a leased rule with none left, what its lease
-    /// here would report (as when it pays the request: the numbers the replica gives without
-    /// the cache). `None` when neither stands: Redis decides.
+    /// denies: a denying entry's, aged; for a leased rule that admits, what its lease here
+    /// would report (as when it pays the request: the numbers the replica gives without the
+    /// cache); else an admitting entry's, aged. `None` when none stands: Redis decides.
     pub(super) fn standing(
         &self,
         key: &(u64, Key),
@@ -41,15 +41,18 @@ impl Replica {
         exact: Option<&Limits>,
         now: u64,
     ) -> Option<(Outcome, bool)> {
-        match self.live_denial(key, charge, now) {
-            Some(entry) => Some((
+        let entry = self.live_denial(key, charge, now);
+        if let Some(entry) = entry.filter(|e| e.denies) {
+            return Some((
                 aged_entry(&entry, now, exact, charge.rule.algorithm()),
-                entry.denies,
-            )),
-            None => self
-                .leased_numbers(charge, now)
-                .map(|outcome| (outcome, false)),
+                true,
+            ));
         }
+        // A leased rule that admits: its lease's numbers here are fresher than any kept.
+        if let Some(outcome) = self.leased_numbers(charge, now) {
+            return Some((outcome, false));
+        }
+        entry.map(|e| (aged_entry(&e, now, exact, charge.rule.algorithm()), false))
     }
 
     /// The denial cached for `charge` (under `key`: its sub-key's, for a split key), if it
@@ -99,8 +102,9 @@ impl Table<Denial> {
     }
 
     /// Redis admitted `cost` of `key` at `at`: a denial of it is over; the numbers kept of it
-    /// (it admitted a denied request) are these now, fresher; `exact` when they can be aged
-    /// exactly, else they last until their own next unit.
+    /// (it admitted a denied request) are these now, fresher: whatever the cost when `exact`
+    /// (they hold the rule's state and age exactly), else for the same cost, until their own
+    /// next unit.
     pub(super) fn admitted(
         &self,
         key: (u64, Key),
@@ -116,7 +120,9 @@ impl Table<Denial> {
         if kept.denies {
             shard.remove(&key);
             self.len.fetch_sub(1, Ordering::Relaxed);
-        } else if kept.cost == cost && at >= kept.at {
+        } else if (exact || kept.cost == cost) && at >= kept.at {
+            // Numbers that age exactly hold the rule's state, whatever the cost that brought
+            // them; the others are those of one cost.
             kept.outcome = *outcome;
             kept.at = at;
             if !exact {

@@ -9,9 +9,11 @@
 //! numbers (other requests only spend; a cluster's cross-slot refund is the exception). The
 //! time is counted from when the check was *sent*, before Redis read its clock, so a cached
 //! denial never outlives the one Redis computed. The rules that admitted the request keep
-//! their numbers too (refreshed by the requests this replica sends that they admit): a token
-//! bucket's or GCRA's, not leased nor split, while the denial stands, aged by the reference
-//! model (their outcome holds their whole state); the others' until their own next unit. A
+//! their numbers too: a token bucket's or GCRA's, not leased nor split, while the denial
+//! stands, refreshed by any request this replica sends that they admit and aged by the
+//! reference model (their outcome holds their whole state); a leased rule's are its lease's
+//! here while it would pay the request; the others' last until their own next unit (refreshed
+//! by admissions of the same cost). A
 //! rule whose numbers change is a new rule here (its fingerprint changes), and an admitted
 //! request ends the denials of its charges.
 //!

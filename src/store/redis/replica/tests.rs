@@ -599,13 +599,27 @@ fn an_admitting_rules_numbers_age_as_the_model_does() {
             if algorithm.check(&limits, state.as_ref(), now, 1).allowed {
                 algorithm.commit(&limits, &mut state, now, 1);
             }
-            let outcome = algorithm.uncharged(&limits, state.as_ref(), now, 1);
+            // The numbers kept: of a denied request (uncharged), or of one admitted (charged,
+            // then the state is the one after its charge), at costs 1 and 2.
+            let cost = 1 + step % 2;
+            let (outcome, after) =
+                if step % 3 == 0 && algorithm.check(&limits, state.as_ref(), now, cost).allowed {
+                    let outcome = algorithm.check(&limits, state.as_ref(), now, cost);
+                    let mut after = state.clone();
+                    algorithm.commit(&limits, &mut after, now, cost);
+                    (outcome, after)
+                } else {
+                    (
+                        algorithm.uncharged(&limits, state.as_ref(), now, cost),
+                        state.clone(),
+                    )
+                };
             if !outcome.allowed {
                 continue;
             }
             let entry = Denial {
                 outcome,
-                cost: 1,
+                cost,
                 at: now,
                 until: u64::MAX,
                 denies: false,
@@ -613,7 +627,7 @@ fn an_admitting_rules_numbers_age_as_the_model_does() {
             for later in [1, 99_999, 100_000, 250_001, 400_000, 2_000_000] {
                 assert_eq!(
                     aged_entry(&entry, now + later, Some(&exact), algorithm),
-                    algorithm.uncharged(&limits, state.as_ref(), now + later, 1),
+                    algorithm.uncharged(&limits, after.as_ref(), now + later, cost),
                     "{algorithm}, step {step}, {later} µs later"
                 );
             }
@@ -631,8 +645,8 @@ fn an_admitting_rules_numbers_age_as_the_model_does() {
 }
 
 /// A kept rule's numbers never go back to older ones (a denial settled after a later
-/// admission), live as long as the longest denial they serve, are refreshed by an admission of
-/// the same cost, and a denying entry ends with an admission.
+/// admission), live as long as the longest denial they serve, are refreshed by an admission
+/// (of any cost when they age exactly), and a denying entry ends with an admission.
 #[test]
 fn kept_numbers_never_go_back_and_a_denial_ends_with_an_admission() {
     use super::denial::Denial;
@@ -662,9 +676,12 @@ fn kept_numbers_never_go_back_and_a_denial_ends_with_an_admission() {
         (entry.outcome.remaining, entry.at, entry.until),
         (5, 200, 5_000)
     );
-    // Another cost is another request: its admission leaves the numbers.
-    table.admitted(key.clone(), 2, &numbers(1), 400, true);
+    // Numbers that do not age exactly are those of one cost: another cost's admission leaves
+    // them; numbers that do (the rule's whole state) are refreshed by any.
+    table.admitted(key.clone(), 2, &numbers(1), 400, false);
     assert_eq!(kept(&table).unwrap().outcome.remaining, 5);
+    table.admitted(key.clone(), 2, &numbers(4), 400, true);
+    assert_eq!(kept(&table).unwrap().outcome.remaining, 4);
     table.admitted(key.clone(), 1, &numbers(3), 400, true);
     assert_eq!(kept(&table).unwrap().outcome.remaining, 3);
     // Numbers that cannot age exactly last until their next unit after a refresh.
