@@ -57,9 +57,10 @@ pub enum Spend {
 ///
 /// The producer calls [`spend`](Meter::spend) with the units it is about to generate (or
 /// [`record`](Meter::record) with units it already has). The meter holds the units the store
-/// granted (the admission's chunk first) and takes the next chunk when they are spent; when
-/// the store refuses it, the producer is told [`Spend::Exhausted`] and should stop: its units
-/// are what the budget protects. The layer
+/// granted (the admission's chunk first) and takes the next chunk ahead of need, in the
+/// background, when less than half a chunk is left (a producer waits for the store only when
+/// it outruns that); when the store refuses a chunk the producer needs, it is told
+/// [`Spend::Exhausted`] and should stop: its units are what the budget protects. The layer
 /// ends the response at its next frame (or at its end, if the producer ends it), in the form
 /// the client reads:
 ///
@@ -147,6 +148,9 @@ struct State {
     exhausted: Option<Arc<Refusal>>,
     /// The body waiting for a frame, woken when the budget ends.
     body: Option<Waker>,
+    /// A chunk asked for ahead of need was refused: none is asked for ahead again until one
+    /// asked for when needed is granted (that one decides whether the budget ends).
+    ahead_refused: bool,
 }
 
 impl Metered {
@@ -190,6 +194,7 @@ impl Meter {
                 spent: 0,
                 exhausted: None,
                 body: None,
+                ahead_refused: false,
             }),
             fetching: Arc::new(tokio::sync::Mutex::new(())),
         });
@@ -266,12 +271,30 @@ impl Metered {
     /// they go past the units held. `produced`: they exist, and stay counted whatever the
     /// answer.
     async fn ask(self: &Arc<Self>, units: u64, produced: bool) -> Spend {
-        {
+        // The usual case, under one lock: the units are held.
+        let low = {
             let mut state = self.state();
             if state.exhausted.is_some() && !produced {
                 return Spend::Exhausted;
             }
             state.spent = state.spent.saturating_add(units);
+            let spent = state.spent;
+            if state.exhausted.is_none() && state.accounts.iter().all(|a| a.taken >= spent) {
+                Some(
+                    state
+                        .accounts
+                        .iter()
+                        .any(|a| a.taken - spent < a.chunk.div_ceil(2)),
+                )
+            } else {
+                None
+            }
+        };
+        if let Some(low) = low {
+            if low {
+                self.ahead();
+            }
+            return Spend::Holds;
         }
         // A spend dropped before its answer, or refused, did not happen.
         let unspend = (!produced).then_some(Unspend {
@@ -284,6 +307,7 @@ impl Metered {
             }
             if self.wanted().is_empty() {
                 std::mem::forget(unspend);
+                self.ahead();
                 return Spend::Holds;
             }
             // One fetch at a time: the one before may have brought what this spend needs.
@@ -312,6 +336,58 @@ impl Metered {
         }
     }
 
+    /// Takes the next chunk ahead of need, in the background, when an account holds less than
+    /// half a chunk and no fetch is out: the producer seldom waits for the store. A refusal
+    /// ends nothing (the units held are still good); the next chunk asked for when needed
+    /// decides, so that a stream is cut within one chunk of the budget.
+    fn ahead(self: &Arc<Self>) {
+        // A fetch out (ahead or needed) brings units already.
+        let Ok(fetching) = self.fetching.clone().try_lock_owned() else {
+            return;
+        };
+        let wanted: SmallVec<[(u16, Key, u64); 1]> = {
+            let state = self.state();
+            if state.exhausted.is_some() || state.ahead_refused {
+                return;
+            }
+            let spent = state.spent;
+            state
+                .accounts
+                .iter()
+                .filter(|a| a.taken.saturating_sub(spent) < a.chunk.div_ceil(2))
+                .map(|a| (a.rule, a.key.clone(), a.chunk))
+                .collect()
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let metered = self.clone();
+        runtime.spawn(async move {
+            let answer = metered
+                .spender
+                .take(&metered.snapshot, &wanted, metered.on_fallback)
+                .await;
+            let mut state = metered.state();
+            match answer {
+                Ok(decision) if decision.allowed() => {
+                    for (position, (rule, _, units)) in wanted.iter().enumerate() {
+                        if let Some(a) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
+                            a.taken = a.taken.saturating_add(*units);
+                            a.charged_at = decision.charged_at(position);
+                        }
+                    }
+                }
+                // Refused, or the store failed: the chunk asked for when needed decides.
+                _ => state.ahead_refused = true,
+            }
+            drop(state);
+            drop(fetching);
+        });
+    }
+
     /// The units each account needs from the store for what is spent: none when it holds them.
     fn wanted(&self) -> SmallVec<[(u16, Key, u64); 1]> {
         let state = self.state();
@@ -336,6 +412,7 @@ impl Metered {
                         account.charged_at = decision.charged_at(position);
                     }
                 }
+                state.ahead_refused = false;
             }
             Ok(decision) => {
                 let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
@@ -380,13 +457,18 @@ impl Meter {
     /// past the units held (its refusal ends the budget; the frame stays counted, a debt of at
     /// most its units), `None` when they are held.
     pub(crate) fn count_frame(&self, units: u64) -> Option<SpendFuture> {
-        {
+        let held = {
             let mut state = self.own().state();
             state.spent = state.spent.saturating_add(units);
             let spent = state.spent;
-            if state.exhausted.is_some() || state.accounts.iter().all(|a| a.taken >= spent) {
+            if state.exhausted.is_some() {
                 return None;
             }
+            state.accounts.iter().all(|a| a.taken >= spent)
+        };
+        if held {
+            self.own().ahead();
+            return None;
         }
         let meter = self.own().clone();
         Some(Box::pin(async move { Metered::ask(&meter, 0, true).await }))
