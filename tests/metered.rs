@@ -611,3 +611,101 @@ async fn a_stream_behind_two_metered_layers_spends_from_both() {
     let route = read(&route_alone, "k", 1, None).await;
     assert_eq!(route.remaining, Some(BUDGET - 3_000 - CHUNK));
 }
+
+/// A chunk taken ahead of need in the next window, then the stream ends: each chunk's unspent
+/// units go back to the window they were charged in. (Given all to the newest window, they
+/// would free units there that other requests of that window had spent.)
+#[tokio::test]
+async fn unspent_units_go_back_to_the_windows_they_were_charged_in() {
+    let clock = ManualClock::new(1_800_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_minute(1_000))
+                .algorithm(tollgate::Algorithm::FixedWindow)
+                .key(FromHeader::new("x-api-key"))
+                .meter(100),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    // Each stream spends what its test sends it, and ends when its sender is dropped.
+    type Orders = Arc<std::sync::Mutex<Vec<mpsc::UnboundedReceiver<u64>>>>;
+    let orders: Orders = Arc::default();
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(
+                |State(orders): State<Orders>, meter: Option<axum::Extension<Meter>>| async move {
+                    let mut spends = orders.lock().unwrap().remove(0);
+                    let meter = meter.map(|axum::Extension(m)| m);
+                    let (done, receiver) = mpsc::channel::<Bytes>(1);
+                    tokio::spawn(async move {
+                        while let Some(units) = spends.recv().await {
+                            if let Some(meter) = &meter {
+                                let _ = meter.spend(units).await;
+                            }
+                            let _ = done.send(Bytes::from_static(b"data: spent\n\n")).await;
+                        }
+                    });
+                    let stream =
+                        futures_util::stream::unfold(receiver, |mut receiver| async move {
+                            let event = receiver.recv().await?;
+                            Some((Ok::<_, std::convert::Infallible>(event), receiver))
+                        });
+                    Response::builder()
+                        .header(http::header::CONTENT_TYPE, "text/event-stream")
+                        .body(Body::from_stream(stream))
+                        .unwrap()
+                },
+            ),
+        )
+        .with_state(orders.clone())
+        .layer(layer);
+    let open = |orders: &Orders| {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        orders.lock().unwrap().push(receiver);
+        sender
+    };
+    // The first stream, admitted in window 1 (100 taken), spends 40 there.
+    let first = open(&orders);
+    let response = app.clone().oneshot(request("k", 0)).await.unwrap();
+    let mut first_body = response.into_body();
+    first.send(40).unwrap();
+    first_body.frame().await.unwrap().unwrap();
+    // Window 2: a second stream is admitted (100 taken there) and stays open; the first spends
+    // 20 more, which takes its next chunk ahead of need, in window 2.
+    clock.advance(Duration::from_secs(60));
+    let second = open(&orders);
+    let response = app.clone().oneshot(request("k", 0)).await.unwrap();
+    let _second_body = response.into_body();
+    first.send(20).unwrap();
+    first_body.frame().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The first stream ends: 60 spent, all in window 1's chunk; window 2's chunk goes back whole.
+    drop(first);
+    while first_body.frame().await.is_some() {}
+    drop(first_body);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Window 2 holds the second stream's 100: a probe takes its own chunk of the 900 left.
+    let third = open(&orders);
+    let probe = app.clone().oneshot(request("k", 0)).await.unwrap();
+    let remaining = probe
+        .headers()
+        .get("ratelimit")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.split(";r=")
+                .nth(1)?
+                .split(';')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        });
+    assert_eq!(
+        remaining,
+        Some(800),
+        "window 2: the second stream's 100 and the probe's"
+    );
+    drop((second, third));
+}

@@ -137,8 +137,58 @@ struct Account {
     taken: u64,
     /// Of those, units granted while the store failed and the rule fails open: never charged.
     free: u64,
-    /// When the last chunk was charged, on the store's clock (0: not known).
-    charged_at: u64,
+    /// The last chunks charged (units, when on the store's clock; 0: not known), newest last:
+    /// unspent units go back to the window of the chunk they came from.
+    recent: SmallVec<[(u64, u64); 2]>,
+}
+
+/// Chunks an account remembers: the unspent units of a stream lie in its last two (the one
+/// being spent and the one taken ahead of need), a few more when clones spend at once.
+const RECENT_CHUNKS: usize = 4;
+
+impl Account {
+    /// `units` granted by the store, charged `at`.
+    fn charged(&mut self, units: u64, at: u64) {
+        self.taken = self.taken.saturating_add(units);
+        if self.recent.len() == RECENT_CHUNKS {
+            self.recent.remove(0);
+        }
+        self.recent.push((units, at));
+    }
+
+    /// `units` granted while the store failed and the rule fails open: not charged.
+    fn free(&mut self, units: u64) {
+        self.taken = self.taken.saturating_add(units);
+        self.free = self.free.saturating_add(units);
+    }
+
+    /// The changes that settle the account at `spent`: units spent past the charged ones (and
+    /// the free ones) charged as a debt; the charged ones not spent given back, newest chunk
+    /// first, each to the time it was charged.
+    fn settle(&self, spent: u64) -> SmallVec<[(Change, u64); 2]> {
+        let charged = self.taken - self.free;
+        // The charged units are spent first, then the free ones, then a debt past both.
+        let owed = spent.min(charged) + spent.saturating_sub(self.taken);
+        let mut changes = SmallVec::new();
+        if owed > charged {
+            changes.push((Change::Charge(owed - charged), 0));
+        }
+        let mut back = charged.saturating_sub(owed);
+        for &(units, at) in self.recent.iter().rev() {
+            if back == 0 {
+                break;
+            }
+            let part = back.min(units);
+            changes.push((Change::Refund(part), at));
+            back -= part;
+        }
+        if back > 0 {
+            // Older than the chunks remembered: to the oldest of them.
+            let at = self.recent.first().map_or(0, |&(_, at)| at);
+            changes.push((Change::Refund(back), at));
+        }
+        changes
+    }
 }
 
 struct State {
@@ -182,7 +232,7 @@ impl Meter {
                 key,
                 taken: units,
                 free: 0,
-                charged_at,
+                recent: smallvec::smallvec![(units, charged_at)],
             })
             .collect();
         let metered = Arc::new(Metered {
@@ -375,8 +425,7 @@ impl Metered {
                 Ok(decision) if decision.allowed() => {
                     for (position, (rule, _, units)) in wanted.iter().enumerate() {
                         if let Some(a) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
-                            a.taken = a.taken.saturating_add(*units);
-                            a.charged_at = decision.charged_at(position);
+                            a.charged(*units, decision.charged_at(position));
                         }
                     }
                 }
@@ -408,8 +457,7 @@ impl Metered {
             Ok(decision) if decision.allowed() => {
                 for (position, (rule, _, units)) in wanted.iter().enumerate() {
                     if let Some(account) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
-                        account.taken = account.taken.saturating_add(*units);
-                        account.charged_at = decision.charged_at(position);
+                        account.charged(*units, decision.charged_at(position));
                     }
                 }
                 state.ahead_refused = false;
@@ -431,8 +479,7 @@ impl Metered {
                 if open {
                     for (rule, _, units) in wanted {
                         if let Some(account) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
-                            account.taken = account.taken.saturating_add(*units);
-                            account.free = account.free.saturating_add(*units);
+                            account.free(*units);
                         }
                     }
                     return;
@@ -547,24 +594,13 @@ impl Drop for Metered {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let spent = state.spent;
-        let changes: SmallVec<[(u16, Key, Change, u64); 1]> = state
+        let changes: SmallVec<[(u16, Key, Change, u64); 2]> = state
             .accounts
             .iter()
-            .filter_map(|a| {
-                // Units granted while the store failed open were never charged, and are not
-                // now: the charged ones are spent first, then those, then a debt past both.
-                let charged = a.taken - a.free;
-                let owed = spent.min(charged) + spent.saturating_sub(a.taken);
-                let change = match owed.cmp(&charged) {
-                    std::cmp::Ordering::Equal => return None,
-                    std::cmp::Ordering::Greater => Change::Charge(owed - charged),
-                    std::cmp::Ordering::Less => Change::Refund(charged - owed),
-                };
-                let at = match change {
-                    Change::Refund(_) => a.charged_at,
-                    Change::Charge(_) => 0,
-                };
-                Some((a.rule, a.key.clone(), change, at))
+            .flat_map(|a| {
+                a.settle(spent)
+                    .into_iter()
+                    .map(|(change, at)| (a.rule, a.key.clone(), change, at))
             })
             .collect();
         if !changes.is_empty() {
