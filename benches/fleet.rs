@@ -735,6 +735,30 @@ type RouterFuture = Pin<
     Box<dyn Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send>,
 >;
 
+/// Sends arrival `index` through `router` at its time (`clock` set to it, the request polled
+/// once at once so that the layer reads it): its response when it came at once, else the
+/// future to wait for.
+fn send(
+    router: &Router,
+    clock: &ManualClock,
+    epoch: u64,
+    traffic: &Traffic,
+    index: usize,
+) -> Result<axum::response::Response, RouterFuture> {
+    let arrival = &traffic.arrivals[index];
+    clock.set(epoch + arrival.at);
+    let mut future: RouterFuture =
+        Box::pin(router.clone().oneshot(request(arrival, &traffic.tenants)));
+    match future
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
+        Poll::Ready(Ok(response)) => Ok(response),
+        Poll::Ready(Err(never)) => match never {},
+        Poll::Pending => Err(future),
+    }
+}
+
 /// One gateway's open-loop driver: each of its arrivals sent at its time, its clock set to that
 /// time first; the request is polled once at once (the layer reads the clock and queues its
 /// check there), then left to finish in a task of its own.
@@ -758,16 +782,9 @@ async fn drive(
         while next < mine.len() && traffic.arrivals[mine[next] as usize].at <= now {
             let index = mine[next] as usize;
             next += 1;
-            let arrival = &traffic.arrivals[index];
-            clock.set(epoch + arrival.at);
-            let request = request(arrival, &traffic.tenants);
             outcomes.start[index].store(micros_since(start), Ordering::Relaxed);
-            let mut future: RouterFuture = Box::pin(router.clone().oneshot(request));
-            match future
-                .as_mut()
-                .poll(&mut Context::from_waker(Waker::noop()))
-            {
-                Poll::Ready(Ok(response)) => {
+            match send(&router, &clock, epoch, &traffic, index) {
+                Ok(response) => {
                     match response.status() {
                         StatusCode::OK => outcomes.local_ok.fetch_add(1, Ordering::Relaxed),
                         StatusCode::TOO_MANY_REQUESTS => {
@@ -778,8 +795,7 @@ async fn drive(
                     outcomes.at_once[index].store(1, Ordering::Relaxed);
                     outcomes.record(index, response.status(), micros_since(start));
                 }
-                Poll::Ready(Err(never)) => match never {},
-                Poll::Pending => {
+                Err(future) => {
                     outcomes.pending.fetch_add(1, Ordering::Relaxed);
                     let outcomes = outcomes.clone();
                     tokio::spawn(async move {
@@ -1057,16 +1073,8 @@ fn run_busy(
                         let Ok(permit) = window.clone().acquire_owned().await else {
                             break;
                         };
-                        let arrival = &traffic.arrivals[index as usize];
-                        clock.set(epoch + arrival.at);
-                        let mut future: RouterFuture =
-                            Box::pin(router.clone().oneshot(request(arrival, &traffic.tenants)));
                         sent.fetch_add(1, Ordering::Relaxed);
-                        // Polled once here, so that the layer reads the clock just set.
-                        if future
-                            .as_mut()
-                            .poll(&mut Context::from_waker(Waker::noop()))
-                            .is_pending()
+                        if let Err(future) = send(&router, &clock, epoch, &traffic, index as usize)
                         {
                             tokio::spawn(async move {
                                 let _ = future.await;

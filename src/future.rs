@@ -37,7 +37,9 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::body::{MeteredStream, ResponseBody};
-use crate::engine::{Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, report_settle};
+use crate::engine::{
+    Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, finish_detached, report_settle,
+};
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
 use crate::shed::InFlight;
@@ -285,13 +287,9 @@ fn holding<B>(
 /// own time budget). Without a runtime it is dropped, and said: the reserved units stay, as for
 /// a response that never came.
 fn finish_settle(future: StoreFuture<()>) {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => {
-            runtime.spawn(async move { report_settle(future.await) });
-        }
-        Err(_) => tracing::warn!(
-            "tollgate: a request dropped outside a Tokio runtime while its charge was settled; \
-             the reserved units stay"
-        ),
-    }
+    finish_detached(
+        future,
+        report_settle,
+        "a request dropped outside a Tokio runtime while its charge was settled",
+    );
 }

@@ -141,6 +141,48 @@ async fn a_known_denied_key_costs_redis_nothing_and_a_new_quota_asks_it_again() 
     assert_eq!(calls(&server), before + 2);
 }
 
+/// A global rule (a unit back every millisecond, leased `lease` units at a time when given) over
+/// a tenant's (2 a minute).
+fn global_and_tenant(lease: Option<u64>) -> (RuleSpec, RuleSpec) {
+    let mut global = RuleSpec::new(
+        "global",
+        Algorithm::TokenBucket,
+        Limits::new(1000, 1_000_000, 1000).unwrap(),
+    )
+    .unwrap();
+    if let Some(units) = lease {
+        global = global.with_lease(units, Duration::from_secs(10)).unwrap();
+    }
+    let tenant = RuleSpec::new(
+        "tenant",
+        Algorithm::TokenBucket,
+        Limits::new(2, 60_000_000, 2).unwrap(),
+    )
+    .unwrap();
+    (global, tenant)
+}
+
+/// The charges of one request of tenant `key`: the global key's and its own.
+fn global_and_tenant_charges<'a>(
+    global: &'a RuleSpec,
+    tenant: &'a RuleSpec,
+    key: &'a Key,
+) -> [Charge<'a>; 2] {
+    static EVERYONE: std::sync::LazyLock<Key> = std::sync::LazyLock::new(|| Key::text("global"));
+    [
+        Charge {
+            rule: global,
+            key: &EVERYONE,
+            cost: 1,
+        },
+        Charge {
+            rule: tenant,
+            key,
+            cost: 1,
+        },
+    ]
+}
+
 /// A per-tenant rule stacked under a global one (the common shape: a fleet-wide ceiling over
 /// each tenant's quota): a denied tenant is answered here while other tenants' requests pass
 /// and the global rule's next unit comes and goes, on a standalone server and on a cluster,
@@ -180,33 +222,9 @@ async fn denied_tenant_under_a_global_rule<S: Store>(
     calls: impl Fn() -> u64,
 ) {
     // The global rule refills a unit every millisecond; a tenant has 2 a minute.
-    let global = RuleSpec::new(
-        "global",
-        Algorithm::TokenBucket,
-        Limits::new(1000, 1_000_000, 1000).unwrap(),
-    )
-    .unwrap();
-    let tenant = RuleSpec::new(
-        "tenant",
-        Algorithm::TokenBucket,
-        Limits::new(2, 60_000_000, 2).unwrap(),
-    )
-    .unwrap();
-    let everyone = Key::text("global");
-    let request = |store: &S, key: &Key| {
-        store.check(&[
-            Charge {
-                rule: &global,
-                key: &everyone,
-                cost: 1,
-            },
-            Charge {
-                rule: &tenant,
-                key,
-                cost: 1,
-            },
-        ])
-    };
+    let (global, tenant) = global_and_tenant(None);
+    let request =
+        |store: &S, key: &Key| store.check(&global_and_tenant_charges(&global, &tenant, key));
     let over = Key::text("tenant-over");
     for _ in 0..2 {
         assert!(request(store, &over).await.unwrap().allowed());
@@ -264,35 +282,8 @@ async fn a_denied_tenant_under_a_leased_global_rule_is_answered_here() {
     let server = support::RedisServer::start();
     let clock = ManualClock::new(1_700_000_000_000_000);
     let store = store_on(&server, Some(&clock)).await;
-    let global = RuleSpec::new(
-        "global",
-        Algorithm::TokenBucket,
-        Limits::new(1000, 1_000_000, 1000).unwrap(),
-    )
-    .unwrap()
-    .with_lease(100, Duration::from_secs(10))
-    .unwrap();
-    let tenant = RuleSpec::new(
-        "tenant",
-        Algorithm::TokenBucket,
-        Limits::new(2, 60_000_000, 2).unwrap(),
-    )
-    .unwrap();
-    let everyone = Key::text("global");
-    let request = |key: &Key| {
-        store.check(&[
-            Charge {
-                rule: &global,
-                key: &everyone,
-                cost: 1,
-            },
-            Charge {
-                rule: &tenant,
-                key,
-                cost: 1,
-            },
-        ])
-    };
+    let (global, tenant) = global_and_tenant(Some(100));
+    let request = |key: &Key| store.check(&global_and_tenant_charges(&global, &tenant, key));
     let over = Key::text("tenant-over");
     for _ in 0..2 {
         assert!(request(&over).await.unwrap().allowed());

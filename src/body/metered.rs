@@ -11,6 +11,7 @@ use http_body::Frame;
 
 use crate::engine::{Meter, SpendFuture};
 use crate::policy::metering::FrameUnits;
+use crate::wire::is_grpc;
 
 /// The most frames a metered stream passes on once its budget is spent: those its producer
 /// made before it was told.
@@ -29,19 +30,14 @@ pub(crate) enum StreamForm {
 
 impl StreamForm {
     pub(crate) fn of(headers: &HeaderMap) -> StreamForm {
-        let content_type = headers
+        let events = headers
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        let essence = content_type
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        if essence == "text/event-stream" {
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("text/event-stream"));
+        if events {
             StreamForm::Events
-        } else if essence == "application/grpc" || essence.starts_with("application/grpc+") {
+        } else if is_grpc(headers) {
             StreamForm::Grpc
         } else {
             StreamForm::Other

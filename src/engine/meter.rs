@@ -28,7 +28,7 @@ use http::HeaderName;
 
 use smallvec::SmallVec;
 
-use super::settle::report_settle;
+use super::settle::{finish_detached, report_settle};
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::RuleIndices;
@@ -82,9 +82,10 @@ pub enum Spend {
 /// from both: a spend holds when every layer's budget holds it.
 #[derive(Clone)]
 pub struct Meter {
-    /// The budgets of the layers the request passed, outermost first; the last is this
-    /// layer's (its body's).
-    parts: SmallVec<[Arc<Metered>; 1]>,
+    /// This layer's budget (its body's).
+    own: Arc<Metered>,
+    /// The budgets of the metered layers around it, outermost first (none, usually).
+    outer: Vec<Arc<Metered>>,
 }
 
 impl std::fmt::Debug for Meter {
@@ -203,6 +204,17 @@ struct State {
     ahead_refused: bool,
 }
 
+impl State {
+    /// The chunks `wanted` (rule, key, units), granted by `decision`: charged to their accounts.
+    fn granted(&mut self, wanted: &[(u16, Key, u64)], decision: &Decision) {
+        for (position, (rule, _, units)) in wanted.iter().enumerate() {
+            if let Some(account) = self.accounts.iter_mut().find(|a| a.rule == *rule) {
+                account.charged(*units, decision.charged_at(position));
+            }
+        }
+    }
+}
+
 impl Metered {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state
@@ -249,22 +261,22 @@ impl Meter {
             fetching: Arc::new(tokio::sync::Mutex::new(())),
         });
         Meter {
-            parts: smallvec::smallvec![metered],
+            own: metered,
+            outer: Vec::new(),
         }
     }
 
     /// This meter, inside `outer`'s (an outer layer's): the request's handler spends from both.
     pub(crate) fn within(&self, outer: &Meter) -> Meter {
         Meter {
-            parts: outer.parts.iter().chain(&self.parts).cloned().collect(),
+            own: self.own.clone(),
+            outer: outer.parts().cloned().collect(),
         }
     }
 
-    /// This layer's budget.
-    fn own(&self) -> &Arc<Metered> {
-        self.parts
-            .last()
-            .expect("a meter has at least its own layer's budget")
+    /// Every budget the handler spends from, outermost first, this layer's last.
+    fn parts(&self) -> impl Iterator<Item = &Arc<Metered>> {
+        self.outer.iter().chain(std::iter::once(&self.own))
     }
 
     /// Asks for `units` the producer is about to generate: [`Spend::Holds`] when they fit (they
@@ -272,10 +284,10 @@ impl Meter {
     /// counted: do not generate them). Takes the next chunk from the store (one call) when the
     /// units held run out; otherwise answers at once.
     pub async fn spend(&self, units: u64) -> Spend {
-        for (i, part) in self.parts.iter().enumerate() {
+        for (i, part) in self.parts().enumerate() {
             if Metered::ask(part, units, false).await == Spend::Exhausted {
                 // Not generated: the layers that held them do not count them either.
-                for held in &self.parts[..i] {
+                for held in self.parts().take(i) {
                     held.unspend(units);
                 }
                 return Spend::Exhausted;
@@ -289,7 +301,7 @@ impl Meter {
     /// budget still holds for more.
     pub async fn record(&self, units: u64) -> Spend {
         let mut spend = Spend::Holds;
-        for part in &self.parts {
+        for part in self.parts() {
             if Metered::ask(part, units, true).await == Spend::Exhausted {
                 spend = Spend::Exhausted;
             }
@@ -423,11 +435,7 @@ impl Metered {
             let mut state = metered.state();
             match answer {
                 Ok(decision) if decision.allowed() => {
-                    for (position, (rule, _, units)) in wanted.iter().enumerate() {
-                        if let Some(a) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
-                            a.charged(*units, decision.charged_at(position));
-                        }
-                    }
+                    state.granted(&wanted, &decision);
                 }
                 // Refused, or the store failed: the chunk asked for when needed decides.
                 _ => state.ahead_refused = true,
@@ -455,11 +463,7 @@ impl Metered {
         let mut state = self.state();
         match answer {
             Ok(decision) if decision.allowed() => {
-                for (position, (rule, _, units)) in wanted.iter().enumerate() {
-                    if let Some(account) = state.accounts.iter_mut().find(|a| a.rule == *rule) {
-                        account.charged(*units, decision.charged_at(position));
-                    }
-                }
+                state.granted(wanted, &decision);
                 state.ahead_refused = false;
             }
             Ok(decision) => {
@@ -505,7 +509,7 @@ impl Meter {
     /// most its units), `None` when they are held.
     pub(crate) fn count_frame(&self, units: u64) -> Option<SpendFuture> {
         let held = {
-            let mut state = self.own().state();
+            let mut state = self.own.state();
             state.spent = state.spent.saturating_add(units);
             let spent = state.spent;
             if state.exhausted.is_some() {
@@ -514,16 +518,16 @@ impl Meter {
             state.accounts.iter().all(|a| a.taken >= spent)
         };
         if held {
-            self.own().ahead();
+            self.own.ahead();
             return None;
         }
-        let meter = self.own().clone();
+        let meter = self.own.clone();
         Some(Box::pin(async move { Metered::ask(&meter, 0, true).await }))
     }
 
     /// The response's own count of what it used (a usage trailer): the charge is settled to it.
     pub(crate) fn settle_to(&self, total: u64) {
-        self.own().state().spent = total;
+        self.own.state().spent = total;
     }
 
     /// How each data frame of the response counts, when a metered rule of it says.
@@ -537,9 +541,8 @@ impl Meter {
     }
 
     fn metering(&self) -> impl Iterator<Item = &Metering> {
-        let snapshot = &self.own().snapshot;
-        let rules: SmallVec<[u16; 2]> =
-            self.own().state().accounts.iter().map(|a| a.rule).collect();
+        let snapshot = &self.own.snapshot;
+        let rules: SmallVec<[u16; 2]> = self.own.state().accounts.iter().map(|a| a.rule).collect();
         rules
             .into_iter()
             .filter_map(move |rule| snapshot.rules[usize::from(rule)].meter.as_ref())
@@ -547,20 +550,18 @@ impl Meter {
 
     /// The units spent so far (of this layer's budget).
     pub fn spent(&self) -> u64 {
-        self.own().state().spent
+        self.own.state().spent
     }
 
     /// Whether a budget is spent (a spend was answered [`Spend::Exhausted`]).
     pub fn is_exhausted(&self) -> bool {
-        self.parts
-            .iter()
-            .any(|part| part.state().exhausted.is_some())
+        self.parts().any(|part| part.state().exhausted.is_some())
     }
 
     /// The refusal that ended the budget, if it ended; else the body's waker is kept, to be
     /// woken when it does.
     pub(crate) fn poll_exhausted(&self, cx: &mut Context<'_>) -> Poll<Arc<Refusal>> {
-        let mut state = self.own().state();
+        let mut state = self.own.state();
         match &state.exhausted {
             Some(refusal) => Poll::Ready(refusal.clone()),
             None => {
@@ -575,12 +576,12 @@ impl Meter {
 
     /// The refusal that ended the budget, if it ended.
     pub(crate) fn exhausted(&self) -> Option<Arc<Refusal>> {
-        self.own().state().exhausted.clone()
+        self.own.state().exhausted.clone()
     }
 
     /// The policy the request was decided under.
     pub(crate) fn snapshot(&self) -> &Snapshot {
-        &self.own().snapshot
+        &self.own.snapshot
     }
 }
 
@@ -646,21 +647,14 @@ impl<St: Store> Spender for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let mut future = match self.fallback.get().filter(|_| on_fallback) {
+        let future = match self.fallback.get().filter(|_| on_fallback) {
             Some(fallback) => fallback.adjust(&adjustments),
             None => self.store.adjust(&adjustments),
         };
-        let mut context = Context::from_waker(Waker::noop());
-        match future.as_mut().poll(&mut context) {
-            Poll::Ready(result) => report_settle(result),
-            Poll::Pending => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move { report_settle(future.await) });
-                }
-                Err(_) => report_settle(Err(StoreError::Unavailable(
-                    "a metered response settled outside a Tokio runtime".into(),
-                ))),
-            },
-        }
+        finish_detached(
+            future,
+            report_settle,
+            "a metered response settled outside a Tokio runtime",
+        );
     }
 }

@@ -40,7 +40,7 @@ pub(crate) use driver::Driver;
 pub(crate) use meter::SpendFuture;
 pub use meter::{Meter, Spend};
 pub(crate) use ruling::{Admitted, Decide, Ruling};
-pub(crate) use settle::report_settle;
+pub(crate) use settle::{finish_detached, report_settle};
 pub(crate) use slots::Slots;
 pub(crate) use state::{Engine, PolicyInForce};
 #[cfg(feature = "tonic")]

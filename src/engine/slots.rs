@@ -7,14 +7,14 @@
 //! dropped once, and gives the slots back in one store call.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use smallvec::SmallVec;
 
+use super::settle::finish_detached;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
-use crate::store::{Adjustment, Change, Store, StoreError};
+use crate::store::{Adjustment, Change, Store};
 use crate::throttle::report_give_back;
 
 /// Where slots go back to: the layer's store, or its fallback limiter for slots it took.
@@ -57,19 +57,6 @@ impl<St: Store> GiveBack for Engine<St> {
             Some(fallback) => fallback.adjust(&adjustments),
             None => self.store.adjust(&adjustments),
         };
-        let mut future = future;
-        // A memory store answers at once; a Redis store outside a runtime refuses at once.
-        let mut context = Context::from_waker(std::task::Waker::noop());
-        match future.as_mut().poll(&mut context) {
-            Poll::Ready(result) => report_give_back(result),
-            Poll::Pending => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move { report_give_back(future.await) });
-                }
-                Err(_) => report_give_back(Err(StoreError::Unavailable(
-                    "released outside a Tokio runtime".into(),
-                ))),
-            },
-        }
+        finish_detached(future, report_give_back, "released outside a Tokio runtime");
     }
 }
