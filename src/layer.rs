@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tower_layer::Layer;
 
-use crate::engine::{Engine, PolicyInForce};
+use crate::engine::{Engine, Local, PolicyInForce};
 use crate::key::{Extracted, FirstOfShared, Key, KeyExtractor, PeerIp, SharedExtractor};
 use crate::observe::{DecisionHook, DenialLog, Observer};
 use crate::policy::MAX_RULES;
@@ -20,7 +20,7 @@ use crate::service::RateLimit;
 use crate::shed::Shedding;
 use crate::store::{MemoryStore, Store};
 use crate::throttle::{Every, Once};
-use crate::{ConfigError, FailureMode, Quota, Rule};
+use crate::{ConfigError, FailureMode, FallbackShare, Quota, Rule};
 
 /// How many requests of one layer may wait for a delay rule at once, by default.
 pub const DEFAULT_MAX_WAITING: usize = 1024;
@@ -72,6 +72,7 @@ impl RateLimitLayer<MemoryStore> {
             headers: Headers::default(),
             on_denied: None,
             on_store_error: FailureMode::default(),
+            fallback_share: FallbackShare::default(),
             max_waiting: DEFAULT_MAX_WAITING,
             hook: None,
             log_raw_keys: false,
@@ -196,6 +197,7 @@ pub struct RateLimitLayerBuilder<St> {
     headers: Headers,
     on_denied: Option<DeniedHandler>,
     on_store_error: FailureMode,
+    fallback_share: FallbackShare,
     max_waiting: usize,
     hook: Option<DecisionHook>,
     log_raw_keys: bool,
@@ -337,6 +339,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             headers: self.headers,
             on_denied: self.on_denied,
             on_store_error: self.on_store_error,
+            fallback_share: self.fallback_share,
             max_waiting: self.max_waiting,
             hook: self.hook,
             log_raw_keys: self.log_raw_keys,
@@ -368,6 +371,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// own with [`Rule::on_store_error`].
     pub fn on_store_error(mut self, mode: FailureMode) -> Self {
         self.on_store_error = mode;
+        self
+    }
+
+    /// How much of each rule's quota this replica's local fallback
+    /// ([`FailureMode::Local`]) enforces while the store is away (default
+    /// [`FallbackShare::per_replica`]: `1 / replicas`, by the count of the store's heartbeat).
+    pub fn fallback_share(mut self, share: FallbackShare) -> Self {
+        self.fallback_share = share;
         self
     }
 
@@ -420,6 +431,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 (policy, Some(source))
             }
         };
+        self.fallback_share.validate()?;
         let snapshot = Snapshot::compile(&policy, &compiler)?;
         let shedder = self.shed.map(Shedding::build).transpose()?;
         let policy = match source {
@@ -443,7 +455,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             store,
             layer_key,
             tenant: self.tenant,
-            fallback: Default::default(),
+            fallback: Local::new(self.fallback_share),
             warned_store_error: Every::default(),
             waiting: Default::default(),
             max_waiting: self.max_waiting,

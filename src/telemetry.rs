@@ -169,6 +169,10 @@ pub(crate) fn describe() {
             "1 while the circuit breaker of a store's server is open, else 0."
         );
         describe_gauge!(
+            "tollgate_store_replicas",
+            "The replicas sharing a Redis store's prefix, as its heartbeat last counted them."
+        );
+        describe_gauge!(
             "tollgate_memory_store_keys",
             "Keys held by the memory stores of the process (counted at their sweeps)."
         );
@@ -273,6 +277,12 @@ pub(crate) fn breaker(store: &'static str, server: &Arc<str>, open: bool) {
         "server" => metrics::SharedString::from(server.clone()),
     )
     .set(if open { 1.0 } else { 0.0 });
+}
+
+/// The replicas a store's heartbeat counted.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn replicas(store: &'static str, count: u32) {
+    gauge!("tollgate_store_replicas", "store" => store).set(f64::from(count));
 }
 
 /// Keys added to (or, negative, removed from) the process's memory stores.

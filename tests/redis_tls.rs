@@ -31,9 +31,16 @@ const IN_THE_CODE: &[&str] = &[
     "+time", "+get", "+mget", "+set", "+del", "+pexpire", "+type", "+rpush", "+lindex", "+linsert",
     "+llen", "+lrem", "+ltrim", "+lrange", "+pttl",
 ];
-/// Telling the other replicas of resets and refunds (`<prefix>:forget`), and the breaker's
-/// probe.
-const OUTSIDE_THE_CODE: &[&str] = &["+publish", "+subscribe", "+ping"];
+/// Telling the other replicas of resets and refunds (`<prefix>:forget`), the breaker's probe,
+/// and the heartbeat that counts the replicas (`<prefix>:replicas`).
+const OUTSIDE_THE_CODE: &[&str] = &[
+    "+publish",
+    "+subscribe",
+    "+ping",
+    "+zadd",
+    "+zremrangebyscore",
+    "+zcard",
+];
 /// Loading and calling the code as a function library (Redis 7 and later).
 const FUNCTIONS: &[&str] = &["+function|load", "+fcall"];
 /// Loading and calling the code as a script (every server; the store's choice when the user

@@ -8,7 +8,7 @@ use super::state::Engine;
 use crate::clock::unix_micros;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{Applied, AppliedRules, RuleIndices};
-use crate::store::{Charge, MemoryStore, Store, StoreError};
+use crate::store::{Adjustment, Charge, Store, StoreError, StoreFuture};
 use crate::{Decision, FailureMode, RuleMode};
 
 impl<St: Store> Engine<St> {
@@ -37,6 +37,19 @@ impl<St: Store> Engine<St> {
         } else {
             tracing::debug!(%error, "tollgate: the rate-limit store failed");
         }
+    }
+
+    /// Makes `adjustments` where their charges were made: on the fallback limiter when
+    /// `on_fallback` (and it was made), else on the store.
+    pub(super) fn adjust_where(
+        &self,
+        on_fallback: bool,
+        adjustments: &[Adjustment<'_>],
+    ) -> StoreFuture<()> {
+        on_fallback
+            .then(|| self.fallback.adjust(self.store.replicas(), adjustments))
+            .flatten()
+            .unwrap_or_else(|| self.store.adjust(adjustments))
     }
 
     /// Decides by each applied rule's [`FailureMode`]; on a decision of the fallback limiter, `applied` becomes the
@@ -79,8 +92,7 @@ impl<St: Store> Engine<St> {
             .filter(|Applied { rule: i, .. }| mode(i) == FailureMode::Local)
             .map(|applied| applied.rule)
             .collect();
-        let fallback = self.fallback.get_or_init(MemoryStore::new);
-        WithoutStore::Decided(fallback.decide(&charges))
+        WithoutStore::Decided(self.fallback.decide(self.store.replicas(), &charges))
     }
 }
 

@@ -626,8 +626,11 @@ impl<St: Store> Spender for Engine<St> {
                 cost: *cost,
             })
             .collect();
-        match self.fallback.get().filter(|_| on_fallback) {
-            Some(fallback) => Box::pin(fallback.check(&charges)),
+        let local = on_fallback
+            .then(|| self.fallback.check(self.store.replicas(), &charges))
+            .flatten();
+        match local {
+            Some(future) => Box::pin(future),
             None => Box::pin(self.store.check(&charges)),
         }
     }
@@ -647,10 +650,7 @@ impl<St: Store> Spender for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let future = match self.fallback.get().filter(|_| on_fallback) {
-            Some(fallback) => fallback.adjust(&adjustments),
-            None => self.store.adjust(&adjustments),
-        };
+        let future = self.adjust_where(on_fallback, &adjustments);
         finish_detached(
             future,
             report_settle,

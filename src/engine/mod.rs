@@ -26,6 +26,7 @@ mod events;
 mod fallback;
 mod gate;
 mod keys;
+mod local;
 mod meter;
 mod next;
 mod reload;
@@ -37,6 +38,7 @@ mod uses;
 mod verdict;
 
 pub(crate) use driver::Driver;
+pub(crate) use local::Local;
 pub(crate) use meter::SpendFuture;
 pub use meter::{Meter, Spend};
 pub(crate) use ruling::{Admitted, Decide, Ruling};

@@ -75,12 +75,7 @@ impl<St: Store> Engine<St> {
             }
         }
         let pending = (!adjustments.is_empty())
-            .then(
-                || match self.fallback.get().filter(|_| settle.on_fallback) {
-                    Some(fallback) => fallback.adjust(&adjustments),
-                    None => self.store.adjust(&adjustments),
-                },
-            )
+            .then(|| self.adjust_where(settle.on_fallback, &adjustments))
             .and_then(poll_once);
         (Response::from_parts(parts, body), pending)
     }

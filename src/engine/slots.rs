@@ -53,10 +53,7 @@ impl<St: Store> GiveBack for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let future = match self.fallback.get().filter(|_| slots.on_fallback) {
-            Some(fallback) => fallback.adjust(&adjustments),
-            None => self.store.adjust(&adjustments),
-        };
+        let future = self.adjust_where(slots.on_fallback, &adjustments);
         finish_detached(future, report_give_back, "released outside a Tokio runtime");
     }
 }

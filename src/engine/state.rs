@@ -1,16 +1,16 @@
 //! [`Engine`]: what the services of one layer share — the policy in force, the store, the
 //! extractors, the fallback, the observer — and how the policy in force is taken.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, OnceLock};
 
+use super::local::Local;
 use super::uses::Uses;
 use crate::key::SharedExtractor;
 use crate::observe::Observer;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{Live, SharedTenantExtractor};
 use crate::shed::Shedder;
-use crate::store::MemoryStore;
 use crate::throttle::Every;
 
 /// The policy of a layer: fixed when it was built, or live (swapped by reloads).
@@ -27,9 +27,8 @@ pub(crate) struct Engine<St> {
     pub(crate) layer_key: SharedExtractor,
     /// Finds each request's tenant, when the layer has tenants.
     pub(crate) tenant: Option<SharedTenantExtractor>,
-    /// The fallback limiter of rules that fall back to one when the store fails, made when first
-    /// needed.
-    pub(crate) fallback: OnceLock<MemoryStore>,
+    /// The fallback limiter of rules that fall back to one when the store fails.
+    pub(crate) fallback: Local,
     pub(crate) warned_store_error: Every,
     /// Requests waiting for a delay rule's budget, and how many may.
     pub(crate) waiting: AtomicUsize,

@@ -42,6 +42,7 @@
 //! | `tollgate_store_check_duration_seconds` | histogram | `store`, `result` | each store check (`memory`, `redis`, `redis_cluster`, or a store's own `kind`), `ok` or `error`; a check the circuit breaker refused is not timed |
 //! | `tollgate_store_errors_total` | counter | `store`, `kind` | failed checks: `timeout`, `unavailable`, `protocol`, `circuit_open` |
 //! | `tollgate_circuit_breaker_open` | gauge | `store`, `server` | 1 while a Redis server's (a cluster node's) breaker is open |
+//! | `tollgate_store_replicas` | gauge | `store` | the replicas of a Redis store's prefix, as its heartbeat last counted them |
 //! | `tollgate_memory_store_keys` | gauge | | keys held by the process's memory stores, counted as they come and go |
 //! | `tollgate_memory_store_evictions_total` | counter | | keys evicted from a full memory store |
 //! | `tollgate_policy_reloads_total` | counter | `result` | policies offered to live layers: `installed` or `rejected` |

@@ -30,10 +30,12 @@ pub enum FailureMode {
     /// Refuse the request with `503 Service Unavailable` and `Retry-After: 1`: for routes where
     /// an unlimited request costs more than a refused one (logins, expensive exports).
     Closed,
-    /// Check the rule in a local, in-process limiter instead (a [`MemoryStore`] of the layer,
-    /// with the rule's own quota), with the usual answers: limits still hold, per replica, while
-    /// the shared store is away. Behind K replicas a client may get up to K times the quota
-    /// during the outage; give the rule a smaller quota in a layer of its own if that matters.
+    /// Check the rule in a local, in-process limiter instead (a [`MemoryStore`] of the layer),
+    /// with the usual answers: limits still hold while the shared store is away. Each replica
+    /// checks its share of the quota: `1 / replicas`, by the count of the Redis store's
+    /// heartbeat before the outage, so that the fleet keeps close to the quota (100 a minute
+    /// on 3 replicas: 33 each). See [`FallbackShare`](crate::FallbackShare) for the count
+    /// assumed before any was read, and for the whole quota on every replica instead.
     ///
     /// [`MemoryStore`]: crate::store::MemoryStore
     Local,

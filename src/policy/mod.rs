@@ -284,6 +284,7 @@ pub(crate) mod outcome;
 pub(crate) mod quota;
 pub(crate) mod resolve;
 pub(crate) mod rule;
+pub(crate) mod share;
 pub(crate) mod snapshot;
 mod source;
 mod tenant;

@@ -299,8 +299,10 @@
 //!
 //! When a check fails, each rule's [`FailureMode`](crate::FailureMode) decides: `Open` (the
 //! default) skips the rule, `Closed` refuses the request, `Local` checks the rule in a local
-//! limiter of the layer, with the usual answers (per replica: behind K replicas a client may get
-//! K times the quota during the outage). A check that ran out of time may still run once a slow
+//! limiter of the layer, with the usual answers, at this replica's share of the quota: the
+//! stores count the replicas of their prefix with a heartbeat (`heartbeat`, default every
+//! second), and while Redis is away each replica checks `1 / replicas` of each quota, by the
+//! count last read (see [`FallbackShare`](crate::FallbackShare)). A check that ran out of time may still run once a slow
 //! Redis catches up, so the requests let through meanwhile are counted there too (tested on a
 //! paused Redis Cluster). Failures are logged at most once a minute at `error` level.
 //!
@@ -435,6 +437,15 @@ pub trait Store: Send + Sync + 'static {
     /// `custom`). Bounded: never an address or a name given at run time.
     fn kind(&self) -> &'static str {
         "custom"
+    }
+
+    /// How many replicas share this store, as last counted, this one included; `None` (the
+    /// default) for a store that does not count them. The Redis stores count the replicas of
+    /// their prefix with a heartbeat (`RedisStoreBuilder::heartbeat`); the local fallback of a rule
+    /// gives each replica its share of the quota by this count (see
+    /// [`FallbackShare`](crate::FallbackShare)).
+    fn replicas(&self) -> Option<u32> {
+        None
     }
 
     /// Changes charges already made, each on its own (settling a cost known after the

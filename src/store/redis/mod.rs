@@ -5,6 +5,7 @@ mod access;
 mod cluster;
 mod connection;
 mod error;
+mod fleet;
 mod forget;
 mod health;
 mod keys;

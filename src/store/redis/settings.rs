@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::ConfigError;
 use crate::clock::Clock;
 use crate::store::breaker::CircuitBreaker;
-use crate::store::redis::{keys, replica, script};
+use crate::store::redis::{fleet, keys, replica, script};
 
 /// The settings both store builders share: prefix, timeouts, circuit breaker, credentials and
 /// TLS, the test clock.
@@ -57,6 +57,17 @@ macro_rules! settings_setters {
         /// `deny_cache(0)`.
         pub fn deny_cache_max_age(mut self, max_age: Duration) -> Self {
             self.settings.deny_cache_max_age = max_age;
+            self
+        }
+
+        /// How often this replica counts itself among the replicas of its prefix (default 1 s;
+        /// zero turns it off): one small script per interval, off the request path, on a key
+        /// of its own, `<prefix>:replicas`. A replica lapses three intervals after its last
+        /// beat. While Redis is away, the count last read gives each replica its share of a
+        /// rule that falls back to the local limiter (see
+        /// [`FallbackShare`](crate::FallbackShare)). At least 100 ms, at most a minute.
+        pub fn heartbeat(mut self, every: Duration) -> Self {
+            self.settings.heartbeat = every;
             self
         }
 
@@ -145,6 +156,8 @@ pub(crate) struct Settings {
     pub(crate) deny_cache: usize,
     /// The longest a cached denial is answered.
     pub(crate) deny_cache_max_age: Duration,
+    /// How often the replica counts itself (zero: never).
+    pub(crate) heartbeat: Duration,
 }
 
 impl Default for Settings {
@@ -157,6 +170,7 @@ impl Default for Settings {
             clock: None,
             deny_cache: DEFAULT_DENY_CACHE,
             deny_cache_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
+            heartbeat: fleet::DEFAULT_HEARTBEAT,
         }
     }
 }
@@ -180,6 +194,14 @@ impl Settings {
                      waits longer for its store has stopped limiting)"
                 )));
             }
+        }
+        if !self.heartbeat.is_zero()
+            && !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&self.heartbeat)
+        {
+            return Err(ConfigError::new(format!(
+                "Redis store: heartbeat is {:?}; use 100 ms to 60 s (or zero to turn it off)",
+                self.heartbeat
+            )));
         }
         self.breaker.validate()
     }

@@ -27,13 +27,13 @@ use crate::store::redis::access::redact;
 use crate::store::redis::access::{self, Access};
 use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
-use crate::store::redis::forget;
 use crate::store::redis::keys;
 use crate::store::redis::late_reply;
 use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
 use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
 use crate::store::redis::unclaimed::GiveBackOrphan;
+use crate::store::redis::{fleet, forget};
 use crate::store::{Charge, StoreError};
 
 /// The Redis Cluster store: all rules of one caller share a hash slot, so one script checks them
@@ -384,6 +384,19 @@ impl Transport for Cluster {
         let budget = self.parts.settings.response_timeout;
         let channel = &self.parts.channel;
         forget::publish_within(node.connection(), node.server(), channel, &names, budget).await
+    }
+
+    async fn beat(self: Arc<Self>) -> Result<u64, StoreError> {
+        let fleet = &self.parts.fleet;
+        let node = self
+            .topology()
+            .and_then(|topology| topology.primary(keys::slot(fleet.key.as_bytes())).cloned())
+            .ok_or_else(|| self.parts.startup.not_connected(&self.servers))?;
+        if node.breaker().is_open() {
+            return Err(StoreError::CircuitOpen);
+        }
+        let budget = self.parts.settings.response_timeout;
+        fleet::beat_within(node.connection(), node.server(), fleet, budget).await
     }
 
     fn parts(&self) -> &Parts {

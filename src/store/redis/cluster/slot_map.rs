@@ -12,6 +12,7 @@ use super::node::Node;
 use super::topology::Topology;
 use crate::store::StoreError;
 use crate::store::redis::error::store_error;
+use crate::store::redis::remote;
 use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
 
 /// The shortest time between two reads of the slot map.
@@ -51,6 +52,7 @@ impl Cluster {
                             .map(|node| node.client().clone())
                             .collect();
                         inner.parts.listen(clients);
+                        remote::keep_beating(&inner);
                     }
                     delay = FIRST_RETRY_DELAY;
                     pace = if changed {

@@ -1,6 +1,7 @@
 //! [`Remote`]: a Redis store whatever its [`Transport`]: the [`Store`] methods (checks, peeks,
 //! adjustments, resets) and the replies no request read, written once for both.
 
+mod beating;
 mod changes;
 mod checking;
 mod future;
@@ -14,6 +15,7 @@ use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
+pub(crate) use beating::keep_beating;
 pub(crate) use changes::give_back_orphan;
 pub(crate) use future::CheckFuture;
 pub(crate) use transport::{Parts, Sent, Transport, runtime};
@@ -96,6 +98,10 @@ impl<T: Transport> Store for Remote<T> {
         T::KIND
     }
 
+    fn replicas(&self) -> Option<u32> {
+        self.0.parts().fleet.replicas()
+    }
+
     fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
         changes::adjust(&self.0, adjustments)
     }
@@ -161,6 +167,10 @@ macro_rules! store_by_remote {
 
             fn kind(&self) -> &'static str {
                 $crate::store::Store::kind(&self.remote)
+            }
+
+            fn replicas(&self) -> Option<u32> {
+                $crate::store::Store::replicas(&self.remote)
             }
 
             fn adjust(

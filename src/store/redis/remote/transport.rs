@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use super::future::CheckFuture;
+use crate::store::redis::fleet::Fleet;
 use crate::store::redis::forget;
 use crate::store::redis::late_reply::Answered;
 use crate::store::redis::replica::Replica;
@@ -67,6 +68,10 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
         self: Arc<Self>,
         names: Vec<String>,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Counts this replica among those of its prefix ([`fleet`](super::super::fleet)), within a
+    /// check's time budget: the replicas counted.
+    fn beat(self: Arc<Self>) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// How a transport took a check.
@@ -91,6 +96,8 @@ pub(crate) struct Parts {
     pub(crate) startup: Startup,
     /// When the background task last said it cannot reach Redis.
     pub(crate) warned: Every,
+    /// This replica among those of its prefix.
+    pub(crate) fleet: Fleet,
 }
 
 impl Parts {
@@ -151,6 +158,7 @@ impl Parts {
             program: settings.program(),
             replica: settings.replica(),
             channel: forget::channel(&settings.prefix),
+            fleet: Fleet::new(&settings.prefix, settings.heartbeat),
             settings,
             registry: RuleRegistry::new(),
             startup: Startup::default(),

@@ -6,8 +6,8 @@ use super::Standalone;
 use crate::store::StoreError;
 use crate::store::redis::access;
 use crate::store::redis::error::store_error;
-use crate::store::redis::forget;
 use crate::store::redis::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY, Running};
+use crate::store::redis::{forget, remote};
 
 impl Standalone {
     /// The background task: connects and loads the code, retrying until it succeeds or the
@@ -30,6 +30,7 @@ impl Standalone {
                             "tollgate: cannot listen for the keys other replicas forget"
                         ),
                     }
+                    remote::keep_beating(&inner);
                     // The rest of the pool.
                     drop(inner.pick());
                     return;

@@ -20,12 +20,12 @@ use crate::store::redis::access::Access;
 use crate::store::redis::access::redact;
 use crate::store::redis::connection::{Connection, Target};
 use crate::store::redis::error::ConnectError;
-use crate::store::redis::forget;
 use crate::store::redis::opening::Opening;
 use crate::store::redis::probe::Probed;
 use crate::store::redis::remote::{Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
 use crate::store::redis::settings::{MAX_BATCH, Settings, settings_setters};
+use crate::store::redis::{fleet, forget};
 use crate::store::{Charge, StoreError};
 use crate::throttle::Every;
 
@@ -104,6 +104,7 @@ use crate::throttle::Every;
 ///     +lrange +pttl
 ///     +evalsha +script|load
 ///     +ping +publish +subscribe
+///     +zadd +zremrangebyscore +zcard
 ///     +cluster|slots +asking
 /// ```
 ///
@@ -111,7 +112,9 @@ use crate::throttle::Every;
 /// keys of a batch at once (a user without it reads them one by one, and `ACL LOG` shows the
 /// refused `MGET`). `+ping` checks each connection as it opens, and is the circuit breaker's
 /// probe; `+publish +subscribe` on the channel `<prefix>:forget` tell the
-/// other replicas of resets and refunds (their deny caches). The last line is for a cluster
+/// other replicas of resets and refunds (their deny caches); `+zadd +zremrangebyscore +zcard`
+/// on `<prefix>:replicas` are the heartbeat that counts the replicas
+/// ([`heartbeat`](RedisStoreBuilder::heartbeat)). The last line is for a cluster
 /// only. With
 /// `+fcall +function|load` in place of `+evalsha +script|load`, a store runs its code as a
 /// function library (Redis 7 and later, Valkey); a user that may not load functions gets the
@@ -400,6 +403,14 @@ impl Transport for Standalone {
         }
         let (channel, budget) = (&self.parts.channel, self.parts.settings.response_timeout);
         forget::publish_within(self.connection(), &self.server, channel, &names, budget).await
+    }
+
+    async fn beat(self: Arc<Self>) -> Result<u64, StoreError> {
+        if let Some(error) = self.unsendable() {
+            return Err(error);
+        }
+        let budget = self.parts.settings.response_timeout;
+        fleet::beat_within(self.connection(), &self.server, &self.parts.fleet, budget).await
     }
 
     fn parts(&self) -> &Parts {

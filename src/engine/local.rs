@@ -1,0 +1,136 @@
+//! [`Local`]: the fallback limiter of rules that fall back to one while the store is away — an
+//! in-process memory store, made when first needed, that checks each rule at this replica's
+//! share of its quota ([`FallbackShare`]).
+//!
+//! Every operation of the fallback goes through it (checks, chunks of a metered response,
+//! settles, slots given back), so that one rule is one budget here at one share.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, OnceLock};
+
+use smallvec::SmallVec;
+
+use crate::Decision;
+use crate::policy::share::{FallbackShare, divided};
+use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec, Store, StoreError, StoreFuture};
+
+/// The most divided rules kept; past it, they are divided again as they come.
+const MAX_DIVIDED: usize = 4096;
+
+/// The fallback limiter of a layer.
+pub(crate) struct Local {
+    share: FallbackShare,
+    store: OnceLock<MemoryStore>,
+    /// The rules as last divided: by how many replicas, and each by its fingerprint.
+    divided: Mutex<(u32, HashMap<u64, RuleSpec>)>,
+}
+
+impl Local {
+    pub(crate) fn new(share: FallbackShare) -> Self {
+        Local {
+            share,
+            store: OnceLock::new(),
+            divided: Mutex::new((1, HashMap::new())),
+        }
+    }
+
+    /// Decides `charges` here, each rule at this replica's share given the store's last count
+    /// of replicas (`counted`); makes the limiter when first needed.
+    pub(crate) fn decide(&self, counted: Option<u32>, charges: &[Charge<'_>]) -> Decision {
+        let store = self.store.get_or_init(MemoryStore::new);
+        self.with_divided(
+            counted,
+            charges.iter().map(|c| c.rule),
+            |specs| match specs {
+                None => store.decide(charges),
+                Some(specs) => {
+                    let charges: SmallVec<[Charge<'_>; 2]> = charges
+                        .iter()
+                        .zip(specs)
+                        .map(|(c, rule)| Charge { rule, ..*c })
+                        .collect();
+                    store.decide(&charges)
+                }
+            },
+        )
+    }
+
+    /// Checks `charges` on the limiter, if it was made (a metered response's next chunk).
+    pub(crate) fn check(
+        &self,
+        counted: Option<u32>,
+        charges: &[Charge<'_>],
+    ) -> Option<impl Future<Output = Result<Decision, StoreError>> + Send + 'static> {
+        let store = self.store.get()?;
+        Some(self.with_divided(
+            counted,
+            charges.iter().map(|c| c.rule),
+            |specs| match specs {
+                None => store.check(charges),
+                Some(specs) => {
+                    let charges: SmallVec<[Charge<'_>; 2]> = charges
+                        .iter()
+                        .zip(specs)
+                        .map(|(c, rule)| Charge { rule, ..*c })
+                        .collect();
+                    store.check(&charges)
+                }
+            },
+        ))
+    }
+
+    /// Makes `adjustments` on the limiter, if it was made (settles, slots given back).
+    pub(crate) fn adjust(
+        &self,
+        counted: Option<u32>,
+        adjustments: &[Adjustment<'_>],
+    ) -> Option<StoreFuture<()>> {
+        let store = self.store.get()?;
+        Some(self.with_divided(
+            counted,
+            adjustments.iter().map(|a| a.rule),
+            |specs| match specs {
+                None => store.adjust(adjustments),
+                Some(specs) => {
+                    let adjustments: SmallVec<[Adjustment<'_>; 2]> = adjustments
+                        .iter()
+                        .zip(specs)
+                        .map(|(a, rule)| Adjustment { rule, ..*a })
+                        .collect();
+                    store.adjust(&adjustments)
+                }
+            },
+        ))
+    }
+
+    /// Calls `f` with `rules` as this replica checks them: `None` when its share is the whole
+    /// quota, else each divided by the replicas.
+    fn with_divided<'a, R>(
+        &self,
+        counted: Option<u32>,
+        rules: impl Iterator<Item = &'a RuleSpec>,
+        f: impl FnOnce(Option<&[RuleSpec]>) -> R,
+    ) -> R {
+        let replicas = self.share.replicas(counted);
+        if replicas == 1 {
+            return f(None);
+        }
+        let specs: SmallVec<[RuleSpec; 2]> = {
+            let mut table = self.divided.lock().unwrap_or_else(|p| p.into_inner());
+            if table.0 != replicas || table.1.len() >= MAX_DIVIDED {
+                *table = (replicas, HashMap::new());
+            }
+            rules
+                .map(|rule| {
+                    table
+                        .1
+                        .entry(rule.fingerprint())
+                        .or_insert_with(|| divided(rule, replicas))
+                        .clone()
+                })
+                .collect()
+        };
+        f(Some(&specs))
+    }
+}

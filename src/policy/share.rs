@@ -1,0 +1,169 @@
+//! [`FallbackShare`]: how much of a rule's quota each replica's local fallback enforces while
+//! the shared store is away — its share of the fleet the store counted.
+//!
+//! ```
+//! use tollgate::{FailureMode, FallbackShare, Quota, RateLimitLayer, Rule};
+//!
+//! // While Redis is away, each replica checks "api" locally at 1 / (replicas last counted)
+//! // of 100 a minute; a replica that never counted assumes a fleet of 4.
+//! let layer = RateLimitLayer::builder()
+//!     .rule(Rule::new("api", Quota::per_minute(100)).on_store_error(FailureMode::Local))
+//!     .fallback_share(FallbackShare::per_replica().until_counted(4))
+//!     .build()?;
+//! # let _ = layer;
+//! # Ok::<(), tollgate::ConfigError>(())
+//! ```
+
+use crate::ConfigError;
+use crate::algorithm::Limits;
+use crate::store::RuleSpec;
+
+/// How much of each rule's quota a replica's local fallback
+/// ([`FailureMode::Local`](crate::FailureMode::Local)) enforces while the shared store is away:
+/// `1 / replicas`, with `replicas` the number of replicas the store last counted.
+///
+/// A fleet-wide quota is the shared store's; when a replica cannot reach it, the rules that fall
+/// back to the local limiter are checked there instead. With the whole quota on each of K
+/// replicas, the fleet would admit K times the quota during the outage. So each replica takes
+/// its share: the Redis stores count the replicas of their prefix with a heartbeat (a key of
+/// their own, refreshed once a [`heartbeat`][heartbeat] interval, default 1 s, off the request
+/// path), and a replica that falls back divides each rule's quota and burst by the count it
+/// last read, rounded down, at least 1 unit. 100 a minute over 3 replicas is 33 a minute on
+/// each: 99 for the fleet.
+///
+/// * **Before any count** (a replica that starts while Redis is down, or a store that counts
+///   nothing, such as a custom one): the fleet is assumed to be
+///   [`until_counted`](Self::until_counted) replicas, 1 by default (the whole quota): set it to
+///   the size your deployment usually runs at.
+/// * **Bounds**: the count used is kept within [`replicas_between`](Self::replicas_between)
+///   (default 1 to 1,024), so that a heartbeat key written by mistake cannot shrink every
+///   replica's share to nothing.
+/// * **What it does not see**: the count is of replicas that reached Redis in the last three
+///   heartbeat intervals before the outage. A replica that stopped is counted for up to three
+///   intervals (the others' shares are smaller meanwhile); one started during the outage is
+///   not counted by the others (the fleet may then admit up to its share more). Local budgets
+///   start full, so at the start of the outage each replica may admit its share of the burst
+///   whatever the fleet spent before.
+/// * [`FallbackShare::whole`] gives each replica the whole quota, as if it were alone.
+///
+/// [heartbeat]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.heartbeat
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FallbackShare {
+    until_counted: u32,
+    min: u32,
+    max: u32,
+}
+
+impl Default for FallbackShare {
+    fn default() -> Self {
+        Self::per_replica()
+    }
+}
+
+impl FallbackShare {
+    /// `1 / replicas` of each quota, with `replicas` the count the store last read (the
+    /// default): 1 assumed before any count, the count kept between 1 and 1,024.
+    pub const fn per_replica() -> Self {
+        FallbackShare {
+            until_counted: 1,
+            min: 1,
+            max: 1024,
+        }
+    }
+
+    /// The whole quota on every replica, whatever the count: a fleet of K replicas may admit
+    /// K times the quota while the store is away.
+    pub const fn whole() -> Self {
+        FallbackShare {
+            until_counted: 1,
+            min: 1,
+            max: 1,
+        }
+    }
+
+    /// The replicas assumed before the store counted any (default 1: the whole quota).
+    pub const fn until_counted(mut self, replicas: u32) -> Self {
+        self.until_counted = replicas;
+        self
+    }
+
+    /// Keeps the count used between `min` and `max` replicas (default 1 to 1,024).
+    pub const fn replicas_between(mut self, min: u32, max: u32) -> Self {
+        self.min = min;
+        self.max = max;
+        self
+    }
+
+    /// The replicas a quota is divided by, given the store's last count.
+    pub(crate) fn replicas(&self, counted: Option<u32>) -> u32 {
+        counted
+            .unwrap_or(self.until_counted)
+            .clamp(self.min, self.max)
+    }
+
+    /// Checks the settings.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.min == 0 || self.min > self.max || self.until_counted == 0 {
+            return Err(ConfigError::new(format!(
+                "fallback share: replicas between {} and {}, {} until counted; use \
+                 1 <= min <= max and at least 1 until counted",
+                self.min, self.max, self.until_counted
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `spec` with its quota and burst divided by `replicas`, rounded down, at least 1 unit; the
+/// same name (the same budget, for the store) and period.
+pub(crate) fn divided(spec: &RuleSpec, replicas: u32) -> RuleSpec {
+    let limits = spec.limits();
+    let share = |units: u64| (units / u64::from(replicas)).max(1);
+    Limits::new(share(limits.limit), limits.period, share(limits.burst))
+        .ok()
+        .and_then(|limits| RuleSpec::new(spec.shared_name().clone(), spec.algorithm(), limits).ok())
+        // Smaller numbers than a valid rule's are valid; keep the rule as it is otherwise.
+        .unwrap_or_else(|| spec.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Algorithm;
+
+    #[test]
+    fn the_count_is_assumed_until_read_and_kept_within_bounds() {
+        let share = FallbackShare::per_replica();
+        assert_eq!(share.replicas(None), 1);
+        assert_eq!(share.replicas(Some(3)), 3);
+        assert_eq!(share.replicas(Some(5000)), 1024);
+        let share = share.until_counted(4).replicas_between(2, 8);
+        assert_eq!(share.replicas(None), 4);
+        assert_eq!(share.replicas(Some(1)), 2);
+        assert_eq!(share.replicas(Some(20)), 8);
+        assert_eq!(FallbackShare::whole().replicas(Some(10)), 1);
+        assert!(FallbackShare::per_replica().validate().is_ok());
+        assert!(share.replicas_between(0, 3).validate().is_err());
+        assert!(share.replicas_between(4, 3).validate().is_err());
+        assert!(share.until_counted(0).validate().is_err());
+    }
+
+    #[test]
+    fn a_quota_is_divided_rounded_down_and_keeps_a_unit() {
+        let limits = Limits::new(100, 60_000_000, 100).unwrap();
+        let spec = RuleSpec::new("api", Algorithm::TokenBucket, limits).unwrap();
+        let third = divided(&spec, 3);
+        assert_eq!(
+            (
+                third.limits().limit,
+                third.limits().burst,
+                third.limits().period
+            ),
+            (33, 33, 60_000_000)
+        );
+        assert_eq!(third.id(), spec.id(), "the same budget");
+        assert_eq!(divided(&spec, 1), spec);
+        let tiny = divided(&spec, 1000);
+        assert_eq!((tiny.limits().limit, tiny.limits().burst), (1, 1));
+    }
+}

@@ -1,0 +1,209 @@
+//! A fallback that knows its share: replicas that share a Redis count each other with a
+//! heartbeat, and while Redis is away each checks a rule that falls back to the local limiter at
+//! `1 / replicas` of its quota, so that the fleet keeps close to the quota, not K times it.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::routing::get;
+use http::{Request, StatusCode};
+use support::{RedisServer, cluster, unique_prefix};
+use tollgate::algorithm::Limits;
+use tollgate::key::Key;
+use tollgate::store::{Charge, RedisClusterStore, RedisStore, RuleSpec, Store};
+use tollgate::{
+    Algorithm, CircuitBreaker, FailureMode, FallbackShare, Quota, RateLimitLayer, Rule,
+};
+use tower::{Service, ServiceExt};
+
+const BEAT: Duration = Duration::from_millis(200);
+
+/// 100 a minute per client, checked locally while the store is away.
+fn app<St: Store>(store: St, share: FallbackShare) -> Router {
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("api", Quota::per_minute(100)).on_store_error(FailureMode::Local))
+        .store(store)
+        .fallback_share(share)
+        .build()
+        .unwrap();
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+async fn status(app: &mut Router) -> StatusCode {
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(SocketAddr::from(([10, 7, 0, 1], 40_000))));
+    let response = app
+        .as_service()
+        .ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap();
+    response.status()
+}
+
+/// `requests` requests of one client, in turn over `apps`: how many were admitted.
+async fn admitted(apps: &mut [Router], requests: usize) -> usize {
+    let mut admitted = 0;
+    for i in 0..requests {
+        let n = apps.len();
+        match status(&mut apps[i % n]).await {
+            StatusCode::OK => admitted += 1,
+            StatusCode::TOO_MANY_REQUESTS => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    admitted
+}
+
+/// Waits (10 s at most) until every store counts `replicas`.
+async fn counted<St: Store>(stores: &[St], replicas: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let counts: Vec<_> = stores.iter().map(Store::replicas).collect();
+        if counts.iter().all(|c| *c == Some(replicas)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stores count {counts:?}, not {replicas} each"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn store_builder(server_url: &str, prefix: &str) -> tollgate::store::RedisStoreBuilder {
+    RedisStore::builder(server_url)
+        .prefix(prefix)
+        .heartbeat(BEAT)
+        .response_timeout(Duration::from_millis(50))
+        .connect_timeout(Duration::from_millis(200))
+        .circuit_breaker(CircuitBreaker::after_failures(3).cooldown(Duration::from_millis(200)))
+}
+
+#[tokio::test]
+async fn three_replicas_keep_the_fleet_to_its_quota_while_redis_is_down_and_share_it_again_after() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let prefix = unique_prefix("share");
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(
+            store_builder(&server.url(), &prefix)
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    counted(&stores, 3).await;
+    let mut shared: Vec<Router> = stores
+        .iter()
+        .map(|s| app(s.clone(), FallbackShare::default()))
+        .collect();
+    // The same replicas with each the whole quota, as before shares: for comparison.
+    let mut whole: Vec<Router> = stores
+        .iter()
+        .map(|s| app(s.clone(), FallbackShare::whole()))
+        .collect();
+
+    server.stop();
+    let by_share = admitted(&mut shared, 300).await;
+    let by_whole = admitted(&mut whole, 300).await;
+    eprintln!(
+        "Redis down: the fleet admitted {by_share} of 300 by share, {by_whole} with the whole quota each"
+    );
+    // 33 on each of three replicas (100 / 3, rounded down), and what refills meanwhile
+    // (a unit every 1.8 s on each).
+    assert!(
+        (99..=110).contains(&by_share),
+        "three replicas by share admitted {by_share}"
+    );
+    assert!(by_whole >= 297, "the whole quota each admitted {by_whole}");
+    assert_eq!(
+        stores[0].replicas(),
+        Some(3),
+        "the count last read stands while Redis is away"
+    );
+
+    // A replica that starts while Redis is down has counted nothing: it assumes the fleet it
+    // is told to, or one replica (the whole quota).
+    let late = store_builder(&format!("redis://127.0.0.1:{port}"), &prefix)
+        .build()
+        .unwrap();
+    assert_eq!(late.replicas(), None);
+    let mut told = [app(
+        late.clone(),
+        FallbackShare::per_replica().until_counted(4),
+    )];
+    let mut untold = [app(late.clone(), FallbackShare::default())];
+    assert_eq!(admitted(&mut told, 60).await, 25, "100 / 4");
+    assert_eq!(admitted(&mut untold, 150).await, 100, "the whole quota");
+
+    // Redis is back (empty: it kept nothing on disk): limiting is fleet-wide again.
+    let server = RedisServer::start_on(port, &[]).expect("restart on the same port");
+    // Each store answers again once its breaker lets a probe through.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let spec = RuleSpec::new(
+        "probe",
+        Algorithm::TokenBucket,
+        Limits::new(1000, 1_000_000, 1000).unwrap(),
+    )
+    .unwrap();
+    let key = Key::text("probe");
+    let look = [Charge {
+        rule: &spec,
+        key: &key,
+        cost: 0,
+    }];
+    for store in &stores {
+        while store.check(&look).await.is_err() {
+            assert!(Instant::now() < deadline, "the stores reach Redis again");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let fleet_wide = admitted(&mut shared, 300).await;
+    eprintln!("Redis back: the fleet admitted {fleet_wide} of 300");
+    assert!(
+        (100..=102).contains(&fleet_wide),
+        "one budget for the fleet again: {fleet_wide}"
+    );
+    // The late replica reached Redis too, and is counted.
+    counted(&[stores[0].clone(), late], 4).await;
+    drop(server);
+}
+
+#[tokio::test]
+async fn cluster_stores_count_each_other_and_a_replica_that_stops_lapses() {
+    let cluster = cluster();
+    let prefix = unique_prefix("share-cluster");
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        stores.push(
+            RedisClusterStore::builder(cluster.urls())
+                .prefix(&prefix)
+                .heartbeat(BEAT)
+                .connect()
+                .await
+                .unwrap(),
+        );
+    }
+    counted(&stores, 3).await;
+    let key = format!("{prefix}:replicas");
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&key)
+        .query(&mut cluster.conn_for(&key))
+        .unwrap();
+    assert_eq!(members, 3, "one member per replica in {key}");
+    drop(stores.pop());
+    // Three intervals without a beat, and the next beat of the others.
+    counted(&stores, 2).await;
+}
