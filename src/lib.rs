@@ -447,6 +447,6 @@ pub use policy::rule::{DEFAULT_LEASE_TTL, DEFAULT_MAX_HOLD, Rule};
 pub use policy::share::FallbackShare;
 pub use response::{Headers, RateLimited, ResetFormat};
 pub use service::RateLimit;
-pub use shed::{Priority, Shedding};
+pub use shed::{Adaptive, Priority, Shedding};
 #[cfg(feature = "redis")]
 pub use store::breaker::CircuitBreaker;

@@ -192,6 +192,16 @@ pub(crate) fn describe() {
             "tollgate_shed_requests_total",
             "Requests shed because the process had too many in flight, by priority."
         );
+        describe_gauge!(
+            "tollgate_shed_capacity",
+            "The capacity an adaptive load shedder learned: the requests low and normal ones share."
+        );
+        describe_gauge!(
+            "tollgate_shed_latency_seconds",
+            Unit::Seconds,
+            "An adaptive load shedder's latency estimates: the no-load latency (estimate=base) and \
+             the latest window's mean (estimate=recent)."
+        );
         describe_counter!(
             "tollgate_decision_events_dropped_total",
             "Decision events dropped because the hook's channel was full."
@@ -318,6 +328,13 @@ pub(crate) fn waiting(starts: bool) {
 /// A request shed by load shedding, by its priority.
 pub(crate) fn shed(priority: &'static str) {
     counter!("tollgate_shed_requests_total", "priority" => priority).increment(1);
+}
+
+/// An adaptive shedder's capacity, and its latency estimates in microseconds (0: not yet).
+pub(crate) fn shed_capacity(capacity: usize, base: u64, recent: u64) {
+    gauge!("tollgate_shed_capacity").set(capacity as f64);
+    gauge!("tollgate_shed_latency_seconds", "estimate" => "base").set(base as f64 / 1e6);
+    gauge!("tollgate_shed_latency_seconds", "estimate" => "recent").set(recent as f64 / 1e6);
 }
 
 /// Makes the reload counters exist at 0 for a live layer, so that the first rejection is an

@@ -297,3 +297,111 @@ fn bad_shedding_settings_fail_the_build() {
         assert!(error.to_string().contains("load shedding"), "{error}");
     }
 }
+
+/// A backend of `workers` (some of which `taken` holds back), each request taking 10 ms.
+fn backend(shedding: Shedding, workers: Arc<tokio::sync::Semaphore>) -> Router {
+    Router::new()
+        .route(
+            "/work",
+            get(move || {
+                let workers = workers.clone();
+                async move {
+                    let _worker = workers.acquire().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    "done"
+                }
+            }),
+        )
+        .layer(
+            RateLimitLayer::builder()
+                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
+                .shed(shedding)
+                .build()
+                .unwrap(),
+        )
+}
+
+/// Closed loops of each class against `app` until `until`: (served, shed) per class.
+async fn load(app: &Router, until: tokio::time::Instant) -> [(u64, u64); 3] {
+    let mut tasks = Vec::new();
+    for (class, loops) in [("low", 24), ("normal", 12), ("critical", 2)] {
+        for _ in 0..loops {
+            let app = app.clone();
+            tasks.push(tokio::spawn(async move {
+                let (mut served, mut shed) = (0, 0);
+                while tokio::time::Instant::now() < until {
+                    let response = app.clone().oneshot(request(class)).await.unwrap();
+                    let status = response.status();
+                    let _ = response.into_body().collect().await;
+                    match status {
+                        StatusCode::OK => served += 1,
+                        StatusCode::SERVICE_UNAVAILABLE => {
+                            shed += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        other => panic!("unexpected {other}"),
+                    }
+                }
+                (class, served, shed)
+            }));
+        }
+    }
+    let mut out = [(0, 0); 3];
+    for task in tasks {
+        let (class, served, shed) = task.await.unwrap();
+        let i = ["low", "normal", "critical"]
+            .iter()
+            .position(|c| *c == class)
+            .unwrap();
+        out[i].0 += served;
+        out[i].1 += shed;
+    }
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_capacity_falls_when_the_backend_slows_and_sheds_low_requests_first() {
+    let workers = Arc::new(tokio::sync::Semaphore::new(16));
+    let shedding = Shedding::new(64)
+        .adaptive(tollgate::Adaptive::new())
+        .priority(priority);
+    let app = backend(shedding.clone(), workers.clone());
+    assert_eq!(shedding.capacity_now(), 4, "its least, until it has measured");
+
+    let start = tokio::time::Instant::now();
+    let before = load(&app, start + Duration::from_secs(5)).await;
+    let sixteen = shedding.capacity_now();
+    // 16 workers of 10 ms: every worker busy, a short queue.
+    assert!(
+        (17..=40).contains(&sixteen),
+        "learned {sixteen} for 16 workers"
+    );
+
+    // Half the workers go away: latency doubles at that capacity, and the capacity follows.
+    let taken = workers.clone().acquire_many_owned(8).await.unwrap();
+    let after = load(&app, tokio::time::Instant::now() + Duration::from_secs(5)).await;
+    let eight = shedding.capacity_now();
+    assert!(
+        (9..=sixteen * 3 / 4).contains(&eight),
+        "learned {eight} for 8 workers, {sixteen} for 16"
+    );
+    drop(taken);
+    load(&app, tokio::time::Instant::now() + Duration::from_secs(5)).await;
+    assert!(
+        shedding.capacity_now() > eight,
+        "came back: {}",
+        shedding.capacity_now()
+    );
+
+    for (phase, figures) in [("16 workers", before), ("8 workers", after)] {
+        let [low, normal, critical] = figures;
+        let share = |(served, shed): (u64, u64)| shed as f64 / (served + shed).max(1) as f64;
+        assert!(
+            share(low) > share(normal),
+            "{phase}: low shed first ({low:?} vs {normal:?})"
+        );
+        assert_eq!(critical.1, 0, "{phase}: no critical request shed");
+        assert!(critical.0 > 0 && normal.0 > 0, "{phase}: served {figures:?}");
+    }
+    assert_eq!(shedding.in_flight(), 0, "every request counted out");
+}

@@ -48,6 +48,8 @@
 //! | `tollgate_policy_reloads_total` | counter | `result` | policies offered to live layers: `installed` or `rejected` |
 //! | `tollgate_delayed_requests` | gauge | | requests waiting for a delay rule |
 //! | `tollgate_shed_requests_total` | counter | `priority` | requests shed by load shedding: `low`, `normal`, `critical` |
+//! | `tollgate_shed_capacity` | gauge | | the capacity an adaptive load shedder learned (`Shedding::adaptive`) |
+//! | `tollgate_shed_latency_seconds` | gauge | `estimate` | an adaptive load shedder's no-load latency (`base`) and its latest window's mean (`recent`) |
 //! | `tollgate_decision_events_dropped_total` | counter | | decision events dropped because the hook's channel was full |
 //! | `tollgate_denial_log_suppressed_total` | counter | | denials the rejection log did not write (over its lines per second) |
 //!

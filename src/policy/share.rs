@@ -44,6 +44,9 @@ use crate::store::RuleSpec;
 ///   not counted by the others (the fleet may then admit up to its share more). Local budgets
 ///   start full, so at the start of the outage each replica may admit its share of the burst
 ///   whatever the fleet spent before.
+/// * **Answers** keep the rule's policy (`RateLimit-Policy: "api";q=100;w=60`: the fleet's
+///   quota, which a client behind a load balancer shares); `r` is what this replica has left of
+///   its share.
 /// * [`FallbackShare::whole`] gives each replica the whole quota, as if it were alone.
 ///
 /// [heartbeat]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.heartbeat

@@ -9,6 +9,11 @@ use http::request::Parts;
 
 use crate::ConfigError;
 
+mod adaptive;
+
+pub use adaptive::Adaptive;
+use adaptive::Gradient;
+
 /// The policy a shed request's problem document names as violated.
 pub(crate) const SHED_POLICY: &str = "load-shedding";
 
@@ -102,6 +107,8 @@ pub struct Shedding {
     normal_percent: u8,
     priority: PriorityFn,
     in_flight: Arc<AtomicUsize>,
+    /// The controller of an adaptive capacity, shared by clones.
+    adaptive: Option<Arc<Gradient>>,
 }
 
 impl Shedding {
@@ -115,7 +122,46 @@ impl Shedding {
             normal_percent: 80,
             priority: Arc::new(|_: &Parts| Priority::Normal),
             in_flight: Arc::new(AtomicUsize::new(0)),
+            adaptive: None,
         }
+    }
+
+    /// Learns the capacity from measured latency, between `adaptive`'s least capacity and this
+    /// one, its maximum (see [`Adaptive`]): `low` and `normal` requests share the learned
+    /// capacity; `critical` ones may fill the maximum.
+    ///
+    /// ```
+    /// use tollgate::{Adaptive, Priority, Quota, RateLimitLayer, Rule, Shedding};
+    ///
+    /// let shedding = Shedding::new(200)
+    ///     .adaptive(Adaptive::new())
+    ///     .priority(|parts: &http::request::Parts| match parts.uri.path() {
+    ///         "/checkout" => Priority::Critical,
+    ///         _ => Priority::Normal,
+    ///     });
+    /// let layer = RateLimitLayer::builder()
+    ///     .rule(Rule::new("api", Quota::per_second(100)))
+    ///     .shed(shedding.clone())
+    ///     .build()?;
+    /// // What it learned: `shedding.capacity_now()`, and the gauge `tollgate_shed_capacity`.
+    /// # Ok::<(), tollgate::ConfigError>(())
+    /// ```
+    pub fn adaptive(mut self, adaptive: Adaptive) -> Self {
+        self.adaptive = Some(Arc::new(Gradient::new(adaptive, self.capacity)));
+        self
+    }
+
+    /// The capacity now: the fixed one, or what an adaptive one learned (its least while it
+    /// measures the no-load latency). `low` and `normal` requests take their shares of it.
+    pub fn capacity_now(&self) -> usize {
+        self.adaptive
+            .as_ref()
+            .map_or(self.capacity, |gradient| gradient.capacity())
+    }
+
+    /// The requests in flight now, counted by the layers of this `Shedding` and its clones.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// Reads each request's priority from its head. Read it from what a client cannot choose
@@ -156,17 +202,15 @@ impl Shedding {
                 self.low_percent, self.normal_percent
             )));
         }
-        // Each class at least one request, and critical ones always one more than the others.
-        let share =
-            |percent: u8| (self.capacity * usize::from(percent) / 100).clamp(1, self.capacity - 1);
+        if let Some(gradient) = &self.adaptive {
+            gradient.settings().validate(self.capacity)?;
+        }
         Ok(Shedder {
-            limits: [
-                share(self.low_percent),
-                share(self.normal_percent),
-                self.capacity,
-            ],
+            capacity: self.capacity,
+            percents: [self.low_percent, self.normal_percent],
             priority: self.priority,
             in_flight: self.in_flight,
+            adaptive: self.adaptive,
         })
     }
 }
@@ -177,16 +221,26 @@ impl fmt::Debug for Shedding {
             .field("capacity", &self.capacity)
             .field("low_percent", &self.low_percent)
             .field("normal_percent", &self.normal_percent)
+            .field("adaptive", &self.adaptive.as_ref().map(|g| g.settings()))
             .finish_non_exhaustive()
     }
 }
 
 /// A layer's shedder: the requests in flight, and how many each class may join.
 pub(crate) struct Shedder {
-    /// The most in flight a request of each class joins: low, normal, critical.
-    limits: [usize; 3],
+    /// The most in flight (critical requests may fill it).
+    capacity: usize,
+    /// The shares of `low` and `normal` requests, in percent.
+    percents: [u8; 2],
     priority: PriorityFn,
     in_flight: Arc<AtomicUsize>,
+    adaptive: Option<Arc<Gradient>>,
+}
+
+/// The most in flight a request of a class with `percent` of `capacity` joins: at least one,
+/// and one less than `capacity`, which critical requests keep.
+fn share(capacity: usize, percent: u8) -> usize {
+    (capacity * usize::from(percent) / 100).clamp(1, capacity.saturating_sub(1).max(1))
 }
 
 impl Shedder {
@@ -194,13 +248,35 @@ impl Shedder {
     /// and its class's share when that share is full.
     pub(crate) fn enter(&self, parts: &Parts) -> Result<InFlight, (Priority, usize)> {
         let priority = (self.priority)(parts);
-        let limit = self.limits[priority as usize];
-        self.in_flight
+        let limit = match priority {
+            Priority::Critical => self.capacity,
+            class => {
+                let capacity = self
+                    .adaptive
+                    .as_ref()
+                    .map_or(self.capacity, |gradient| gradient.capacity());
+                share(capacity, self.percents[class as usize])
+            }
+        };
+        let before = self
+            .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
-            .map(|_| InFlight(self.in_flight.clone()))
-            .map_err(|_| (priority, limit))
+            .map_err(|_| (priority, limit))?;
+        let measured = self.adaptive.as_ref().map(|gradient| {
+            let now = gradient.now();
+            let probe = gradient.entered(now, before + 1);
+            Measured {
+                gradient: gradient.clone(),
+                entered: now,
+                probe,
+            }
+        });
+        Ok(InFlight {
+            count: self.in_flight.clone(),
+            measured,
+        })
     }
 
     /// The requests in flight now.
@@ -211,12 +287,31 @@ impl Shedder {
 }
 
 /// One request in flight: counted out when dropped (its response body ended or was dropped,
-/// or it never got that far).
-pub(crate) struct InFlight(Arc<AtomicUsize>);
+/// or it never got that far), and its latency told to an adaptive shedder.
+pub(crate) struct InFlight {
+    count: Arc<AtomicUsize>,
+    measured: Option<Measured>,
+}
+
+/// When a request of an adaptive shedder was let in.
+struct Measured {
+    gradient: Arc<Gradient>,
+    entered: u64,
+    probe: u64,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.count.fetch_sub(1, Ordering::AcqRel);
+        if let Some(m) = &self.measured {
+            if m.gradient.ended(m.entered, m.gradient.now(), m.probe) {
+                #[cfg(feature = "metrics")]
+                {
+                    let (base, recent) = m.gradient.latencies();
+                    crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
+                }
+            }
+        }
     }
 }
 
