@@ -69,7 +69,12 @@ impl Backend {
         drop(previous);
         if workers < WORKERS {
             let permits = u32::try_from(WORKERS - workers).unwrap();
-            let taken = self.workers.clone().acquire_many_owned(permits).await.unwrap();
+            let taken = self
+                .workers
+                .clone()
+                .acquire_many_owned(permits)
+                .await
+                .unwrap();
             *self.taken.lock().unwrap() = Some(taken);
         }
     }
@@ -299,13 +304,8 @@ fn main() {
     // The reference: a server below its capacity.
     let backend = Backend::new();
     let (addr, stop, thread) = serve(app(None, &backend));
-    let mut reference = clients.block_on(drive(
-        addr,
-        &[("normal", 8)],
-        &[WORKERS],
-        phase,
-        &backend,
-    ));
+    let mut reference =
+        clients.block_on(drive(addr, &[("normal", 8)], &[WORKERS], phase, &backend));
     let _ = stop.send(());
     let _ = thread.join();
     let uncongested = &mut reference[0][0];
@@ -387,7 +387,11 @@ fn main() {
     );
     println!("|---|---|---|---|---:|");
     for (name, figures, critical_shed, _) in &summary {
-        let goodput: Vec<String> = figures.iter().step_by(2).map(|g| format!("{g:.1} %")).collect();
+        let goodput: Vec<String> = figures
+            .iter()
+            .step_by(2)
+            .map(|g| format!("{g:.1} %"))
+            .collect();
         let of_measured: Vec<String> = figures
             .iter()
             .step_by(2)

@@ -1,21 +1,32 @@
 //! A concurrency limit: `GET /slow` takes a second and allows 5 requests at once per client IP;
 //! `GET /` is not limited. A request holds its slot until its response body has been sent.
+//! And load shedding that learns its capacity: `GET /work` has 8 workers of 50 ms, behind
+//! `Shedding::new(64).adaptive(..)`; `GET /capacity` tells what it learned.
 //!
 //! ```text
 //! cargo run --example concurrency
 //! seq 20 | xargs -P 20 -I{} curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/slow | sort | uniq -c
+//! seq 400 | xargs -P 50 -I{} curl -s -o /dev/null -w '%{http_code}\n' http://127.0.0.1:3000/work | sort | uniq -c
+//! curl http://127.0.0.1:3000/capacity
 //! ```
 //!
-//! Twenty at once: five 200s and fifteen 429s, whose `RateLimit-Policy` says
-//! `"slow";q=5;qu="concurrent-requests"`. Listens on 127.0.0.1:3000, or on the address in
+//! Twenty at once on `/slow`: five 200s and fifteen 429s, whose `RateLimit-Policy` says
+//! `"slow";q=5;qu="concurrent-requests"`. Fifty at once on `/work`: 200s for about as many as
+//! keep its 8 workers busy with a short queue, and 503s (`Retry-After: 1`) for the rest, so that
+//! those served wait a request's time or two (about 100 ms), not the whole queue's. `/capacity`
+//! says what it learned: 4 at the start, while it measures the no-load latency, then between
+//! about 10 and 30 as curl's bursts come and go (`capacity 14 of 64, 0 in flight`). Listens on
+//! 127.0.0.1:3000, or on the address in
 //! `TOLLGATE_ADDR`. Ctrl-C stops it.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
-use tollgate::{RateLimitLayer, Rule};
+use tokio::sync::Semaphore;
+use tollgate::{Adaptive, Quota, RateLimitLayer, Rule, Shedding};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,7 +36,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .rule(Rule::concurrent("slow", 5))
         .build()?;
 
+    // At most 64 in flight on /work; below that, as many as keep latency near its no-load level
+    // (measured at the start, and again every 30 s).
+    let shedding = Shedding::new(64).adaptive(Adaptive::new());
+    let shed = RateLimitLayer::builder()
+        .rule(Rule::new("work", Quota::per_second(1000)))
+        .shed(shedding.clone())
+        .build()?;
+    let workers = Arc::new(Semaphore::new(8));
+
     let app = Router::new()
+        .route(
+            "/work",
+            get(move || {
+                let workers = workers.clone();
+                async move {
+                    // The semaphore is never closed: a worker always comes.
+                    let _worker = workers.acquire().await.ok();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    "Worked for 50 ms.\n"
+                }
+            })
+            .route_layer(shed),
+        )
+        .route(
+            "/capacity",
+            get(move || {
+                let shedding = shedding.clone();
+                async move {
+                    format!(
+                        "capacity {} of 64, {} in flight\n",
+                        shedding.capacity_now(),
+                        shedding.in_flight()
+                    )
+                }
+            }),
+        )
         .route(
             "/slow",
             get(|| async {
@@ -56,6 +102,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Twenty at once give five 200s and fifteen 429s with Retry-After: 1 and \
          RateLimit-Policy: \"slow\";q=5;qu=\"concurrent-requests\"."
     );
+    println!();
+    println!(
+        "/work has 8 workers of 50 ms behind adaptive load shedding (at most 64 in flight). Try:"
+    );
+    println!();
+    println!(
+        "  seq 400 | xargs -P 50 -I{{}} curl -s -o /dev/null -w '%{{http_code}}\\n' http://{addr}/work | sort | uniq -c"
+    );
+    println!("  curl http://{addr}/capacity");
 
     axum::serve(
         listener,

@@ -350,8 +350,39 @@ async fn the_concurrency_example_admits_five_slow_requests_at_once() {
     }
     // `/` is not limited.
     assert_eq!(statuses(&client, &addr, "/", &[], 30).await, vec![200; 30]);
+
+    // `/work`: 50 clients in closed loops, 400 requests in all, against 8 workers of 50 ms.
+    let loops: Vec<_> = (0..50)
+        .map(|_| {
+            let (client, addr) = (client.clone(), addr.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for _ in 0..8 {
+                    seen.push(get(&client, &addr, "/work", &[]).await.0);
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for one in loops {
+        seen.extend(one.await.unwrap());
+    }
+    let served = seen.iter().filter(|s| **s == 200).count();
+    let shed = seen.iter().filter(|s| **s == 503).count();
+    assert_eq!(served + shed, 400, "only 200s and 503s: {seen:?}");
+    assert!(served > 0 && shed > 0, "{served} served, {shed} shed");
+    let capacity = get(&client, &addr, "/capacity", &[]).await.2;
+    let learned: usize = capacity
+        .strip_prefix("capacity ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{capacity:?}"));
+    assert!((4..=64).contains(&learned), "{capacity}");
+    assert!(capacity.ends_with("of 64, 0 in flight\n"), "{capacity:?}");
     let printed = example.stop();
     assert!(printed.contains("xargs -P 20"), "{printed}");
+    assert!(printed.contains("/capacity"), "{printed}");
 }
 
 #[test]

@@ -366,7 +366,11 @@ async fn an_adaptive_capacity_falls_when_the_backend_slows_and_sheds_low_request
         .adaptive(tollgate::Adaptive::new())
         .priority(priority);
     let app = backend(shedding.clone(), workers.clone());
-    assert_eq!(shedding.capacity_now(), 4, "its least, until it has measured");
+    assert_eq!(
+        shedding.capacity_now(),
+        4,
+        "its least, until it has measured"
+    );
 
     let start = tokio::time::Instant::now();
     let before = load(&app, start + Duration::from_secs(5)).await;
@@ -401,7 +405,10 @@ async fn an_adaptive_capacity_falls_when_the_backend_slows_and_sheds_low_request
             "{phase}: low shed first ({low:?} vs {normal:?})"
         );
         assert_eq!(critical.1, 0, "{phase}: no critical request shed");
-        assert!(critical.0 > 0 && normal.0 > 0, "{phase}: served {figures:?}");
+        assert!(
+            critical.0 > 0 && normal.0 > 0,
+            "{phase}: served {figures:?}"
+        );
     }
     assert_eq!(shedding.in_flight(), 0, "every request counted out");
 }

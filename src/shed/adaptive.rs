@@ -352,10 +352,8 @@ impl Gradient {
             // Not in use: no reason to grow.
             next = capacity;
         }
-        self.capacity.store(
-            next.clamp(self.settings.min, self.max),
-            Ordering::Release,
-        );
+        self.capacity
+            .store(next.clamp(self.settings.min, self.max), Ordering::Release);
     }
 }
 
@@ -450,7 +448,11 @@ mod tests {
         for _ in 0..20 {
             run(&g, &mut now, 30, 1, 4 * MS);
         }
-        assert!(g.capacity() <= 8, "grew to {} with one in flight", g.capacity());
+        assert!(
+            g.capacity() <= 8,
+            "grew to {} with one in flight",
+            g.capacity()
+        );
     }
 
     #[test]
