@@ -1,5 +1,6 @@
 //! A client that honours the limit: it calls a limited server in a loop, as fast as it can,
-//! and the layer waits out each delay the server announces instead of hammering it.
+//! and the layer paces the calls to the budget the server announces (`RateLimit`,
+//! `RateLimit-Policy`) and waits out any delay it asks for, instead of hammering it.
 //!
 //! ```text
 //! cargo run --example client                  # against a server of its own: 3 per 3 s
@@ -20,7 +21,7 @@ use axum::routing::get;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
-use tollgate::client::{ClientError, Retry, RetryAfterLayer};
+use tollgate::client::{ClientError, Pacing, Retry, RetryAfterLayer};
 use tollgate::key::Global;
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt};
@@ -44,17 +45,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{calls} calls to {url}, one after the other, as fast as the layer lets them go:");
     println!();
 
-    // Waits what the server says (Retry-After, a spent RateLimit policy), plus jitter.
-    let retry = Retry::new().max_wait(Duration::from_secs(70));
+    // Paces the calls to the budget the server announces, and waits what it says (Retry-After,
+    // a spent RateLimit policy), plus jitter.
+    let retry = Retry::new()
+        .max_wait(Duration::from_secs(70))
+        .pace(Pacing::new());
     let mut client = RetryAfterLayer::new(retry)
         .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
     let start = Instant::now();
+    let mut refused = 0;
     for n in 1..=calls {
         let request = http::Request::get(&url).body(Empty::new())?;
         let sent = Instant::now();
         match client.ready().await?.call(request).await {
             Ok(response) => {
                 let status = response.status();
+                if status == http::StatusCode::TOO_MANY_REQUESTS {
+                    refused += 1;
+                }
                 let budget = response
                     .headers()
                     .get("ratelimit")
@@ -76,6 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     println!();
+    println!("the client received {refused} 429s");
     if std::env::var("TOLLGATE_URL").is_err() {
         println!(
             "the server served {} and denied {} in {:.1} s",

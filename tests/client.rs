@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
-use tollgate::client::{ClientError, HonourLimitsLayer, Retry, RetryAfterLayer};
+use tollgate::client::{ClientError, HonourLimitsLayer, Pacing, Retry, RetryAfterLayer};
 use tollgate::key::Global;
 use tollgate::{Quota, RateLimitLayer, Rule};
 use tower::{Layer, Service, ServiceExt};
@@ -797,4 +797,106 @@ async fn the_waits_remembered_are_bounded_and_the_latest_kept() {
     // Those forgotten are the waits that end first: the latest are all there.
     assert!(remembered.windows(2).all(|w| w[1] == w[0] + 1));
     assert_eq!(remembered.last(), Some(&(targets - 1)));
+}
+
+/// A clock that follows tokio's (paused) time, so that the server's budget and the client's
+/// pace agree.
+#[derive(Clone)]
+struct TokioClock(tokio::time::Instant);
+
+impl tollgate::clock::Clock for TokioClock {
+    fn now_micros(&self) -> u64 {
+        1_000_000_000 + self.0.elapsed().as_micros() as u64
+    }
+}
+
+/// A server in process on tokio's clock: 100 a minute, all clients on one key.
+fn hundred_a_minute() -> Router {
+    let store = tollgate::store::MemoryStore::builder()
+        .clock(TokioClock(tokio::time::Instant::now()))
+        .build()
+        .unwrap();
+    Router::new().route("/", get(|| async { "ok" })).layer(
+        RateLimitLayer::builder()
+            .rule(Rule::new("api", Quota::per_minute(100)).key(Global))
+            .store(store)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A client loop of `calls` calls through `layer` over `app`: a call not sent waits what its
+/// `Throttled` says and goes again. The 429s it received.
+async fn client_loop(app: Router, layer: HonourLimitsLayer, calls: usize) -> usize {
+    let mut client = layer.layer(app);
+    let (mut done, mut denied) = (0, 0);
+    while done < calls {
+        let request = Request::get("/").body(axum::body::Body::empty()).unwrap();
+        let ready = ServiceExt::<Request<axum::body::Body>>::ready(&mut client)
+            .await
+            .unwrap();
+        match ready.call(request).await {
+            Ok(response) => {
+                done += 1;
+                if response.status() == StatusCode::TOO_MANY_REQUESTS {
+                    denied += 1;
+                }
+                let _ = response.into_body().collect().await;
+            }
+            Err(ClientError::Throttled(throttled)) => tokio::time::sleep(throttled.wait()).await,
+            Err(ClientError::Inner(error)) => panic!("{error}"),
+        }
+    }
+    denied
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_paced_client_sends_a_thousand_calls_without_a_429_near_the_ideal_time() {
+    let start = tokio::time::Instant::now();
+    let denied = client_loop(
+        hundred_a_minute(),
+        HonourLimitsLayer::new().pace(Pacing::new()),
+        1000,
+    )
+    .await;
+    let took = start.elapsed();
+    // The burst of 100 at once, then one every 0.6 s: (1,000 - 100) × 0.6 s.
+    let ideal = Duration::from_secs(540);
+    eprintln!("1,000 paced calls: {denied} 429s, {took:?} (ideal {ideal:?})");
+    assert_eq!(denied, 0, "no call denied");
+    assert!(took >= ideal, "{took:?}: never faster than the budget");
+    assert!(
+        took <= ideal.mul_f64(1.1),
+        "{took:?}: within 1.1 × {ideal:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_paced_clients_sharing_a_key_get_far_fewer_429s_than_unpaced_ones() {
+    let app = hundred_a_minute();
+    let run = |pacing: Option<Pacing>| {
+        let app = app.clone();
+        async move {
+            let clients: Vec<_> = (0..10)
+                .map(|_| {
+                    let layer = match pacing {
+                        Some(pacing) => HonourLimitsLayer::new().pace(pacing),
+                        None => HonourLimitsLayer::new(),
+                    };
+                    tokio::spawn(client_loop(app.clone(), layer, 100))
+                })
+                .collect();
+            let mut denied = 0;
+            for client in clients {
+                denied += client.await.unwrap();
+            }
+            denied
+        }
+    };
+    let unpaced = run(None).await;
+    // A new minute's budget for the paced ones.
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let paced = run(Some(Pacing::new())).await;
+    eprintln!("10 clients × 100 calls on one key: {unpaced} 429s unpaced, {paced} paced");
+    assert!(paced * 4 < unpaced, "{paced} 429s paced, {unpaced} unpaced");
 }

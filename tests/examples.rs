@@ -395,6 +395,7 @@ fn the_client_example_waits_out_the_servers_delays_instead_of_hammering_it() {
     let printed = String::from_utf8(output.stdout).unwrap();
     assert!(output.status.success(), "{printed}");
     // 3 per 3 s: the calls past the third wait for their unit; the server denies none.
+    assert!(printed.contains("the client received 0 429s"), "{printed}");
     assert!(
         printed.contains("the server served 5 and denied 0"),
         "{printed}"

@@ -31,6 +31,46 @@
 //!
 //! Both work against any server that sends these fields, not only tollgate's.
 //!
+//! # Pacing
+//!
+//! Told when to wait, a client still sends as fast as it can until it is denied. With
+//! [`Pacing`] (`HonourLimitsLayer::new().pace(Pacing::new())`, or
+//! `Retry::new().pace(Pacing::new())`), a layer also spreads its calls to fit the budget the
+//! server announces, and is seldom denied at all:
+//!
+//! ```
+//! use tollgate::client::{HonourLimitsLayer, Pacing, Retry, RetryAfterLayer};
+//!
+//! // A call that comes before its turn fails at once with `Throttled` (`is_paced()`), whose
+//! // `wait()` is the time to its turn: sleep it and call again.
+//! let fail_fast = HonourLimitsLayer::new().pace(Pacing::new());
+//! // Waits for its turn, then sends.
+//! let patient = RetryAfterLayer::new(Retry::new().pace(Pacing::new()));
+//! # let _ = (fail_fast, patient);
+//! ```
+//!
+//! * **A token bucket per policy**, shaped by each answer: `r` units now (`RateLimit`), coming
+//!   back at the policy's rate, `q` per `w` seconds (`RateLimit-Policy`; `r` per `t` without
+//!   one). A call paying a policy (a target whose answers named it) goes at once while a unit
+//!   is left, else waits for the next; a newer answer sets the units again (an older one, to a
+//!   call sent before, cannot). Against "100 a minute", a loop of 1,000 calls sends 100 at
+//!   once, then one every 0.6 s: no 429, in 540 s, the least the budget allows
+//!   (`tests/client.rs`).
+//! * **The time to the next unit** replaces a spent policy's wait where that wait is only `t`
+//!   rounded up to the second (`t` at most `w / q`, rounded up): `"api";r=0;t=1` under
+//!   `q=100;w=60` waits 0.6 s, not a second. A refusal's wait, and a longer `t` (a fixed
+//!   window's end), stand.
+//! * **Jitter**: up to 10 % of each delay ([`Pacing::jitter`]), so that clients told the same
+//!   budget do not come back at the same instant. A call waits at most
+//!   [`Pacing::max_delay`] (30 s) at a time.
+//! * **Clients that share a key** see the same `r` and cannot see each other. Each takes the
+//!   share of the budget its own calls are of what the budget lost between two of its answers,
+//!   and halves it on a refusal. Ten clients on one key of 100 a minute, 100 calls each:
+//!   81 refusals paced, 735 without pacing (`tests/client.rs`). What still limits them: a
+//!   client learns of the others only from its answers, so the first burst (each sees `r`
+//!   units and takes them) and every change in how many there are cost refusals, and a client
+//!   alone after the others left regains its rate over a few calls.
+//!
 //! # What a wait covers
 //!
 //! A wait covers what the server said it covers, no more:
@@ -68,6 +108,7 @@
 //! teaches the client again.
 
 mod body;
+mod pacing;
 mod retry;
 mod signals;
 
@@ -80,7 +121,9 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -89,6 +132,8 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 pub use body::ClientBody;
+use pacing::Paces;
+pub use pacing::Pacing;
 pub use retry::{Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
 use signals::Word;
@@ -132,6 +177,10 @@ pub(crate) struct Waits {
     numbers: AtomicU64,
     /// The keys of the hashes targets and policies are remembered by.
     keys: [RandomState; 2],
+    /// The budgets calls are paced to, with pacing.
+    pace: Option<Paces>,
+    /// Jitter draws: a counter hashed with the first key.
+    draws: AtomicU64,
 }
 
 /// A request's target, by hash, and its server's (for the policies it names).
@@ -142,6 +191,14 @@ pub(crate) struct Target {
 }
 
 impl Waits {
+    /// Waits that also pace calls as `pacing` says.
+    pub(crate) fn pacing(pacing: Option<Pacing>) -> Self {
+        Waits {
+            pace: pacing.map(Paces::new),
+            ..Waits::default()
+        }
+    }
+
     fn hash(&self, value: impl Hash) -> u128 {
         let [a, b] = &self.keys;
         (u128::from(a.hash_one(&value)) << 64) | u128::from(b.hash_one(&value))
@@ -177,6 +234,90 @@ impl Waits {
         }
         let left = until?.checked_duration_since(Instant::now())?;
         (!left.is_zero()).then_some(left)
+    }
+
+    /// With pacing, the delay before a call to `target` may be sent, jitter included; `None`
+    /// when it may go now (it then takes its units of the budgets it pays).
+    pub(crate) fn paced(&self, target: Target) -> Option<Duration> {
+        let paces = self.pace.as_ref()?;
+        let policies = {
+            let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            state.targets.get(&target.id)?.policies.clone()
+        };
+        let number = self.numbers.load(Ordering::SeqCst);
+        let unit = {
+            let draw = self.draws.fetch_add(1, Ordering::Relaxed);
+            (self.keys[0].hash_one(draw) >> 11) as f64 / (1u64 << 53) as f64
+        };
+        paces.delay(&policies, number, unit)
+    }
+
+    /// With pacing, learns the budgets an answer to call `sent` to `target` announces, and
+    /// turns a spent policy's wait into a pace where the wait is only the time to its next unit
+    /// (`t` rounded up to the second, no more than `w / q`): the pace knows it to the
+    /// millisecond. A refusal's own wait stays.
+    fn learn_budgets(
+        &self,
+        target: Target,
+        sent: u64,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        policies: &mut [(&str, Word)],
+    ) {
+        let Some(paces) = &self.pace else {
+            return;
+        };
+        let refused = status == http::StatusCode::TOO_MANY_REQUESTS
+            || status == http::StatusCode::SERVICE_UNAVAILABLE
+            || headers
+                .get("grpc-status")
+                .is_some_and(|s| s == "8" || s == "14");
+        let mut budgets: SmallVec<[(&str, signals::Numbers); 2]> = SmallVec::new();
+        for (field, budget) in [("ratelimit-policy", false), ("ratelimit", true)] {
+            for value in headers
+                .get_all(field)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+            {
+                for (name, numbers) in signals::items(value) {
+                    let at = match budgets.iter().position(|(n, _)| *n == name) {
+                        Some(at) => at,
+                        None if budgets.len() < MAX_NAMES => {
+                            budgets.push((name, signals::Numbers::default()));
+                            budgets.len() - 1
+                        }
+                        None => continue,
+                    };
+                    let known = &mut budgets[at].1;
+                    if budget {
+                        (known.r, known.t) = (numbers.r, numbers.t);
+                    } else {
+                        (known.q, known.w) = (numbers.q, numbers.w);
+                    }
+                }
+            }
+        }
+        for (name, numbers) in &budgets {
+            paces.learn(
+                self.hash((2u8, target.server, *name)),
+                sent,
+                refused,
+                *numbers,
+            );
+        }
+        if refused {
+            return;
+        }
+        for (name, word) in policies.iter_mut() {
+            let Word::Wait(wait) = *word else { continue };
+            let next_unit = budgets.iter().find(|(n, _)| n == name).and_then(|(_, b)| {
+                let (q, w) = (b.q?, b.w?);
+                (q > 0).then(|| w.div_ceil(q))
+            });
+            if next_unit.is_some_and(|seconds| wait.as_secs() <= seconds.max(1)) {
+                *word = Word::Go;
+            }
+        }
     }
 
     /// Learns what the answer to a request sent as number `sent` to `target` says: of the
@@ -308,10 +449,12 @@ fn is_grpc<B>(request: &Request<B>) -> bool {
     crate::wire::is_grpc(request.headers())
 }
 
-/// A call not sent: the server asked to wait, and the wait is not over.
+/// A call not sent: the server asked to wait, and the wait is not over (or, with
+/// [`Pacing`], the call's turn has not come).
 #[derive(Debug)]
 pub struct Throttled {
     wait: Duration,
+    paced: bool,
     /// For a gRPC call: the status a tonic client reads from this error's source.
     #[cfg(feature = "tonic")]
     status: Option<tonic::Status>,
@@ -323,6 +466,7 @@ impl Throttled {
         let _ = grpc;
         Throttled {
             wait,
+            paced: false,
             #[cfg(feature = "tonic")]
             status: grpc.then(|| {
                 tonic::Status::resource_exhausted(format!(
@@ -333,19 +477,41 @@ impl Throttled {
         }
     }
 
-    /// How long the server's wait has left.
+    /// A call whose turn comes in `wait`, by [`Pacing`].
+    pub(crate) fn paced(wait: Duration, grpc: bool) -> Self {
+        Throttled {
+            paced: true,
+            ..Throttled::new(wait, grpc)
+        }
+    }
+
+    /// How long the server's wait has left (or, with [`Pacing`], until the call's turn).
     pub fn wait(&self) -> Duration {
         self.wait
+    }
+
+    /// Whether the call was held back by [`Pacing`] (its turn has not come) rather than by a
+    /// wait the server asked for.
+    pub fn is_paced(&self) -> bool {
+        self.paced
     }
 }
 
 impl fmt::Display for Throttled {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "not sent: the server asked to wait, {} ms more",
-            self.wait.as_millis()
-        )
+        if self.paced {
+            write!(
+                f,
+                "not sent: paced to the server's budget, its turn in {} ms",
+                self.wait.as_millis()
+            )
+        } else {
+            write!(
+                f,
+                "not sent: the server asked to wait, {} ms more",
+                self.wait.as_millis()
+            )
+        }
     }
 }
 
@@ -400,6 +566,15 @@ impl HonourLimitsLayer {
     pub fn new() -> Self {
         HonourLimitsLayer::default()
     }
+
+    /// Also paces calls to fit the budgets the server announces: a call that comes before its
+    /// turn fails at once with [`Throttled`], whose [`wait`](Throttled::wait) is the time to
+    /// its turn (see [pacing](self#pacing)).
+    pub fn pace(self, pacing: Pacing) -> Self {
+        HonourLimitsLayer {
+            waits: Arc::new(Waits::pacing(Some(pacing))),
+        }
+    }
 }
 
 impl<S> Layer<S> for HonourLimitsLayer {
@@ -434,10 +609,17 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let target = self.waits.target_of(&request);
-        if let Some(wait) = self.waits.left(target) {
+        let throttled = match self.waits.left(target) {
+            Some(wait) => Some(Throttled::new(wait, is_grpc(&request))),
+            None => self
+                .waits
+                .paced(target)
+                .map(|turn| Throttled::paced(turn, is_grpc(&request))),
+        };
+        if let Some(throttled) = throttled {
             return ResponseFuture {
                 state: State::Throttled {
-                    throttled: Some(Throttled::new(wait, is_grpc(&request))),
+                    throttled: Some(throttled),
                 },
             };
         }
@@ -466,7 +648,10 @@ pub(crate) struct Watch {
 impl Watch {
     /// Learns what the answer's head says; what it says of the call's target.
     pub(crate) fn head<B>(&self, response: &Response<B>) -> Word {
-        let (word, policies) = signals::said_by_head(response.status(), response.headers());
+        let (status, headers) = (response.status(), response.headers());
+        let (word, mut policies) = signals::said_by_head(status, headers);
+        self.waits
+            .learn_budgets(self.target, self.sent, status, headers, &mut policies);
         self.waits.learn(self.target, self.sent, word, &policies);
         word
     }

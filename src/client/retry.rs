@@ -7,13 +7,15 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{ClientBody, ClientError, Throttled, Waits, Watch, Word, is_grpc};
+use super::{ClientBody, ClientError, Pacing, Throttled, Waits, Watch, Word, is_grpc};
 
 /// How a [`RetryAfterLayer`] retries.
 #[derive(Clone, Copy, Debug)]
@@ -24,6 +26,7 @@ pub struct Retry {
     min_jitter: Duration,
     budget_ratio: f64,
     budget_per_second: f64,
+    pacing: Option<Pacing>,
 }
 
 impl Default for Retry {
@@ -44,7 +47,15 @@ impl Retry {
             min_jitter: Duration::from_millis(100),
             budget_ratio: 0.2,
             budget_per_second: 1.0,
+            pacing: None,
         }
+    }
+
+    /// Also paces calls to fit the budgets the server announces: a call waits for its turn
+    /// (see [pacing](super#pacing)) before it is sent.
+    pub fn pace(mut self, pacing: Pacing) -> Self {
+        self.pacing = Some(pacing);
+        self
     }
 
     /// The most retries of one call (0: wait for a known wait, never retry an answer).
@@ -124,7 +135,7 @@ impl RetryAfterLayer {
         RetryAfterLayer {
             shared: Arc::new(RetryState {
                 retry,
-                waits: Arc::new(Waits::default()),
+                waits: Arc::new(Waits::pacing(retry.pacing)),
                 budget: Mutex::new(Budget {
                     tokens: retry.budget_per_second,
                     refilled: Instant::now(),
@@ -236,6 +247,15 @@ where
                         ready = false;
                     }
                     tokio::time::sleep(shared.jittered(left)).await;
+                }
+                // With pacing, the call's turn: waited for (its jitter is in it).
+                if let Some(turn) = shared.waits.paced(target) {
+                    if ready {
+                        inner = inner.clone();
+                        ready = false;
+                    }
+                    tokio::time::sleep(turn).await;
+                    continue;
                 }
                 if !ready {
                     std::future::poll_fn(|cx| inner.poll_ready(cx))

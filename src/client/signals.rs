@@ -137,12 +137,21 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
     unix_seconds(year, month, day, hour, minute, second).map(Duration::from_secs)
 }
 
-/// The policies of a `RateLimit` field, each with what it says: `r=0` and a `t` waits `t`
-/// seconds, `r` above 0 (or `t=0`) has budget now, `r=0` without a `t` says nothing.
+/// The numbers of one item of a `RateLimit` or `RateLimit-Policy` field (draft-11): `r` and `t`,
+/// or `q` and `w`; `None` where absent or not a whole number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Numbers {
+    pub(crate) r: Option<u64>,
+    pub(crate) t: Option<u64>,
+    pub(crate) q: Option<u64>,
+    pub(crate) w: Option<u64>,
+}
+
+/// The named items of a `RateLimit` or `RateLimit-Policy` field, with their numbers.
 ///
 /// A name is an sf-string (its text between the quotes, escapes kept as sent) or a bare token;
 /// an item with no name is skipped.
-pub(crate) fn policies(field: &str) -> impl Iterator<Item = (&str, Word)> {
+pub(crate) fn items(field: &str) -> impl Iterator<Item = (&str, Numbers)> {
     split_list(field).into_iter().filter_map(|item| {
         let item = item.trim_start();
         // Parameters follow the item's name (an sf-string, which may hold `;`).
@@ -157,22 +166,33 @@ pub(crate) fn policies(field: &str) -> impl Iterator<Item = (&str, Word)> {
         if name.is_empty() {
             return None;
         }
-        let (mut remaining, mut window) = (None, None);
+        let mut numbers = Numbers::default();
         for param in params.split(';') {
             let (key, value) = param.split_once('=').unwrap_or((param, ""));
+            let value = value.trim().parse::<u64>().ok();
             match key.trim() {
-                "r" => remaining = value.trim().parse::<u64>().ok(),
-                "t" => window = value.trim().parse::<u64>().ok(),
+                "r" => numbers.r = value,
+                "t" => numbers.t = value,
+                "q" => numbers.q = value,
+                "w" => numbers.w = value,
                 _ => {}
             }
         }
-        let word = match (remaining, window) {
+        Some((name, numbers))
+    })
+}
+
+/// The policies of a `RateLimit` field, each with what it says: `r=0` and a `t` waits `t`
+/// seconds, `r` above 0 (or `t=0`) has budget now, `r=0` without a `t` says nothing.
+pub(crate) fn policies(field: &str) -> impl Iterator<Item = (&str, Word)> {
+    items(field).map(|(name, Numbers { r, t, .. })| {
+        let word = match (r, t) {
             (Some(0), Some(0)) => Word::Go,
             (Some(0), Some(t)) => Word::wait(Some(Duration::from_secs(t))),
             (Some(0), None) | (None, _) => Word::Nothing,
             (Some(_), _) => Word::Go,
         };
-        Some((name, word))
+        (name, word)
     })
 }
 

@@ -303,15 +303,17 @@ struct Measured {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
-        if let Some(m) = &self.measured {
-            if m.gradient.ended(m.entered, m.gradient.now(), m.probe) {
-                #[cfg(feature = "metrics")]
-                {
-                    let (base, recent) = m.gradient.latencies();
-                    crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
-                }
-            }
+        let Some(m) = &self.measured else {
+            return;
+        };
+        let updated = m.gradient.ended(m.entered, m.gradient.now(), m.probe);
+        #[cfg(feature = "metrics")]
+        if updated {
+            let (base, recent) = m.gradient.latencies();
+            crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
         }
+        #[cfg(not(feature = "metrics"))]
+        let _ = updated;
     }
 }
 
