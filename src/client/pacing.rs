@@ -21,6 +21,10 @@ use smallvec::SmallVec;
 
 use super::signals::Numbers;
 
+/// The least rate a budget is paced at: a unit a day, the longest wait a server may announce
+/// (a larger window is a server's mistake, or a hostile one's).
+const LEAST_RATE: f64 = 1.0 / 86_400.0;
+
 /// The least share of a policy's rate a client keeps after refusals (1/64).
 const LEAST_SCALE: f64 = 1.0 / 64.0;
 
@@ -134,7 +138,8 @@ impl Paces {
             }
         }
         if need > 0.0 {
-            let delay = Duration::from_secs_f64(need * (1.0 + self.pacing.jitter * unit));
+            let delay = Duration::try_from_secs_f64(need * (1.0 + self.pacing.jitter * unit))
+                .unwrap_or(self.pacing.max_delay);
             // At least a millisecond: a wait that passes no time would be asked again at once.
             return Some(delay.clamp(Duration::from_millis(1), self.pacing.max_delay));
         }
@@ -158,12 +163,12 @@ impl Paces {
                 q: Some(q),
                 w: Some(w),
                 ..
-            } if q > 0 && w > 0 => Some((q as f64 / w as f64, q as f64)),
+            } if q > 0 && w > 0 => Some(((q as f64 / w as f64).max(LEAST_RATE), q as f64)),
             Numbers {
                 r: Some(r),
                 t: Some(t),
                 ..
-            } if r > 0 && t > 0 => Some((r as f64 / t as f64, r as f64)),
+            } if r > 0 && t > 0 => Some(((r as f64 / t as f64).max(LEAST_RATE), r as f64)),
             _ => None,
         };
         let now = Instant::now();

@@ -235,6 +235,7 @@ impl Gradient {
     }
 
     /// The no-load latency and the latest window's mean, in microseconds (0: not yet).
+    #[cfg_attr(not(any(test, feature = "metrics")), allow(dead_code))]
     pub(crate) fn latencies(&self) -> (u64, u64) {
         (
             self.base.load(Ordering::Acquire),
