@@ -277,6 +277,8 @@ fn holding<B>(
         parts.headers.remove(http::header::CONTENT_LENGTH);
     }
     let metered = meter.map(|meter| MeteredStream::new(meter, &parts.headers));
+    // The inner service answers: the request's latency is the service's, worth learning from.
+    let in_flight = in_flight.map(InFlight::served);
     Response::from_parts(
         parts,
         ResponseBody::holding(body, slots, in_flight, metered),

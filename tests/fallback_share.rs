@@ -145,8 +145,13 @@ async fn three_replicas_keep_the_fleet_to_its_quota_while_redis_is_down_and_shar
         FallbackShare::per_replica().until_counted(4),
     )];
     let mut untold = [app(late.clone(), FallbackShare::default())];
-    assert_eq!(admitted(&mut told, 60).await, 25, "100 / 4");
-    assert_eq!(admitted(&mut untold, 150).await, 100, "the whole quota");
+    // (and what refills meanwhile: a unit every 2.4 s, or 0.6 s)
+    let (by_four, by_one) = (
+        admitted(&mut told, 60).await,
+        admitted(&mut untold, 150).await,
+    );
+    assert!((25..=26).contains(&by_four), "100 / 4: {by_four}");
+    assert!((100..=102).contains(&by_one), "the whole quota: {by_one}");
 
     // Redis is back (empty: it kept nothing on disk): limiting is fleet-wide again.
     let server = RedisServer::start_on(port, &[]).expect("restart on the same port");
@@ -172,8 +177,10 @@ async fn three_replicas_keep_the_fleet_to_its_quota_while_redis_is_down_and_shar
     }
     let fleet_wide = admitted(&mut shared, 300).await;
     eprintln!("Redis back: the fleet admitted {fleet_wide} of 300");
+    // Exactly the budget, unless a check of the 300 still found a connection not yet back
+    // (then the spent local budget refused it).
     assert!(
-        (100..=102).contains(&fleet_wide),
+        (90..=102).contains(&fleet_wide),
         "one budget for the fleet again: {fleet_wide}"
     );
     // The late replica reached Redis too, and is counted.

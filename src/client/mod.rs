@@ -61,12 +61,13 @@
 //!   `q=100;w=60` waits 0.6 s, not a second. A refusal's wait, and a longer `t` (a fixed
 //!   window's end), stand.
 //! * **Jitter**: up to 10 % of each delay ([`Pacing::jitter`]), so that clients told the same
-//!   budget do not come back at the same instant. A call waits at most
-//!   [`Pacing::max_delay`] (30 s) at a time.
+//!   budget do not come back at the same instant. A `RetryAfterLayer` call waits for its turn
+//!   up to [`Pacing::max_delay`] (30 s) and its `max_wait`; a turn further away fails it with
+//!   [`Throttled`] at once.
 //! * **Clients that share a key** see the same `r` and cannot see each other. Each takes the
 //!   share of the budget its own calls are of what the budget lost between two of its answers,
 //!   and halves it on a refusal. Ten clients on one key of 100 a minute, 100 calls each:
-//!   81 refusals paced, 735 without pacing (`tests/client.rs`). What still limits them: a
+//!   78–81 refusals paced (the jitter is random), 735 without pacing (`tests/client.rs`). What still limits them: a
 //!   client learns of the others only from its answers, so the first burst (each sees `r`
 //!   units and takes them) and every change in how many there are cost refusals, and a client
 //!   alone after the others left regains its rate over a few calls.
@@ -236,15 +237,14 @@ impl Waits {
         (!left.is_zero()).then_some(left)
     }
 
-    /// With pacing, the delay before a call to `target` may be sent, jitter included; `None`
-    /// when it may go now (it then takes its units of the budgets it pays).
-    pub(crate) fn paced(&self, target: Target) -> Option<Duration> {
+    /// With pacing, the time until the turn of a call to `target` drawn as `number`, jitter
+    /// included; `None` when it may go now (it then takes its units of the budgets it pays).
+    pub(crate) fn paced(&self, target: Target, number: u64) -> Option<Duration> {
         let paces = self.pace.as_ref()?;
         let policies = {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.targets.get(&target.id)?.policies.clone()
         };
-        let number = self.numbers.load(Ordering::SeqCst);
         let unit = {
             let draw = self.draws.fetch_add(1, Ordering::Relaxed);
             (self.keys[0].hash_one(draw) >> 11) as f64 / (1u64 << 53) as f64
@@ -267,11 +267,9 @@ impl Waits {
         let Some(paces) = &self.pace else {
             return;
         };
+        // Refused by a limit: a 429, or gRPC RESOURCE_EXHAUSTED (a 503 may be an outage).
         let refused = status == http::StatusCode::TOO_MANY_REQUESTS
-            || status == http::StatusCode::SERVICE_UNAVAILABLE
-            || headers
-                .get("grpc-status")
-                .is_some_and(|s| s == "8" || s == "14");
+            || headers.get("grpc-status").is_some_and(|s| s == "8");
         let mut budgets: SmallVec<[(&str, signals::Numbers); 2]> = SmallVec::new();
         for (field, budget) in [("ratelimit-policy", false), ("ratelimit", true)] {
             for value in headers
@@ -310,9 +308,10 @@ impl Waits {
         }
         for (name, word) in policies.iter_mut() {
             let Word::Wait(wait) = *word else { continue };
+            // Only where a pace was made of the policy's quota (`q` and `w` above 0).
             let next_unit = budgets.iter().find(|(n, _)| n == name).and_then(|(_, b)| {
                 let (q, w) = (b.q?, b.w?);
-                (q > 0).then(|| w.div_ceil(q))
+                (q > 0 && w > 0).then(|| w.div_ceil(q))
             });
             if next_unit.is_some_and(|seconds| wait.as_secs() <= seconds.max(1)) {
                 *word = Word::Go;
@@ -569,7 +568,7 @@ impl HonourLimitsLayer {
 
     /// Also paces calls to fit the budgets the server announces: a call that comes before its
     /// turn fails at once with [`Throttled`], whose [`wait`](Throttled::wait) is the time to
-    /// its turn (see [pacing](self#pacing)).
+    /// its turn (see [pacing](crate::client#pacing)).
     pub fn pace(self, pacing: Pacing) -> Self {
         HonourLimitsLayer {
             waits: Arc::new(Waits::pacing(Some(pacing))),
@@ -609,11 +608,12 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let target = self.waits.target_of(&request);
+        let sent = self.waits.sent();
         let throttled = match self.waits.left(target) {
             Some(wait) => Some(Throttled::new(wait, is_grpc(&request))),
             None => self
                 .waits
-                .paced(target)
+                .paced(target, sent)
                 .map(|turn| Throttled::paced(turn, is_grpc(&request))),
         };
         if let Some(throttled) = throttled {
@@ -624,7 +624,7 @@ where
             };
         }
         let watch = Watch {
-            sent: self.waits.sent(),
+            sent,
             waits: self.waits.clone(),
             target,
         };

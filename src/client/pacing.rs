@@ -50,11 +50,18 @@ impl Pacing {
         }
     }
 
-    /// The longest a call waits at once for its turn (default 30 s): a turn further away is
-    /// asked again after that long (the budget has refilled meanwhile).
+    /// The longest a [`RetryAfterLayer`](super::RetryAfterLayer) call waits for its turn
+    /// (default 30 s, and never more than its `Retry::max_wait`): a turn further away fails
+    /// the call with [`Throttled`](super::Throttled) at once, as
+    /// [`HonourLimitsLayer`](super::HonourLimitsLayer) fails any call before its turn.
     pub const fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
+    }
+
+    /// The longest a call waits for its turn.
+    pub(crate) fn longest(&self) -> Duration {
+        self.max_delay
     }
 
     /// A random part added to each delay, up to this fraction of it (default 0.1; 0 to 1), so
@@ -87,6 +94,8 @@ struct Bucket {
     sends: SmallVec<[u64; 8]>,
     /// The latest answer: its `r`, when, and its call's number.
     last: Option<(u64, Instant, u64)>,
+    /// When the share was last halved.
+    halved: Instant,
 }
 
 impl Bucket {
@@ -122,8 +131,8 @@ impl Paces {
     }
 
     /// The delay before a call paying `policies` may be sent (`unit` in `[0, 1)` draws its
-    /// jitter; at most the longest delay), or `None` when it may go now: then it takes a unit
-    /// of each, as call `number`.
+    /// jitter; at least a millisecond, at most a day), or `None` when it may go now: then it
+    /// takes a unit of each, as call `number`.
     pub(crate) fn delay(&self, policies: &[u128], number: u64, unit: f64) -> Option<Duration> {
         if policies.is_empty() {
             return None;
@@ -139,9 +148,9 @@ impl Paces {
         }
         if need > 0.0 {
             let delay = Duration::try_from_secs_f64(need * (1.0 + self.pacing.jitter * unit))
-                .unwrap_or(self.pacing.max_delay);
+                .unwrap_or(super::MAX_ANNOUNCED_WAIT);
             // At least a millisecond: a wait that passes no time would be asked again at once.
-            return Some(delay.clamp(Duration::from_millis(1), self.pacing.max_delay));
+            return Some(delay.clamp(Duration::from_millis(1), super::MAX_ANNOUNCED_WAIT));
         }
         for policy in policies {
             if let Some(bucket) = buckets.get_mut(policy) {
@@ -191,6 +200,7 @@ impl Paces {
                     learned: 0,
                     sends: SmallVec::new(),
                     last: None,
+                    halved: now.checked_sub(Duration::from_secs(86_400)).unwrap_or(now),
                 },
             );
         }
@@ -206,9 +216,15 @@ impl Paces {
                 bucket.cap.max(cap)
             };
         }
-        if refused && sent >= bucket.learned {
+        if refused
+            && sent >= bucket.learned
+            && now.saturating_duration_since(bucket.halved).as_secs_f64()
+                >= 1.0 / (bucket.rate * bucket.scale)
+        {
             // A refusal where this client's pace saw a unit: others spend this budget too.
+            // Once per unit's time at most (calls out together are refused together).
             bucket.scale = (bucket.scale / 2.0).max(LEAST_SCALE);
+            bucket.halved = now;
         }
         if sent < bucket.learned {
             return;
@@ -323,13 +339,15 @@ mod tests {
     }
 
     #[test]
-    fn a_delay_is_at_most_the_longest_and_jitter_adds_up_to_its_fraction() {
-        let paces = Paces::new(Pacing::new().max_delay(Duration::from_secs(1)));
+    fn a_turn_is_told_in_full_and_jitter_adds_up_to_its_fraction() {
+        // One a minute: the next unit in 60 s, told as it is (a `RetryAfterLayer` call fails
+        // on a turn further away than its longest wait; `HonourLimitsLayer` tells it).
+        let paces = Paces::new(Pacing::new().jitter(0.0).max_delay(Duration::from_secs(1)));
         paces.learn(1, 0, false, numbers(0, 60, 1, 60));
-        assert_eq!(
-            paces.delay(&[1], 1, 0.0),
-            Some(Duration::from_secs(1)),
-            "60 s away: asked again after the longest delay"
+        let turn = paces.delay(&[1], 1, 0.0).unwrap();
+        assert!(
+            turn > Duration::from_secs(59) && turn <= Duration::from_secs(60),
+            "{turn:?}"
         );
         let paces = Paces::new(Pacing::new().jitter(0.5));
         paces.learn(1, 0, false, numbers(0, 1, 100, 60));

@@ -52,7 +52,7 @@ impl Retry {
     }
 
     /// Also paces calls to fit the budgets the server announces: a call waits for its turn
-    /// (see [pacing](super#pacing)) before it is sent.
+    /// (see [pacing](crate::client#pacing)) before it is sent.
     pub fn pace(mut self, pacing: Pacing) -> Self {
         self.pacing = Some(pacing);
         self
@@ -98,6 +98,14 @@ impl Retry {
             1.0
         };
         self
+    }
+
+    /// The longest a call waits for its turn, with pacing: the pacing's and `max_wait`, the
+    /// shorter.
+    fn longest_turn(&self) -> Duration {
+        self.pacing
+            .map_or(Duration::ZERO, |p| p.longest())
+            .min(self.max_wait)
     }
 
     /// The jitter window of a delay.
@@ -248,8 +256,13 @@ where
                     }
                     tokio::time::sleep(shared.jittered(left)).await;
                 }
-                // With pacing, the call's turn: waited for (its jitter is in it).
-                if let Some(turn) = shared.waits.paced(target) {
+                // With pacing, the call's turn: waited for (its jitter is in it), unless it is
+                // further away than the call may wait.
+                let sent = shared.waits.sent();
+                if let Some(turn) = shared.waits.paced(target, sent) {
+                    if turn > retry.longest_turn() {
+                        return Err(ClientError::Throttled(Throttled::paced(turn, grpc)));
+                    }
                     if ready {
                         inner = inner.clone();
                         ready = false;
@@ -268,7 +281,7 @@ where
                     shared.sent();
                 }
                 let watch = Watch {
-                    sent: shared.waits.sent(),
+                    sent,
                     waits: shared.waits.clone(),
                     target,
                 };

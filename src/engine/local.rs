@@ -48,7 +48,10 @@ impl Local {
                     let charges: SmallVec<[Charge<'_>; 2]> = charges
                         .iter()
                         .zip(specs)
-                        .map(|(c, rule)| Charge { rule, ..*c })
+                        .map(|(c, rule)| Charge {
+                            rule: within(c, rule),
+                            ..*c
+                        })
                         .collect();
                     store.decide(&charges)
                 }
@@ -72,7 +75,10 @@ impl Local {
                     let charges: SmallVec<[Charge<'_>; 2]> = charges
                         .iter()
                         .zip(specs)
-                        .map(|(c, rule)| Charge { rule, ..*c })
+                        .map(|(c, rule)| Charge {
+                            rule: within(c, rule),
+                            ..*c
+                        })
                         .collect();
                     store.check(&charges)
                 }
@@ -132,5 +138,55 @@ impl Local {
                 .collect()
         };
         f(Some(&specs))
+    }
+}
+
+/// The rule a charge is checked at: its share, unless the charge costs more than the share
+/// holds (a fixed cost or a chunk sized for the whole rule), which the whole rule checks
+/// rather than refuse it for the whole outage.
+fn within<'a>(charge: &Charge<'a>, divided: &'a RuleSpec) -> &'a RuleSpec {
+    if charge.cost > divided.limits().burst {
+        charge.rule
+    } else {
+        divided
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Algorithm;
+    use crate::algorithm::Limits;
+    use crate::key::Key;
+
+    #[test]
+    fn a_share_is_checked_and_a_charge_costlier_than_it_at_the_whole_rule() {
+        let local = Local::new(FallbackShare::per_replica());
+        // 30 a minute, a burst of 30: 10 each on 3 replicas.
+        let rule = RuleSpec::new(
+            "api",
+            Algorithm::TokenBucket,
+            Limits::new(30, 60_000_000, 30).unwrap(),
+        )
+        .unwrap();
+        let key = Key::text("client");
+        let one = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let admitted = (0..20)
+            .filter(|_| local.decide(Some(3), &one).allowed())
+            .count();
+        assert_eq!(admitted, 10, "a third of the burst");
+        // A cost of 12 is more than a share holds: the whole rule decides (its 20 units left
+        // admit it), where the share would refuse it for the whole outage.
+        let other = Key::text("other");
+        let twelve = [Charge {
+            rule: &rule,
+            key: &other,
+            cost: 12,
+        }];
+        assert!(local.decide(Some(3), &twelve).allowed());
     }
 }

@@ -36,12 +36,24 @@ use crate::store::RuleSpec;
 ///   [`until_counted`](Self::until_counted) replicas, 1 by default (the whole quota): set it to
 ///   the size your deployment usually runs at.
 /// * **Bounds**: the count used is kept within [`replicas_between`](Self::replicas_between)
-///   (default 1 to 1,024), so that a heartbeat key written by mistake cannot shrink every
-///   replica's share to nothing.
+///   (default 1 to 1,024). Members no replica could have written (lapsing later than a
+///   heartbeat can set) are dropped; whoever may write the key can still add members, so keep
+///   it to the stores' ACL user.
+/// * **The count is of stores of a prefix**: give each service its own prefix, and each
+///   process one store per prefix.
 /// * **What it does not see**: the count is of replicas that reached Redis in the last three
 ///   heartbeat intervals before the outage. A replica that stopped is counted for up to three
 ///   intervals (the others' shares are smaller meanwhile); one started during the outage is
-///   not counted by the others (the fleet may then admit up to its share more). Local budgets
+///   not counted by the others, and has counted none itself: it takes `1 / until_counted`
+///   (the whole quota by default), so set `until_counted` where autoscaling adds replicas
+///   when latency rises.
+/// * **Small quotas**: a share is at least 1 unit, so a quota smaller than the replicas (1 a
+///   minute over 10) admits up to one per replica; a request that costs more than a share
+///   holds (a fixed cost, a metered chunk) is checked at the whole rule rather than refused
+///   for the whole outage.
+/// * **Even traffic**: the split assumes a client's requests are spread over the replicas (a
+///   round-robin load balancer); a client pinned to one replica (sticky sessions, IP hash) gets
+///   only that replica's share. Local budgets
 ///   start full, so at the start of the outage each replica may admit its share of the burst
 ///   whatever the fleet spent before.
 /// * **Answers** keep the rule's policy (`RateLimit-Policy: "api";q=100;w=60`: the fleet's

@@ -16,8 +16,17 @@ use std::time::Duration;
 
 use crate::ConfigError;
 
-/// The longest a measurement of the no-load latency lasts: past it, the samples taken decide.
+/// The longest a measurement of the no-load latency lasts from its first request: past it, the
+/// samples taken decide.
 const LONGEST_PROBE: Duration = Duration::from_secs(1);
+
+/// A request's latency counts at most this many times the no-load latency.
+const MAX_SAMPLE_TIMES: u64 = 10;
+
+/// The bits of a window's count, and the most its sum of microseconds holds.
+const COUNT_BITS: u32 = 20;
+const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
+const MAX_WINDOW_SUM: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
 /// How a [`Shedding`](super::Shedding) learns its capacity: the settings of its controller.
 ///
@@ -38,11 +47,18 @@ const LONGEST_PROBE: Duration = Duration::from_secs(1);
 ///
 /// **The no-load latency** is measured at the start (the warm-up: the capacity is `min` until
 /// then) and again every [`base_every`](Self::base_every) (30 s): for
-/// [`probe_requests`](Self::probe_requests) requests (50, within a second at most) the capacity
-/// is held at `min`, and the median latency of the requests let in meanwhile is the new base.
+/// [`probe_requests`](Self::probe_requests) requests (50, within a second of the first at
+/// most) the capacity is held at `min`, and the mean latency of the requests let in meanwhile
+/// is the new base. Only requests the inner service answered are measured (not those the
+/// layer refused, nor those whose client left first), and a request counts at most ten times
+/// the base (ten times the median, in a measurement), so that a slow reader or a stream does
+/// not stand for a queue.
 /// Measuring it again keeps the base from creeping up under lasting load (a base read from
 /// queued requests would let the queue grow), and lets it follow a backend whose own latency
-/// changed (a slower dependency). Each measurement costs a fraction of a second at `min`.
+/// changed (a slower dependency). Each measurement holds `low` and `normal` requests at `min`
+/// for as long as the requests in flight take to drain, then up to a second: a few percent of
+/// the time where requests are slow. The gauges have no label: give one process one adaptive
+/// `Shedding` (clones share it).
 ///
 /// **Bounds**: the capacity stays between `min` (default 4; at least 2) and the `Shedding`'s
 /// capacity, its maximum. The priority shares apply to the learned capacity (`low` up to 50 %,
@@ -172,9 +188,10 @@ pub(crate) struct Gradient {
     settings: Adaptive,
     max: usize,
     capacity: AtomicUsize,
-    /// The latencies of the requests that ended in this update's window, and how many.
-    sum: AtomicU64,
-    count: AtomicU64,
+    /// The latencies of the requests that ended in this update's window (µs, each at most
+    /// [`MAX_SAMPLE_TIMES`] the base) in the high 44 bits, how many in the low 20: one word, so
+    /// that a sum is never read without its count.
+    window: AtomicU64,
     /// The most in flight seen in this window.
     peak: AtomicUsize,
     next_update: AtomicU64,
@@ -197,8 +214,7 @@ impl Gradient {
             settings,
             max,
             capacity: AtomicUsize::new(min),
-            sum: AtomicU64::new(0),
-            count: AtomicU64::new(0),
+            window: AtomicU64::new(0),
             peak: AtomicUsize::new(0),
             next_update: AtomicU64::new(0),
             base: AtomicU64::new(0),
@@ -274,8 +290,22 @@ impl Gradient {
                 }
             }
         } else if probe == 0 {
-            self.sum.fetch_add(latency, Ordering::Relaxed);
-            self.count.fetch_add(1, Ordering::Relaxed);
+            // A slow reader, or one stream, counts as a few requests' time at most.
+            let base = self.base.load(Ordering::Acquire);
+            let latency = match base {
+                0 => latency,
+                base => latency.min(base.saturating_mul(MAX_SAMPLE_TIMES)),
+            };
+            let word = (latency.min(MAX_WINDOW_SUM) << COUNT_BITS) | 1;
+            // Past its count's or its sum's room (a million requests, or 200 days, in one
+            // window), a window stops counting.
+            let _ = self
+                .window
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    let (sum, count) = (w >> COUNT_BITS, w & COUNT_MASK);
+                    (count < COUNT_MASK && sum + (word >> COUNT_BITS) <= MAX_WINDOW_SUM)
+                        .then_some(w + word)
+                });
         }
         if now >= self.next_update.load(Ordering::Acquire)
             && !self.updating.swap(true, Ordering::AcqRel)
@@ -291,16 +321,23 @@ impl Gradient {
     /// samples), and the capacity is what it was before (at the warm-up, `min`).
     fn end_probe(&self, p: &mut Probe, now: u64) {
         if !p.samples.is_empty() {
+            // The mean, as the windows are measured, of samples capped as theirs are (at ten
+            // times the median: a straggler does not make the base).
             p.samples.sort_unstable();
-            let median = p.samples[p.samples.len() / 2].max(1);
-            self.base.store(median, Ordering::Release);
+            let cap = p.samples[p.samples.len() / 2]
+                .max(1)
+                .saturating_mul(MAX_SAMPLE_TIMES);
+            let sum: u64 = p.samples.iter().map(|s| (*s).min(cap)).sum();
+            let base = (sum / p.samples.len() as u64).max(1);
+            self.base.store(base, Ordering::Release);
         }
         if p.resume != 0 {
             self.capacity.store(p.resume, Ordering::Release);
         }
         p.samples.clear();
-        self.sum.store(0, Ordering::Relaxed);
-        self.count.store(0, Ordering::Relaxed);
+        p.started = u64::MAX;
+        self.window.store(0, Ordering::Release);
+        self.peak.store(0, Ordering::Release);
         self.next_probe.store(
             now.saturating_add(micros(self.settings.base_every)),
             Ordering::Release,
@@ -329,14 +366,15 @@ impl Gradient {
         if now >= self.next_probe.load(Ordering::Acquire) {
             let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
             p.id += 1;
-            p.started = now;
+            // Its time counts from its first request: those in flight drain first.
+            p.started = u64::MAX;
             p.resume = self.capacity.load(Ordering::Acquire);
             p.samples.clear();
             self.probing.store(p.id, Ordering::Release);
             return;
         }
-        let count = self.count.swap(0, Ordering::AcqRel);
-        let sum = self.sum.swap(0, Ordering::AcqRel);
+        let window = self.window.swap(0, Ordering::AcqRel);
+        let (sum, count) = (window >> COUNT_BITS, window & COUNT_MASK);
         let peak = self.peak.swap(0, Ordering::AcqRel);
         let base = self.base.load(Ordering::Acquire);
         if count == 0 || base == 0 {

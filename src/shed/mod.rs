@@ -271,6 +271,7 @@ impl Shedder {
                 gradient: gradient.clone(),
                 entered: now,
                 probe,
+                served: false,
             }
         });
         Ok(InFlight {
@@ -293,17 +294,31 @@ pub(crate) struct InFlight {
     measured: Option<Measured>,
 }
 
-/// When a request of an adaptive shedder was let in.
+/// When a request of an adaptive shedder was let in, and whether the inner service answered it
+/// (only those are latencies of the service: a request the layer refused, or whose client left
+/// while it was decided, says nothing of the service, and would let any client that is
+/// refused fast teach the shedder a no-load latency of microseconds).
 struct Measured {
     gradient: Arc<Gradient>,
     entered: u64,
     probe: u64,
+    served: bool,
+}
+
+impl InFlight {
+    /// The inner service answered this request: its latency is learned from when it ends.
+    pub(crate) fn served(mut self) -> Self {
+        if let Some(measured) = &mut self.measured {
+            measured.served = true;
+        }
+        self
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
-        let Some(m) = &self.measured else {
+        let Some(m) = self.measured.as_ref().filter(|m| m.served) else {
             return;
         };
         let updated = m.gradient.ended(m.entered, m.gradient.now(), m.probe);
@@ -379,6 +394,24 @@ mod tests {
         assert_eq!(one.in_flight(), 2);
         drop((held, critical));
         assert_eq!(two.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_adaptive_shedder_learns_only_from_requests_the_service_answered() {
+        let shedding = Shedding::new(64).adaptive(Adaptive::new());
+        let shedder = shedding.clone().build().unwrap();
+        // Refused by the layer, or left by their client: their microseconds teach nothing.
+        for _ in 0..200 {
+            drop(shedder.enter(&parts("/")).unwrap());
+        }
+        let gradient = shedding.adaptive.as_ref().unwrap();
+        assert_eq!(gradient.latencies(), (0, 0), "no sample taken");
+        assert_eq!(shedding.capacity_now(), 4, "still measuring");
+        // Answered by the service: its latency is learned.
+        for _ in 0..60 {
+            drop(shedder.enter(&parts("/")).unwrap().served());
+        }
+        assert_ne!(gradient.latencies().0, 0, "the no-load latency measured");
     }
 
     #[test]

@@ -4,11 +4,15 @@
 //! Every store keeps its replica in the sorted set `<prefix>:replicas`, a member per replica
 //! whose score is when it lapses on the server's clock. Once a
 //! [`heartbeat`](crate::store::RedisStoreBuilder::heartbeat) interval (default 1 s) a task of
-//! the store reads the server's `TIME`, then in one pipeline drops the lapsed members, renews its
-//! own for three intervals, and reads how many are left: the replicas alive in the last three
-//! intervals, itself included. The count last read is kept while Redis cannot be asked. Two
-//! replicas that beat at once each write only their own member, so no script is needed (and
-//! the ACL user needs only `+time +zadd +zremrangebyscore +zcard +pexpire`).
+//! the store reads the server's `TIME`, then in one pipeline drops the lapsed members (and any
+//! whose time is further than a replica could have set), renews its own for three intervals,
+//! and reads how many are left: the replicas alive in the last three intervals, itself
+//! included. The count last read is kept while Redis cannot be asked. The ACL user needs
+//! `+time +zadd +zremrangebyscore +zcard +pexpire` on the key.
+//!
+//! It counts the **stores of a prefix**: give each service its own prefix (two services on the
+//! default one count each other's replicas), and each process one store per prefix, its clones
+//! shared by its layers (two stores of one prefix in a process count as two replicas).
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -40,6 +44,9 @@ pub(crate) const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// A member lapses after this many intervals without a beat.
 const LAPSE_AFTER: u32 = 3;
+
+/// The longest a member can live: three of the longest interval (a minute).
+const LONGEST_LAPSE_MS: u64 = 3 * 60_000;
 
 /// This replica among those of its prefix: its member, its interval, and the count last read.
 pub(crate) struct Fleet {
@@ -114,13 +121,20 @@ pub(crate) async fn beat_within(
             .query_async(&mut conn)
             .await
             .map_err(|e| store_error(server, e))?;
-        let now = seconds * 1000 + micros / 1000;
+        let now = seconds.saturating_mul(1000).saturating_add(micros / 1000);
         let lapse = fleet.lapse_ms();
         let (count,): (u64,) = redis::pipe()
             .cmd("ZREMRANGEBYSCORE")
             .arg(&fleet.key)
             .arg("-inf")
             .arg(now)
+            .ignore()
+            // A member no replica could have written (it would lapse after the longest
+            // interval's three): not counted, whoever wrote it.
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&fleet.key)
+            .arg(format!("({}", now.saturating_add(LONGEST_LAPSE_MS)))
+            .arg("+inf")
             .ignore()
             .cmd("ZADD")
             .arg(&fleet.key)

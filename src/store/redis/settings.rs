@@ -61,8 +61,8 @@ macro_rules! settings_setters {
         }
 
         /// How often this replica counts itself among the replicas of its prefix (default 1 s;
-        /// zero turns it off): one small script per interval, off the request path, on a key
-        /// of its own, `<prefix>:replicas`. A replica lapses three intervals after its last
+        /// zero turns it off): `TIME` and a pipeline of four commands per interval, off the
+        /// request path, on a key of its own, `<prefix>:replicas`. A replica lapses three intervals after its last
         /// beat. While Redis is away, the count last read gives each replica its share of a
         /// rule that falls back to the local limiter (see
         /// [`FallbackShare`](crate::FallbackShare)). At least 100 ms, at most a minute.

@@ -396,7 +396,12 @@ impl Transport for Cluster {
             return Err(StoreError::CircuitOpen);
         }
         let budget = self.parts.settings.response_timeout;
-        fleet::beat_within(node.connection(), node.server(), fleet, budget).await
+        let beat = fleet::beat_within(node.connection(), node.server(), fleet, budget).await;
+        if beat.is_err() {
+            // The key's slot may have moved: the next beat asks a fresh slot map.
+            self.refresh_soon();
+        }
+        beat
     }
 
     fn parts(&self) -> &Parts {
