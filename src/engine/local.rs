@@ -39,24 +39,7 @@ impl Local {
     /// of replicas (`counted`); makes the limiter when first needed.
     pub(crate) fn decide(&self, counted: Option<u32>, charges: &[Charge<'_>]) -> Decision {
         let store = self.store.get_or_init(MemoryStore::new);
-        self.with_divided(
-            counted,
-            charges.iter().map(|c| c.rule),
-            |specs| match specs {
-                None => store.decide(charges),
-                Some(specs) => {
-                    let charges: SmallVec<[Charge<'_>; 2]> = charges
-                        .iter()
-                        .zip(specs)
-                        .map(|(c, rule)| Charge {
-                            rule: within(c, rule),
-                            ..*c
-                        })
-                        .collect();
-                    store.decide(&charges)
-                }
-            },
-        )
+        self.with_charges(counted, charges, |charges| store.decide(charges))
     }
 
     /// Checks `charges` on the limiter, if it was made (a metered response's next chunk).
@@ -66,11 +49,21 @@ impl Local {
         charges: &[Charge<'_>],
     ) -> Option<impl Future<Output = Result<Decision, StoreError>> + Send + 'static> {
         let store = self.store.get()?;
-        Some(self.with_divided(
+        Some(self.with_charges(counted, charges, |charges| store.check(charges)))
+    }
+
+    /// Calls `f` with `charges` as this replica checks them (see [`within`]).
+    fn with_charges<R>(
+        &self,
+        counted: Option<u32>,
+        charges: &[Charge<'_>],
+        f: impl FnOnce(&[Charge<'_>]) -> R,
+    ) -> R {
+        self.with_divided(
             counted,
             charges.iter().map(|c| c.rule),
             |specs| match specs {
-                None => store.check(charges),
+                None => f(charges),
                 Some(specs) => {
                     let charges: SmallVec<[Charge<'_>; 2]> = charges
                         .iter()
@@ -80,10 +73,10 @@ impl Local {
                             ..*c
                         })
                         .collect();
-                    store.check(&charges)
+                    f(&charges)
                 }
             },
-        ))
+        )
     }
 
     /// Makes `adjustments` on the limiter, if it was made (settles, slots given back).
