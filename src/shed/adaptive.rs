@@ -263,7 +263,10 @@ impl Gradient {
     /// of the measurement it belongs to (0: none; a request let in while more than `min` were
     /// in flight, a critical one, would measure their queue).
     pub(crate) fn entered(&self, now: u64, in_flight: usize) -> u64 {
-        self.peak.fetch_max(in_flight, Ordering::AcqRel);
+        // Written only when it grows: most requests only read the line.
+        if in_flight > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(in_flight, Ordering::AcqRel);
+        }
         let probe = self.probing.load(Ordering::Acquire);
         if probe != 0 {
             if in_flight > self.settings.min {

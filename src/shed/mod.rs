@@ -207,6 +207,10 @@ impl Shedding {
         }
         Ok(Shedder {
             capacity: self.capacity,
+            fixed: [
+                share(self.capacity, self.low_percent),
+                share(self.capacity, self.normal_percent),
+            ],
             percents: [self.low_percent, self.normal_percent],
             priority: self.priority,
             in_flight: self.in_flight,
@@ -230,7 +234,9 @@ impl fmt::Debug for Shedding {
 pub(crate) struct Shedder {
     /// The most in flight (critical requests may fill it).
     capacity: usize,
-    /// The shares of `low` and `normal` requests, in percent.
+    /// The most in flight `low` and `normal` requests join, of the fixed capacity (made once).
+    fixed: [usize; 2],
+    /// The shares of `low` and `normal` requests, in percent (of a learned capacity).
     percents: [u8; 2],
     priority: PriorityFn,
     in_flight: Arc<AtomicUsize>,
@@ -250,13 +256,10 @@ impl Shedder {
         let priority = (self.priority)(parts);
         let limit = match priority {
             Priority::Critical => self.capacity,
-            class => {
-                let capacity = self
-                    .adaptive
-                    .as_ref()
-                    .map_or(self.capacity, |gradient| gradient.capacity());
-                share(capacity, self.percents[class as usize])
-            }
+            class => match &self.adaptive {
+                None => self.fixed[class as usize],
+                Some(gradient) => share(gradient.capacity(), self.percents[class as usize]),
+            },
         };
         let before = self
             .in_flight
