@@ -180,8 +180,24 @@ pub(crate) struct Waits {
     keys: [RandomState; 2],
     /// The budgets calls are paced to, with pacing.
     pace: Option<Paces>,
-    /// Jitter draws: a counter hashed with the first key.
-    draws: AtomicU64,
+    /// Jitter for paced calls.
+    draws: Draws,
+}
+
+/// Uniform draws in `[0, 1)` for jitter: a counter hashed with the process's random keys (no
+/// random-number crate needed; the draws need only not align between clients).
+#[derive(Debug, Default)]
+pub(crate) struct Draws {
+    random: RandomState,
+    count: AtomicU64,
+}
+
+impl Draws {
+    /// The next draw.
+    pub(crate) fn unit(&self) -> f64 {
+        let draw = self.count.fetch_add(1, Ordering::Relaxed);
+        (self.random.hash_one(draw) >> 11) as f64 / (1u64 << 53) as f64
+    }
 }
 
 /// A request's target, by hash, and its server's (for the policies it names).
@@ -245,11 +261,7 @@ impl Waits {
             let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
             state.targets.get(&target.id)?.policies.clone()
         };
-        let unit = {
-            let draw = self.draws.fetch_add(1, Ordering::Relaxed);
-            (self.keys[0].hash_one(draw) >> 11) as f64 / (1u64 << 53) as f64
-        };
-        paces.delay(&policies, number, unit)
+        paces.delay(&policies, number, self.draws.unit())
     }
 
     /// With pacing, learns the budgets an answer to call `sent` to `target` announces, and

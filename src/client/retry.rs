@@ -2,9 +2,7 @@
 //! budget.
 
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -15,7 +13,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{ClientBody, ClientError, Pacing, Throttled, Waits, Watch, Word, is_grpc};
+use super::{ClientBody, ClientError, Draws, Pacing, Throttled, Waits, Watch, Word, is_grpc};
 
 /// How a [`RetryAfterLayer`] retries.
 #[derive(Clone, Copy, Debug)]
@@ -132,9 +130,8 @@ struct RetryState {
     retry: Retry,
     waits: Arc<Waits>,
     budget: Mutex<Budget>,
-    /// Jitter draws: a counter hashed with the process's random keys.
-    draws: AtomicU64,
-    random: std::collections::hash_map::RandomState,
+    /// Jitter draws.
+    draws: Draws,
 }
 
 impl RetryAfterLayer {
@@ -148,8 +145,7 @@ impl RetryAfterLayer {
                     tokens: retry.budget_per_second,
                     refilled: Instant::now(),
                 }),
-                draws: AtomicU64::new(0),
-                random: Default::default(),
+                draws: Draws::default(),
             }),
         }
     }
@@ -197,10 +193,7 @@ impl RetryState {
 
     /// The delay plus a uniform random part of its jitter window.
     fn jittered(&self, delay: Duration) -> Duration {
-        let mut hasher = self.random.build_hasher();
-        hasher.write_u64(self.draws.fetch_add(1, Ordering::Relaxed));
-        let unit = (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64;
-        delay + self.retry.window(delay).mul_f64(unit)
+        delay + self.retry.window(delay).mul_f64(self.draws.unit())
     }
 }
 
