@@ -6,11 +6,14 @@
 //! ```text
 //! cargo bench --bench shedding
 //! SHED_PHASE_SECONDS=10 cargo bench --bench shedding
+//! SHED_WORK_SPREAD_MS=0 cargo bench --bench shedding   # every request exactly 10 ms
 //! ```
 //!
-//! The server (axum, on its own thread) has 16 workers, each taking 10 ms per request (a
-//! semaphore and a sleep): it serves at most 1,600 requests a second, and a request that waits
-//! for a worker waits in its handler. Each configuration runs three phases of
+//! The server (axum, on its own thread) has 16 workers, each taking 10 ms per request on
+//! average (a semaphore and a sleep of 8 to 12 ms, `SHED_WORK_SPREAD_MS` = 2): it serves at
+//! most 1,600 requests a second, and a request that waits for a worker waits in its handler.
+//! Work that always takes the same time makes the workers move in lock-step on the timer's
+//! millisecond, so that any request that waits waits a whole request: no backend does that. Each configuration runs three phases of
 //! `SHED_PHASE_SECONDS` (default 6): 16 workers, then 8 (800 a second: half the permits are
 //! taken away), then 16 again. The clients, on loopback only, keep 64 `low`, 32 `normal` and 4
 //! `critical` requests in flight (closed loops, one connection each, a shed client trying again
@@ -41,6 +44,7 @@ use tollgate::key::Global;
 use tollgate::{Adaptive, Priority, Quota, RateLimitLayer, Rule, Shedding};
 
 const WORKERS: usize = 16;
+/// A request's work: 10 ms on average, each within `SHED_WORK_SPREAD_MS` of it.
 const WORK: Duration = Duration::from_millis(10);
 /// How long a shed client waits before it tries again.
 const BACK_OFF: Duration = Duration::from_millis(20);
@@ -80,8 +84,19 @@ impl Backend {
     }
 }
 
-fn app(shedding: Option<Shedding>, backend: &Backend) -> Router {
+/// The work of the `n`th request: `WORK` ± `spread_ms`, spread evenly (splitmix64 of `n`).
+fn work(n: u64, spread_ms: u64) -> Duration {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    let spread = z % (2 * spread_ms + 1);
+    WORK + Duration::from_millis(spread) - Duration::from_millis(spread_ms)
+}
+
+fn app(shedding: Option<Shedding>, backend: &Backend, spread_ms: u64) -> Router {
     let workers = backend.workers.clone();
+    let requests = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut limits = RateLimitLayer::builder()
         .rule(Rule::new("api", Quota::per_second(1_000_000).burst(1_000_000_000)).key(Global));
     if let Some(shedding) = shedding {
@@ -98,9 +113,10 @@ fn app(shedding: Option<Shedding>, backend: &Backend) -> Router {
             "/",
             get(move || {
                 let workers = workers.clone();
+                let n = requests.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 async move {
                     let _worker = workers.acquire().await.expect("open");
-                    tokio::time::sleep(WORK).await;
+                    tokio::time::sleep(work(n, spread_ms)).await;
                     "done"
                 }
             }),
@@ -152,6 +168,9 @@ struct Figures {
     other: u64,
     /// Latencies of served requests, in µs.
     latencies: Vec<u64>,
+    /// Those of the requests sent after the phase's first second: the level it settled at,
+    /// without the change that began it.
+    settled: Vec<u64>,
 }
 
 impl Figures {
@@ -160,16 +179,26 @@ impl Figures {
         self.shed += other.shed;
         self.other += other.other;
         self.latencies.extend_from_slice(&other.latencies);
+        self.settled.extend_from_slice(&other.settled);
     }
 
     fn percentile(&mut self, p: f64) -> f64 {
-        if self.latencies.is_empty() {
-            return f64::NAN;
-        }
-        self.latencies.sort_unstable();
-        let i = ((self.latencies.len() as f64 * p).ceil() as usize).clamp(1, self.latencies.len());
-        self.latencies[i - 1] as f64 / 1000.0
+        percentile(&mut self.latencies, p)
     }
+
+    fn settled_percentile(&mut self, p: f64) -> f64 {
+        percentile(&mut self.settled, p)
+    }
+}
+
+/// The `p` quantile of `latencies` (µs), in ms.
+fn percentile(latencies: &mut [u64], p: f64) -> f64 {
+    if latencies.is_empty() {
+        return f64::NAN;
+    }
+    latencies.sort_unstable();
+    let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len());
+    latencies[i - 1] as f64 / 1000.0
 }
 
 /// Runs `classes` of clients against `addr` through the phases, moving the backend's workers
@@ -200,8 +229,9 @@ async fn drive(
                             .body(Empty::new())
                             .expect("request");
                         let sent = Instant::now();
-                        let at = (((sent - start).as_secs_f64() / phase.as_secs_f64()) as usize)
-                            .min(phases - 1);
+                        let into = (sent - start).as_secs_f64() / phase.as_secs_f64();
+                        let at = (into as usize).min(phases - 1);
+                        let settled = (into - at as f64) * phase.as_secs_f64() >= 1.0;
                         let f = &mut figures[at];
                         let Ok(response) = client.request(request).await else {
                             f.other += 1;
@@ -212,7 +242,11 @@ async fn drive(
                         match status.as_u16() {
                             200 => {
                                 f.served += 1;
-                                f.latencies.push(sent.elapsed().as_micros() as u64);
+                                let latency = sent.elapsed().as_micros() as u64;
+                                f.latencies.push(latency);
+                                if settled {
+                                    f.settled.push(latency);
+                                }
                             }
                             503 => {
                                 f.shed += 1;
@@ -287,13 +321,18 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(6.0);
     let phase = Duration::from_secs_f64(phase_seconds);
+    let spread_ms: u64 = std::env::var("SHED_WORK_SPREAD_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2)
+        .min(WORK.as_millis() as u64 - 1);
     let clients = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
     println!(
-        "capacity: {WORKERS} workers × {} ms per request = {} requests/s, then {} workers, then \
-         {WORKERS}; clients in flight: low 64, normal 32, critical 4, a shed one back after {} \
+        "capacity: {WORKERS} workers × {} ms per request (± {spread_ms} ms) = {} requests/s, then \
+         {} workers, then {WORKERS}; clients in flight: low 64, normal 32, critical 4, a shed one back after {} \
          ms; {phase_seconds} s per phase",
         WORK.as_millis(),
         WORKERS as u128 * 1000 / WORK.as_millis(),
@@ -303,7 +342,7 @@ fn main() {
 
     // The reference: a server below its capacity.
     let backend = Backend::new();
-    let (addr, stop, thread) = serve(app(None, &backend));
+    let (addr, stop, thread) = serve(app(None, &backend, spread_ms));
     let mut reference =
         clients.block_on(drive(addr, &[("normal", 8)], &[WORKERS], phase, &backend));
     let _ = stop.send(());
@@ -335,7 +374,7 @@ fn main() {
     let mut summary = Vec::new();
     for (name, shedding) in configurations {
         let backend = Backend::new();
-        let (addr, stop, thread) = serve(app(shedding.clone(), &backend));
+        let (addr, stop, thread) = serve(app(shedding.clone(), &backend, spread_ms));
         let sampler = shedding.clone().map(|s| {
             let until = Instant::now() + phase * 3;
             clients.spawn(sample(s, until))
@@ -378,41 +417,49 @@ fn main() {
             }
             let p99 = all.percentile(0.99);
             goodput.push(p99 / ref_p99);
+            goodput.push(all.settled_percentile(0.99) / ref_p99);
         }
         summary.push((name, goodput, critical_shed, samples));
     }
     // The backend's capacity as measured: what no shedding served in each phase, every worker
     // busy all the time (sleeps round up to the timer's millisecond, so a worker takes a little
     // more than its 10 ms).
-    let measured: Vec<f64> = summary[0].1.iter().step_by(2).copied().collect();
+    let measured: Vec<f64> = summary[0].1.iter().step_by(3).copied().collect();
     println!();
     println!(
-        "| configuration | goodput per phase, % of the nominal capacity (16 / 8 / 16 workers) | % of the measured capacity (what no shedding served) | p99 of all served / uncongested, per phase | critical shed |"
+        "| configuration | goodput per phase, % of the nominal capacity (16 / 8 / 16 workers) | % of the measured capacity (what no shedding served) | p99 of all served / uncongested, per phase | the same after each phase's first second | critical shed |"
     );
-    println!("|---|---|---|---|---:|");
+    println!("|---|---|---|---|---|---:|");
     for (name, figures, critical_shed, _) in &summary {
         let goodput: Vec<String> = figures
             .iter()
-            .step_by(2)
+            .step_by(3)
             .map(|g| format!("{g:.1} %"))
             .collect();
         let of_measured: Vec<String> = figures
             .iter()
-            .step_by(2)
+            .step_by(3)
             .zip(&measured)
             .map(|(g, m)| format!("{:.1} %", g / m * 100.0))
             .collect();
         let p99: Vec<String> = figures
             .iter()
             .skip(1)
-            .step_by(2)
+            .step_by(3)
+            .map(|r| format!("{r:.2}×"))
+            .collect();
+        let settled: Vec<String> = figures
+            .iter()
+            .skip(2)
+            .step_by(3)
             .map(|r| format!("{r:.2}×"))
             .collect();
         println!(
-            "| {name} | {} | {} | {} | {critical_shed} |",
+            "| {name} | {} | {} | {} | {} | {critical_shed} |",
             goodput.join(" / "),
             of_measured.join(" / "),
-            p99.join(" / ")
+            p99.join(" / "),
+            settled.join(" / ")
         );
     }
     for (name, _, _, samples) in &summary {

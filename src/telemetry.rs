@@ -200,7 +200,7 @@ pub(crate) fn describe() {
             "tollgate_shed_latency_seconds",
             Unit::Seconds,
             "An adaptive load shedder's latency estimates: the no-load latency (estimate=base) and \
-             the latest window's mean (estimate=recent)."
+             the latest window's (estimate=recent), both their 90th percentile."
         );
         describe_counter!(
             "tollgate_decision_events_dropped_total",

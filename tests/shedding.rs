@@ -385,8 +385,10 @@ async fn an_adaptive_capacity_falls_when_the_backend_slows_and_sheds_low_request
     let taken = workers.clone().acquire_many_owned(8).await.unwrap();
     let after = load(&app, tokio::time::Instant::now() + Duration::from_secs(5)).await;
     let eight = shedding.capacity_now();
+    // Near the workers: in paused time every request takes exactly 10 ms, and the workers
+    // move in lock-step, so that any queue shows at once in the 90th percentile.
     assert!(
-        (9..=sixteen * 3 / 4).contains(&eight),
+        (6..=sixteen * 3 / 4).contains(&eight),
         "learned {eight} for 8 workers, {sixteen} for 16"
     );
     drop(taken);

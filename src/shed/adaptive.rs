@@ -14,45 +14,50 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use super::latencies::Latencies;
 use crate::ConfigError;
 
 /// The longest a measurement of the no-load latency lasts from its first request: past it, the
 /// samples taken decide.
 const LONGEST_PROBE: Duration = Duration::from_secs(1);
 
-/// A request's latency counts at most this many times the no-load latency.
-const MAX_SAMPLE_TIMES: u64 = 10;
+/// The latency a window and a measurement are summed up by: their 90th percentile.
+const QUANTILE: f64 = 0.9;
 
-/// The bits of a window's count, and the most its sum of microseconds holds.
-const COUNT_BITS: u32 = 20;
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-const MAX_WINDOW_SUM: u64 = (1 << (64 - COUNT_BITS)) - 1;
+/// The fewest latencies an update judges: a quieter window waits for more.
+const MIN_WINDOW: u64 = 10;
 
 /// How a [`Shedding`](super::Shedding) learns its capacity: the settings of its controller.
 ///
-/// Every [`update_every`](Self::update_every) (100 ms), the controller compares the mean
-/// latency of the requests that ended meanwhile (`sample`) with the no-load latency (`base`):
+/// Every [`update_every`](Self::update_every) (50 ms), the controller compares the 90th
+/// percentile latency of the requests that ended meanwhile (`sample`, once at least ten have)
+/// with the no-load latency (`base`, the same percentile):
 ///
 /// ```text
 /// gradient  = clamp(base × (1 + tolerance) / sample, 0.5, 2)
-/// capacity' = clamp(gradient × capacity + √(gradient × capacity), min, max)
+/// capacity' = clamp(gradient × capacity, min, max)   (at least one more when gradient > 1)
 /// ```
 ///
 /// While latency stays within the tolerance of its no-load level (25 %), the capacity grows
-/// (by its square root at least: the queue a backend can take without waiting); when requests
-/// queue and latency rises, it falls in proportion. A backend of `W` workers each taking `s`
-/// settles near `1.25 W + √(1.25 W)` in flight, and latency near `1.25 s` to `1.5 s`: every
-/// worker busy, a short queue. The capacity grows only while at least half of it is in use, so
-/// that a quiet hour does not leave it at its maximum.
+/// by up to that much at each update; when requests queue and latency rises, it falls in
+/// proportion. A backend of `W` workers each taking `s` settles near `1.25 W` in flight, its
+/// 90th percentile near `1.25 s`: every worker busy, a queue of a request for every fourth
+/// worker. The percentile, rather than a mean, is what queued requests move first (a queue
+/// that one request in eight waits in barely moves a mean), and what one slow request does
+/// not move. A fall needs two windows in a row above the tolerance, or one at twice the
+/// tolerated latency (a backend that lost half its workers): one window in many is slow for
+/// reasons of its own (a pause of the process, a neighbour). From the warm-up until latency
+/// first passes the tolerance, the capacity doubles at each update instead (a slow start, as
+/// TCP's). The capacity grows only while at least half of it is in use, so that a quiet hour
+/// does not leave it at its maximum.
 ///
 /// **The no-load latency** is measured at the start (the warm-up: the capacity is `min` until
 /// then) and again every [`base_every`](Self::base_every) (30 s): for
 /// [`probe_requests`](Self::probe_requests) requests (50, within a second of the first at
-/// most) the capacity is held at `min`, and the mean latency of the requests let in meanwhile
-/// is the new base. Only requests the inner service answered are measured (not those the
-/// layer refused, nor those whose client left first), and a request counts at most ten times
-/// the base (ten times the median, in a measurement), so that a slow reader or a stream does
-/// not stand for a queue.
+/// most) the capacity is held at `min`, and the 90th percentile latency of the requests let
+/// in meanwhile is the new base. Only requests the inner service answered are measured (not
+/// those the layer refused, nor those whose client left first); a slow reader or a stream is
+/// one request among many, which a percentile does not follow.
 /// Measuring it again keeps the base from creeping up under lasting load (a base read from
 /// queued requests would let the queue grow), and lets it follow a backend whose own latency
 /// changed (a slower dependency). Each measurement holds `low` and `normal` requests at `min`
@@ -84,13 +89,13 @@ impl Default for Adaptive {
 }
 
 impl Adaptive {
-    /// The defaults: at least 4 in flight, a tolerance of 25 %, an update every 100 ms, the
+    /// The defaults: at least 4 in flight, a tolerance of 25 %, an update every 50 ms, the
     /// no-load latency measured every 30 s over 50 requests.
     pub const fn new() -> Self {
         Adaptive {
             min: 4,
             tolerance_percent: 25,
-            update_every: Duration::from_millis(100),
+            update_every: Duration::from_millis(50),
             base_every: Duration::from_secs(30),
             probe_requests: 50,
         }
@@ -110,7 +115,8 @@ impl Adaptive {
         self
     }
 
-    /// How often the capacity is updated (default 100 ms; 10 ms to 10 s).
+    /// How often the capacity is updated (default 50 ms; 10 ms to 10 s). An update waits for
+    /// ten requests to have ended since the last.
     pub const fn update_every(mut self, every: Duration) -> Self {
         self.update_every = every;
         self
@@ -188,14 +194,13 @@ pub(crate) struct Gradient {
     settings: Adaptive,
     max: usize,
     capacity: AtomicUsize,
-    /// The latencies of the requests that ended in this update's window (µs, each at most
-    /// [`MAX_SAMPLE_TIMES`] the base) in the high 44 bits, how many in the low 20: one word, so
-    /// that a sum is never read without its count.
-    window: AtomicU64,
+    /// The latencies of the requests that ended in this update's window (µs).
+    window: Latencies,
     /// The most in flight seen in this window.
     peak: AtomicUsize,
     next_update: AtomicU64,
-    /// The no-load latency (0: not measured yet), and the latest window's mean.
+    /// The no-load latency (0: not measured yet), and the latest window's, both their 90th
+    /// percentile (µs).
     base: AtomicU64,
     recent: AtomicU64,
     /// A measurement of the base is under way: its number, else 0.
@@ -204,6 +209,12 @@ pub(crate) struct Gradient {
     next_probe: AtomicU64,
     /// Whether an update is being made.
     updating: AtomicBool,
+    /// From the warm-up until latency first passes the tolerance, the capacity doubles at each
+    /// update (a slow start, as TCP's): a server that starts under load reaches its level in a
+    /// few updates rather than a few dozen.
+    starting: AtomicBool,
+    /// Whether the last window judged was above the tolerance: a fall needs two in a row.
+    above: AtomicBool,
 }
 
 impl Gradient {
@@ -214,7 +225,7 @@ impl Gradient {
             settings,
             max,
             capacity: AtomicUsize::new(min),
-            window: AtomicU64::new(0),
+            window: Latencies::new(),
             peak: AtomicUsize::new(0),
             next_update: AtomicU64::new(0),
             base: AtomicU64::new(0),
@@ -228,6 +239,8 @@ impl Gradient {
             }),
             next_probe: AtomicU64::new(u64::MAX),
             updating: AtomicBool::new(false),
+            starting: AtomicBool::new(true),
+            above: AtomicBool::new(false),
         }
     }
 
@@ -250,7 +263,7 @@ impl Gradient {
         }
     }
 
-    /// The no-load latency and the latest window's mean, in microseconds (0: not yet).
+    /// The no-load latency and the latest window's, in microseconds (0: not yet).
     #[cfg_attr(not(any(test, feature = "metrics")), allow(dead_code))]
     pub(crate) fn latencies(&self) -> (u64, u64) {
         (
@@ -281,7 +294,7 @@ impl Gradient {
     }
 
     /// A request let in at `entered` (during measurement `probe`, or 0) ended at `now`: whether
-    /// the capacity was updated.
+    /// a window was judged (and the capacity perhaps moved).
     pub(crate) fn ended(&self, entered: u64, now: u64, probe: u64) -> bool {
         let latency = now.saturating_sub(entered);
         if probe != 0 && probe == self.probing.load(Ordering::Acquire) {
@@ -293,53 +306,35 @@ impl Gradient {
                 }
             }
         } else if probe == 0 {
-            // A slow reader, or one stream, counts as a few requests' time at most.
-            let base = self.base.load(Ordering::Acquire);
-            let latency = match base {
-                0 => latency,
-                base => latency.min(base.saturating_mul(MAX_SAMPLE_TIMES)),
-            };
-            let word = (latency.min(MAX_WINDOW_SUM) << COUNT_BITS) | 1;
-            // Past its count's or its sum's room (a million requests, or 200 days, in one
-            // window), a window stops counting.
-            let _ = self
-                .window
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                    let (sum, count) = (w >> COUNT_BITS, w & COUNT_MASK);
-                    (count < COUNT_MASK && sum + (word >> COUNT_BITS) <= MAX_WINDOW_SUM)
-                        .then_some(w + word)
-                });
+            self.window.add(latency);
         }
         if now >= self.next_update.load(Ordering::Acquire)
             && !self.updating.swap(true, Ordering::AcqRel)
         {
-            self.update(now);
+            let judged = self.update(now);
             self.updating.store(false, Ordering::Release);
-            return true;
+            return judged;
         }
         false
     }
 
-    /// Ends the measurement `p` at `now`: its median is the base (or the base stands, without
-    /// samples), and the capacity is what it was before (at the warm-up, `min`).
+    /// Ends the measurement `p` at `now`: its 90th percentile is the base (or the base stands,
+    /// without samples), and the capacity is what it was before (at the warm-up, `min`).
     fn end_probe(&self, p: &mut Probe, now: u64) {
         if !p.samples.is_empty() {
-            // The mean, as the windows are measured, of samples capped as theirs are (at ten
-            // times the median: a straggler does not make the base).
             p.samples.sort_unstable();
-            let cap = p.samples[p.samples.len() / 2]
-                .max(1)
-                .saturating_mul(MAX_SAMPLE_TIMES);
-            let sum: u64 = p.samples.iter().map(|s| (*s).min(cap)).sum();
-            let base = (sum / p.samples.len() as u64).max(1);
-            self.base.store(base, Ordering::Release);
+            let rank =
+                ((p.samples.len() as f64 * QUANTILE).ceil() as usize).clamp(1, p.samples.len());
+            self.base
+                .store(p.samples[rank - 1].max(1), Ordering::Release);
         }
         if p.resume != 0 {
             self.capacity.store(p.resume, Ordering::Release);
         }
         p.samples.clear();
         p.started = u64::MAX;
-        self.window.store(0, Ordering::Release);
+        self.window.clear();
+        self.above.store(false, Ordering::Release);
         self.peak.store(0, Ordering::Release);
         self.next_probe.store(
             now.saturating_add(micros(self.settings.base_every)),
@@ -349,8 +344,8 @@ impl Gradient {
     }
 
     /// The update at `now`: ends a measurement that took too long, starts one that is due, or
-    /// moves the capacity by the gradient of the window's latency.
-    fn update(&self, now: u64) {
+    /// moves the capacity by the gradient of the window's latency (then `true`).
+    fn update(&self, now: u64) -> bool {
         self.next_update.store(
             now.saturating_add(micros(self.settings.update_every)),
             Ordering::Release,
@@ -364,7 +359,7 @@ impl Gradient {
             {
                 self.end_probe(&mut p, now);
             }
-            return;
+            return false;
         }
         if now >= self.next_probe.load(Ordering::Acquire) {
             let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
@@ -374,28 +369,45 @@ impl Gradient {
             p.resume = self.capacity.load(Ordering::Acquire);
             p.samples.clear();
             self.probing.store(p.id, Ordering::Release);
-            return;
+            return false;
         }
-        let window = self.window.swap(0, Ordering::AcqRel);
-        let (sum, count) = (window >> COUNT_BITS, window & COUNT_MASK);
-        let peak = self.peak.swap(0, Ordering::AcqRel);
         let base = self.base.load(Ordering::Acquire);
-        if count == 0 || base == 0 {
-            return;
+        if base == 0 || self.window.count() < MIN_WINDOW {
+            // Too few to judge: the window goes on.
+            return false;
         }
-        let sample = (sum / count).max(1);
+        let (sample, _) = self.window.take(QUANTILE);
+        let sample = sample.max(1);
+        let peak = self.peak.swap(0, Ordering::AcqRel);
         self.recent.store(sample, Ordering::Release);
         let capacity = self.capacity.load(Ordering::Acquire);
         let tolerated = base as f64 * (1.0 + f64::from(self.settings.tolerance_percent) / 100.0);
-        let gradient = (tolerated / sample as f64).clamp(0.5, 2.0);
-        let scaled = gradient * capacity as f64;
-        let mut next = (scaled + scaled.sqrt()).round() as usize;
+        let mut gradient = (tolerated / sample as f64).clamp(0.5, 2.0);
+        // One window in many is slow for reasons of its own (a pause of the process, a
+        // neighbour): a fall needs two in a row above the tolerance, or one at twice the
+        // tolerated latency (a backend that lost half its workers).
+        let was_above = self.above.swap(gradient < 1.0, Ordering::AcqRel);
+        if gradient < 1.0 && gradient > 0.5 && !was_above {
+            gradient = 1.0;
+        }
+        if self.starting.load(Ordering::Acquire) {
+            if sample as f64 > tolerated {
+                self.starting.store(false, Ordering::Release);
+            } else if peak >= capacity.div_ceil(2) {
+                gradient = 2.0;
+            }
+        }
+        let mut next = (gradient * capacity as f64).round() as usize;
+        if gradient > 1.0 {
+            next = next.max(capacity + 1);
+        }
         if next > capacity && peak < capacity.div_ceil(2) {
             // Not in use: no reason to grow.
             next = capacity;
         }
         self.capacity
             .store(next.clamp(self.settings.min, self.max), Ordering::Release);
+        true
     }
 }
 
@@ -414,15 +426,21 @@ mod tests {
         }
     }
 
-    /// Requests of `latency(in flight)`, as many in flight as the capacity allows, for one
-    /// update window and a little more: the capacity after it.
+    /// Requests of `latency(in flight)`, as many in flight as the capacity allows, until an
+    /// update judged them: the capacity after it.
     fn step(g: &Gradient, now: &mut u64, latency: impl Fn(usize) -> u64) -> usize {
-        let until = *now + 110 * MS;
+        let until = *now + 10_000 * MS;
         while *now < until {
             let c = g.capacity();
-            run(g, now, 1, c, latency(c));
+            let probe = g.entered(*now, c);
+            let l = latency(c);
+            let updated = g.ended(*now, *now + l, probe);
+            *now += l / c.max(1) as u64 + 1;
+            if updated {
+                return g.capacity();
+            }
         }
-        g.capacity()
+        panic!("no update in 10 s");
     }
 
     fn warmed(latency: u64) -> (Gradient, u64) {
@@ -430,7 +448,11 @@ mod tests {
         let mut now = 0;
         assert_eq!(g.capacity(), 4, "min until the base is known");
         run(&g, &mut now, 50, 4, latency);
-        assert_eq!(g.latencies().0, latency, "the median of the warm-up");
+        assert_eq!(
+            g.latencies().0,
+            latency,
+            "the 90th percentile of the warm-up"
+        );
         (g, now)
     }
 
@@ -478,10 +500,103 @@ mod tests {
             seen.push(step(&g, &mut now, latency));
         }
         let late = &seen[50..];
+        // Latency at 1.25 times its floor: 10 in flight, a queue of one request for every
+        // fourth worker.
         assert!(
-            late.iter().all(|c| (9..=20).contains(c)),
-            "settled within 9..=20: {late:?}"
+            late.iter().all(|c| (9..=11).contains(c)),
+            "settled within 9..=11: {late:?}"
         );
+    }
+
+    #[test]
+    fn after_the_warm_up_the_capacity_doubles_until_latency_first_rises() {
+        let (g, mut now) = warmed(4 * MS);
+        let seen: Vec<usize> = (0..4).map(|_| step(&g, &mut now, |_| 4 * MS)).collect();
+        assert_eq!(seen, [8, 16, 32, 64], "doubled at each update");
+        // Latency rises: the start is over (the first slow window holds, the second falls),
+        // and the capacity grows by the tolerance from then.
+        assert_eq!(step(&g, &mut now, |_| 8 * MS), 64);
+        let fell = step(&g, &mut now, |_| 8 * MS);
+        assert!(fell < 64, "fell to {fell}");
+        let grew = step(&g, &mut now, |_| 4 * MS);
+        assert!(
+            grew > fell && grew <= fell * 5 / 4 + 1,
+            "from {fell}, grew to {grew}"
+        );
+    }
+
+    #[test]
+    fn a_tail_of_slow_requests_brings_the_capacity_down_though_the_mean_is_within_tolerance() {
+        let (g, mut now) = warmed(4 * MS);
+        for _ in 0..6 {
+            step(&g, &mut now, |_| 4 * MS);
+        }
+        let before = g.capacity();
+        // One request in eight takes three times as long: a mean of 5 ms, within the 25 %
+        // tolerated, but those requests queued.
+        let n = std::cell::Cell::new(0u64);
+        for _ in 0..3 {
+            step(&g, &mut now, |_| {
+                n.set(n.get() + 1);
+                if n.get().is_multiple_of(8) {
+                    12 * MS
+                } else {
+                    4 * MS
+                }
+            });
+        }
+        assert!(
+            g.capacity() < before / 2,
+            "from {before} to {}",
+            g.capacity()
+        );
+    }
+
+    #[test]
+    fn one_slow_request_does_not_move_the_capacity_and_a_quiet_window_waits_for_more() {
+        let (g, mut now) = warmed(4 * MS);
+        for _ in 0..4 {
+            step(&g, &mut now, |_| 4 * MS);
+        }
+        let before = g.capacity();
+        // A stream, as long as the test so far (a hundred times the floor), ends among
+        // requests at the floor.
+        g.ended(0, now, 0);
+        let after = step(&g, &mut now, |_| 4 * MS);
+        assert!(after >= before, "fell from {before} to {after}");
+        // Five requests in a second, each twice as slow: too few to judge.
+        let settled = g.capacity();
+        for _ in 0..5 {
+            run(&g, &mut now, 1, settled, 8 * MS);
+            now += 200 * MS;
+        }
+        assert_eq!(g.capacity(), settled, "judged on five requests");
+        // Judged once there were enough: the first window slow holds, the second falls.
+        assert_eq!(step(&g, &mut now, |_| 8 * MS), settled);
+        let judged = step(&g, &mut now, |_| 8 * MS);
+        assert!(judged < settled, "fell to {judged}");
+    }
+
+    #[test]
+    fn a_fall_needs_two_slow_windows_in_a_row_or_one_at_twice_the_tolerated_latency() {
+        let (g, mut now) = warmed(4 * MS);
+        for _ in 0..3 {
+            step(&g, &mut now, |_| 4 * MS);
+        }
+        let level = g.capacity();
+        // One slow window (6 ms: 20 % above the tolerated 5) among fast ones: held.
+        assert_eq!(step(&g, &mut now, |_| 6 * MS), level, "one slow window");
+        let level = step(&g, &mut now, |_| 4 * MS);
+        assert_eq!(step(&g, &mut now, |_| 6 * MS), level, "held again");
+        let fell = step(&g, &mut now, |_| 6 * MS);
+        assert_eq!(
+            fell,
+            (level as f64 * 5.0 / 6.0).round() as usize,
+            "two in a row"
+        );
+        // Three times the floor, past twice the tolerated latency: at once, by half.
+        let level = step(&g, &mut now, |_| 4 * MS);
+        assert_eq!(step(&g, &mut now, |_| 12 * MS), level.div_ceil(2).max(4));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use http::request::Parts;
 use crate::ConfigError;
 
 mod adaptive;
+mod latencies;
 
 pub use adaptive::Adaptive;
 use adaptive::Gradient;
