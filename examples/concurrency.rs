@@ -14,10 +14,9 @@
 //! `"slow";q=5;qu="concurrent-requests"`. Fifty at once on `/work`: 200s for about as many as
 //! keep its 8 workers busy with a short queue, and 503s (`Retry-After: 1`) for the rest, so that
 //! those served wait a request's time or two (about 100 ms), not the whole queue's. `/capacity`
-//! says what it learned: 4 at the start, while it measures the no-load latency, then between
-//! about 10 and 30 as curl's bursts come and go (`capacity 14 of 64, 0 in flight`). Listens on
-//! 127.0.0.1:3000, or on the address in
-//! `TOLLGATE_ADDR`. Ctrl-C stops it.
+//! says what it learned: 4 at the start, while it measures the no-load latency (the first 50
+//! requests), then about 10, its 8 workers and a short queue (`capacity 11 of 64, 0 in
+//! flight`). Listens on 127.0.0.1:3000, or on the address in `TOLLGATE_ADDR`. Ctrl-C stops it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -54,6 +54,12 @@ impl Latencies {
         }
     }
 
+    /// `micros` as a window reads it back: the middle of its bucket. A base rounded so
+    /// compares with a window's quantile as with itself, whatever the tolerance.
+    pub(crate) fn rounded(micros: u64) -> u64 {
+        middle(bucket(micros.min(MAX_VALUE)))
+    }
+
     /// Counts one latency.
     pub(crate) fn add(&self, micros: u64) {
         let slot = &self.buckets[bucket(micros.min(MAX_VALUE))];
@@ -120,6 +126,9 @@ mod tests {
             );
         }
         assert_eq!(bucket(MAX_VALUE), BUCKETS - 1);
+        let window = Latencies::new();
+        window.add(12_345);
+        assert_eq!(window.take(0.9).0, Latencies::rounded(12_345));
     }
 
     #[test]
