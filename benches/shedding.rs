@@ -442,24 +442,22 @@ fn main() {
             .zip(&measured)
             .map(|(g, m)| format!("{:.1} %", g / m * 100.0))
             .collect();
-        let p99: Vec<String> = figures
-            .iter()
-            .skip(1)
-            .step_by(3)
-            .map(|r| format!("{r:.2}×"))
-            .collect();
-        let settled: Vec<String> = figures
-            .iter()
-            .skip(2)
-            .step_by(3)
-            .map(|r| format!("{r:.2}×"))
-            .collect();
+        // Each phase's three figures: goodput, p99 ratio, settled p99 ratio.
+        let ratios = |at: usize| {
+            figures
+                .iter()
+                .skip(at)
+                .step_by(3)
+                .map(|r| format!("{r:.2}×"))
+                .collect::<Vec<String>>()
+                .join(" / ")
+        };
         println!(
             "| {name} | {} | {} | {} | {} | {critical_shed} |",
             goodput.join(" / "),
             of_measured.join(" / "),
-            p99.join(" / "),
-            settled.join(" / ")
+            ratios(1),
+            ratios(2)
         );
     }
     for (name, _, _, samples) in &summary {
