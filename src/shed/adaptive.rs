@@ -21,6 +21,12 @@ use crate::ConfigError;
 /// samples taken decide.
 const LONGEST_PROBE: Duration = Duration::from_secs(1);
 
+/// The longest a measurement lasts from its start (the warm-up: from the first request). Past
+/// it, a measurement that no request could join (requests held in flight by others: streams,
+/// critical ones) is given up, the base standing; at the warm-up, requests join it whatever is
+/// in flight.
+const PROBE_DEADLINE: Duration = Duration::from_secs(2);
+
 /// The latency a window and a measurement are summed up by: their 90th percentile.
 const QUANTILE: f64 = 0.9;
 
@@ -39,40 +45,47 @@ const MIN_WINDOW: u64 = 10;
 /// ```
 ///
 /// While latency stays within the tolerance of its no-load level (25 %), the capacity grows
-/// by up to that much at each update; when requests queue and latency rises, it falls in
-/// proportion. A backend of `W` workers each taking `s` settles near `1.25 W` in flight, its
-/// 90th percentile near `1.25 s`: every worker busy, a queue of a request for every fourth
-/// worker. The percentile, rather than a mean, is what queued requests move first (a queue
-/// that one request in eight waits in barely moves a mean), and what one slow request does
-/// not move. A fall needs two windows in a row above the tolerance, or one at twice the
-/// tolerated latency (a backend that lost half its workers): one window in many is slow for
-/// reasons of its own (a pause of the process, a neighbour). From the warm-up until latency
-/// first passes the tolerance, the capacity doubles at each update instead (a slow start, as
-/// TCP's). The capacity grows only while at least half of it is in use, so that a quiet hour
-/// does not leave it at its maximum.
+/// (by about that much at each update where latency is at its floor); when requests queue and
+/// latency rises, it falls in proportion. It settles where the 90th percentile is about
+/// `1.25 s` for a backend whose requests take `s`: every worker busy and a short queue (in
+/// `cargo bench --bench shedding`, 11–14 in flight for 8 workers, 24–28 for 16). The
+/// percentile, rather than a mean, is what queued requests move first (a queue that one
+/// request in eight waits in barely moves a mean), and what one slow request does not move.
+/// A fall needs two windows in a row above the tolerance, or one at twice the tolerated
+/// latency (a backend that lost half its workers), and the window after a slow one does not
+/// grow it: one window in many is slow for reasons of its own (a pause of the process, a
+/// neighbour). From the warm-up until latency first passes the tolerance, the capacity
+/// doubles at each update instead (a slow start, as TCP's). It grows only while it is in use
+/// (half of it in flight, or the `low` share if smaller), so that a quiet hour does not leave
+/// it at its maximum. Latencies are read from a histogram whose buckets are 6.25 % wide: a
+/// tolerance below that counts a neighbouring bucket as slow.
 ///
 /// **The no-load latency** is measured at the start (the warm-up: the capacity is `min` until
 /// then) and again every [`base_every`](Self::base_every) (30 s): for
 /// [`probe_requests`](Self::probe_requests) requests (50, within a second of the first at
 /// most) the capacity is held at `min`, and the 90th percentile latency of the requests let
-/// in meanwhile is the new base. Only requests the inner service answered are measured (not
-/// those the layer refused, nor those whose client left first); a slow reader or a stream is
-/// one request among many, which a percentile does not follow.
-/// Measuring it again keeps the base from creeping up under lasting load (a base read from
-/// queued requests would let the queue grow), and lets it follow a backend whose own latency
-/// changed (a slower dependency). Each measurement holds `low` and `normal` requests at `min`
-/// for as long as the requests in flight take to drain, then up to a second: a few percent of
-/// the time where requests are slow. The gauges have no label: give one process one adaptive
-/// `Shedding` (clones share it).
+/// in meanwhile is the new base. Measuring it again keeps the base from creeping up under
+/// lasting load (a base read from queued requests would let the queue grow), and lets it
+/// follow a backend whose own latency changed (a slower dependency). Each measurement holds
+/// `low` and `normal` requests at `min` for as long as the requests in flight take to drain,
+/// then up to a second: a few percent of the time where requests are slow. One that no
+/// request could join within 2 s (more than `min` held in flight by streams or critical
+/// requests) is given up, the base standing; at the warm-up, requests join it then whatever is
+/// in flight. `min` should not exceed the backend's workers, or the no-load latency includes a
+/// queue. The gauges have no label: give one process one adaptive `Shedding` (clones share
+/// it).
 ///
 /// **Bounds**: the capacity stays between `min` (default 4; at least 2) and the `Shedding`'s
 /// capacity, its maximum. The priority shares apply to the learned capacity (`low` up to 50 %,
 /// `normal` up to 80 %); `critical` requests are bounded by the maximum only: they are shed
 /// only when the maximum is in flight, whatever was learned.
 ///
-/// Latency is measured from when a request is let in until its response body ends (or is
-/// dropped): a stream is one long request. Give long-lived routes a layer of their own, or no
-/// adaptive shedding.
+/// **What is measured**: from when a request is let in until the inner service answers (the
+/// response's head), and only requests it answered (not those the layer refused, nor those
+/// whose client left first). A client reading slowly, or a stream, is not a queue; it holds its
+/// place in flight until its body ends, though, so give long-lived routes a layer of their
+/// own. Every answer counts, errors too: a route whose fast errors (or a client's cheap
+/// requests) make up a large share of the traffic teaches the shedder their latency.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Adaptive {
     min: usize,
@@ -205,6 +218,9 @@ pub(crate) struct Gradient {
     recent: AtomicU64,
     /// A measurement of the base is under way: its number, else 0.
     probing: AtomicU64,
+    /// When the measurement under way is given up ([`PROBE_DEADLINE`]; `u64::MAX` until the
+    /// warm-up's first request).
+    probe_deadline: AtomicU64,
     probe: Mutex<Probe>,
     next_probe: AtomicU64,
     /// Whether an update is being made.
@@ -215,6 +231,9 @@ pub(crate) struct Gradient {
     starting: AtomicBool,
     /// Whether the last window judged was above the tolerance: a fall needs two in a row.
     above: AtomicBool,
+    /// The share of the capacity in flight at which it is in use (and may grow), in percent:
+    /// half, or the `low` class's share if smaller, which `low` requests alone fill.
+    in_use_percent: AtomicUsize,
 }
 
 impl Gradient {
@@ -232,6 +251,7 @@ impl Gradient {
             recent: AtomicU64::new(0),
             // The warm-up: the first measurement starts with the first request.
             probing: AtomicU64::new(1),
+            probe_deadline: AtomicU64::new(u64::MAX),
             probe: Mutex::new(Probe {
                 id: 1,
                 started: u64::MAX,
@@ -241,6 +261,7 @@ impl Gradient {
             updating: AtomicBool::new(false),
             starting: AtomicBool::new(true),
             above: AtomicBool::new(false),
+            in_use_percent: AtomicUsize::new(50),
         }
     }
 
@@ -249,18 +270,49 @@ impl Gradient {
         micros(self.origin.elapsed())
     }
 
+    /// The share of the least class (`low`), in percent: in flight up to it, the capacity is in
+    /// use.
+    pub(crate) fn set_least_share(&self, percent: u8) {
+        self.in_use_percent
+            .store(usize::from(percent).clamp(1, 50), Ordering::Release);
+    }
+
+    /// How many in flight make `capacity` in use: its `in_use_percent`, rounded down (what the
+    /// least class may fill), at least one.
+    fn in_use(&self, capacity: usize) -> usize {
+        (capacity.saturating_mul(self.in_use_percent.load(Ordering::Acquire)) / 100).max(1)
+    }
+
     /// The settings.
     pub(crate) fn settings(&self) -> &Adaptive {
         &self.settings
     }
 
-    /// The capacity now: `min` while the no-load latency is measured.
+    /// The capacity now: `min` while the no-load latency is measured (a measurement past its
+    /// deadline given up here, where every request asks, even those shed).
     pub(crate) fn capacity(&self) -> usize {
-        if self.probing.load(Ordering::Acquire) != 0 {
-            self.settings.min
-        } else {
-            self.capacity.load(Ordering::Acquire)
+        if self.probing.load(Ordering::Acquire) == 0 {
+            return self.capacity.load(Ordering::Acquire);
         }
+        self.capacity_at(self.now())
+    }
+
+    /// [`capacity`](Self::capacity) at `now`.
+    fn capacity_at(&self, now: u64) -> usize {
+        let probe = self.probing.load(Ordering::Acquire);
+        if probe == 0 {
+            return self.capacity.load(Ordering::Acquire);
+        }
+        if self.base.load(Ordering::Acquire) != 0
+            && now >= self.probe_deadline.load(Ordering::Acquire)
+        {
+            let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
+            if p.id == probe && self.probing.load(Ordering::Acquire) == probe {
+                self.end_probe(&mut p, now);
+            }
+            return self.capacity.load(Ordering::Acquire);
+        }
+        self.settings.min
     }
 
     /// The no-load latency and the latest window's, in microseconds (0: not yet).
@@ -282,11 +334,21 @@ impl Gradient {
         }
         let probe = self.probing.load(Ordering::Acquire);
         if probe != 0 {
-            if in_flight > self.settings.min {
+            // The warm-up's deadline runs from its first request.
+            let _ = self.probe_deadline.compare_exchange(
+                u64::MAX,
+                now.saturating_add(micros(PROBE_DEADLINE)),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            if in_flight > self.settings.min && now < self.probe_deadline.load(Ordering::Acquire) {
                 return 0;
             }
             let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
-            if p.id == probe && p.started == u64::MAX {
+            if p.id != probe {
+                return 0;
+            }
+            if p.started == u64::MAX {
                 p.started = now;
             }
         }
@@ -299,7 +361,7 @@ impl Gradient {
         let latency = now.saturating_sub(entered);
         if probe != 0 && probe == self.probing.load(Ordering::Acquire) {
             let mut p = self.probe.lock().unwrap_or_else(|e| e.into_inner());
-            if p.id == probe {
+            if p.id == probe && self.probing.load(Ordering::Acquire) == probe {
                 p.samples.push(latency);
                 if p.samples.len() >= self.settings.probe_requests {
                     self.end_probe(&mut p, now);
@@ -369,6 +431,10 @@ impl Gradient {
             p.started = u64::MAX;
             p.resume = self.capacity.load(Ordering::Acquire);
             p.samples.clear();
+            self.probe_deadline.store(
+                now.saturating_add(micros(PROBE_DEADLINE)),
+                Ordering::Release,
+            );
             self.probing.store(p.id, Ordering::Release);
             return false;
         }
@@ -387,22 +453,27 @@ impl Gradient {
         // One window in many is slow for reasons of its own (a pause of the process, a
         // neighbour): a fall needs two in a row above the tolerance, or one at twice the
         // tolerated latency (a backend that lost half its workers).
+        // Nor does the window after a slow one grow it: windows slow and fast in turn hold it.
         let was_above = self.above.swap(gradient < 1.0, Ordering::AcqRel);
-        if gradient < 1.0 && gradient > 0.5 && !was_above {
+        if (gradient < 1.0 && gradient > 0.5 && !was_above) || (gradient > 1.0 && was_above) {
             gradient = 1.0;
         }
         if self.starting.load(Ordering::Acquire) {
             if sample as f64 > tolerated {
                 self.starting.store(false, Ordering::Release);
-            } else if peak >= capacity.div_ceil(2) {
+            } else if peak >= self.in_use(capacity) {
                 gradient = 2.0;
             }
         }
-        let mut next = (gradient * capacity as f64).round() as usize;
-        if gradient > 1.0 {
-            next = next.max(capacity + 1);
-        }
-        if next > capacity && peak < capacity.div_ceil(2) {
+        let scaled = gradient * capacity as f64;
+        let mut next = if gradient < 1.0 {
+            scaled.floor() as usize
+        } else if gradient > 1.0 {
+            (scaled.round() as usize).max(capacity.saturating_add(1))
+        } else {
+            capacity
+        };
+        if next > capacity && peak < self.in_use(capacity) {
             // Not in use: no reason to grow.
             next = capacity;
         }
@@ -504,8 +575,8 @@ mod tests {
         // Latency at 1.25 times its floor: 10 in flight, a queue of one request for every
         // fourth worker.
         assert!(
-            late.iter().all(|c| (9..=11).contains(c)),
-            "settled within 9..=11: {late:?}"
+            late.iter().all(|c| (9..=12).contains(c)),
+            "settled within 9..=12: {late:?}"
         );
     }
 
@@ -515,10 +586,16 @@ mod tests {
         let seen: Vec<usize> = (0..4).map(|_| step(&g, &mut now, |_| 4 * MS)).collect();
         assert_eq!(seen, [8, 16, 32, 64], "doubled at each update");
         // Latency rises: the start is over (the first slow window holds, the second falls),
-        // and the capacity grows by the tolerance from then.
+        // and the capacity grows by the tolerance from then (not in the window right after a
+        // slow one).
         assert_eq!(step(&g, &mut now, |_| 8 * MS), 64);
         let fell = step(&g, &mut now, |_| 8 * MS);
         assert!(fell < 64, "fell to {fell}");
+        assert_eq!(
+            step(&g, &mut now, |_| 4 * MS),
+            fell,
+            "held after a slow window"
+        );
         let grew = step(&g, &mut now, |_| 4 * MS);
         assert!(
             grew > fell && grew <= fell * 5 / 4 + 1,
@@ -595,6 +672,61 @@ mod tests {
     }
 
     #[test]
+    fn a_measurement_no_request_can_join_is_given_up_and_the_capacity_resumes() {
+        let (g, mut now) = warmed(4 * MS);
+        for _ in 0..4 {
+            step(&g, &mut now, |_| 4 * MS);
+        }
+        let before = g.capacity_at(now);
+        now += 30_000 * MS;
+        run(&g, &mut now, 1, before, 4 * MS);
+        assert_eq!(g.capacity_at(now), 4, "measuring");
+        // Streams (or critical requests) keep more than `min` in flight: nobody joins.
+        for _ in 0..150 {
+            assert_eq!(g.entered(now, 10), 0);
+            now += 10 * MS;
+        }
+        assert_eq!(g.capacity_at(now), 4, "still measuring at 1.5 s");
+        now += 600 * MS;
+        assert_eq!(
+            g.capacity_at(now),
+            before,
+            "given up after 2 s, the base standing"
+        );
+        assert_eq!(g.latencies().0, Latencies::rounded(4 * MS));
+    }
+
+    #[test]
+    fn low_requests_alone_grow_an_odd_capacity() {
+        let g = Gradient::new(Adaptive::new().min(5), 100);
+        g.set_least_share(50);
+        let mut now = 0;
+        run(&g, &mut now, 50, 2, 4 * MS);
+        // `low` requests fill half of it, rounded down: 2 of 5.
+        for _ in 0..3 {
+            let until = now + 55 * MS;
+            while now < until {
+                let low = g.capacity_at(now) / 2;
+                run(&g, &mut now, 1, low, 4 * MS);
+            }
+        }
+        assert!(g.capacity_at(now) > 5, "stayed at {}", g.capacity_at(now));
+    }
+
+    #[test]
+    fn windows_slow_and_fast_in_turn_do_not_ratchet_the_capacity() {
+        let (g, mut now) = warmed(4 * MS);
+        step(&g, &mut now, |_| 8 * MS);
+        step(&g, &mut now, |_| 8 * MS);
+        let level = g.capacity_at(now);
+        for _ in 0..10 {
+            step(&g, &mut now, |_| 6 * MS);
+            step(&g, &mut now, |_| 4 * MS);
+        }
+        assert_eq!(g.capacity_at(now), level);
+    }
+
+    #[test]
     fn a_fall_needs_two_slow_windows_in_a_row_or_one_at_twice_the_tolerated_latency() {
         let (g, mut now) = warmed(4 * MS);
         for _ in 0..3 {
@@ -623,11 +755,7 @@ mod tests {
         for _ in 0..20 {
             run(&g, &mut now, 30, 1, 4 * MS);
         }
-        assert!(
-            g.capacity() <= 8,
-            "grew to {} with one in flight",
-            g.capacity()
-        );
+        assert_eq!(g.capacity(), 4, "grew with one in flight");
     }
 
     #[test]

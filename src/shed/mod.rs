@@ -205,6 +205,7 @@ impl Shedding {
         }
         if let Some(gradient) = &self.adaptive {
             gradient.settings().validate(self.capacity)?;
+            gradient.set_least_share(self.low_percent);
         }
         Ok(Shedder {
             capacity: self.capacity,
@@ -247,7 +248,8 @@ pub(crate) struct Shedder {
 /// The most in flight a request of a class with `percent` of `capacity` joins: at least one,
 /// and one less than `capacity`, which critical requests keep.
 fn share(capacity: usize, percent: u8) -> usize {
-    (capacity * usize::from(percent) / 100).clamp(1, capacity.saturating_sub(1).max(1))
+    (capacity.saturating_mul(usize::from(percent)) / 100)
+        .clamp(1, capacity.saturating_sub(1).max(1))
 }
 
 impl Shedder {
@@ -275,7 +277,6 @@ impl Shedder {
                 gradient: gradient.clone(),
                 entered: now,
                 probe,
-                served: false,
             }
         });
         Ok(InFlight {
@@ -292,28 +293,37 @@ impl Shedder {
 }
 
 /// One request in flight: counted out when dropped (its response body ended or was dropped,
-/// or it never got that far), and its latency told to an adaptive shedder.
+/// or it never got that far); its latency, to the response's head, told to an adaptive
+/// shedder when the inner service answers.
 pub(crate) struct InFlight {
     count: Arc<AtomicUsize>,
     measured: Option<Measured>,
 }
 
-/// When a request of an adaptive shedder was let in, and whether the inner service answered it
-/// (only those are latencies of the service: a request the layer refused, or whose client left
-/// while it was decided, says nothing of the service, and would let any client that is
-/// refused fast teach the shedder a no-load latency of microseconds).
+/// When a request of an adaptive shedder was let in. Only a request the inner service answered
+/// is a latency of the service: one the layer refused, or whose client left while it was
+/// decided, says nothing of it, and would let any client that is refused fast teach the
+/// shedder a no-load latency of microseconds.
 struct Measured {
     gradient: Arc<Gradient>,
     entered: u64,
     probe: u64,
-    served: bool,
 }
 
 impl InFlight {
-    /// The inner service answered this request: its latency is learned from when it ends.
+    /// The inner service answered this request: its latency is learned now, at the response's
+    /// head, so that a client reading the body slowly (or a stream) does not stand for a queue.
+    /// The request stays in flight until its body ends.
     pub(crate) fn served(mut self) -> Self {
-        if let Some(measured) = &mut self.measured {
-            measured.served = true;
+        if let Some(m) = self.measured.take() {
+            let updated = m.gradient.ended(m.entered, m.gradient.now(), m.probe);
+            #[cfg(feature = "metrics")]
+            if updated {
+                let (base, recent) = m.gradient.latencies();
+                crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
+            }
+            #[cfg(not(feature = "metrics"))]
+            let _ = updated;
         }
         self
     }
@@ -322,17 +332,6 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.count.fetch_sub(1, Ordering::AcqRel);
-        let Some(m) = self.measured.as_ref().filter(|m| m.served) else {
-            return;
-        };
-        let updated = m.gradient.ended(m.entered, m.gradient.now(), m.probe);
-        #[cfg(feature = "metrics")]
-        if updated {
-            let (base, recent) = m.gradient.latencies();
-            crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = updated;
     }
 }
 
@@ -416,6 +415,23 @@ mod tests {
             drop(shedder.enter(&parts("/")).unwrap().served());
         }
         assert_ne!(gradient.latencies().0, 0, "the no-load latency measured");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_latency_ends_at_the_response_head_not_at_a_slow_readers_last_byte() {
+        let shedding = Shedding::new(64).adaptive(Adaptive::new());
+        let shedder = shedding.clone().build().unwrap();
+        for _ in 0..50 {
+            let entered = shedder.enter(&parts("/")).unwrap();
+            tokio::time::advance(std::time::Duration::from_millis(2)).await;
+            // Answered after 2 ms; its body then read for a second.
+            let body = entered.served();
+            tokio::time::advance(std::time::Duration::from_secs(1)).await;
+            drop(body);
+        }
+        let (base, _) = shedding.adaptive.as_ref().unwrap().latencies();
+        assert!((1_900..=2_100).contains(&base), "a base of {base} µs");
+        assert_eq!(shedder.in_flight(), 0);
     }
 
     #[test]
