@@ -794,5 +794,24 @@ mod tests {
                 .is_err()
         );
         assert!(Adaptive::new().probe_requests(1).validate(100).is_err());
+        // And past their upper bounds.
+        assert!(Adaptive::new().tolerance(1001).validate(100).is_err());
+        assert!(
+            Adaptive::new()
+                .update_every(Duration::from_secs(11))
+                .validate(100)
+                .is_err()
+        );
+        assert!(Adaptive::new().probe_requests(1001).validate(100).is_err());
+        assert!(
+            Adaptive::new()
+                .tolerance(1000)
+                .update_every(Duration::from_secs(10))
+                .probe_requests(1000)
+                .min(100)
+                .validate(100)
+                .is_ok(),
+            "the bounds themselves"
+        );
     }
 }
