@@ -49,13 +49,16 @@ fn app(shedding: Shedding, gate: watch::Receiver<bool>, inside: Arc<AtomicUsize>
                 }
             }),
         )
-        .layer(
-            RateLimitLayer::builder()
-                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
-                .shed(shedding)
-                .build()
-                .unwrap(),
-        )
+        .layer(unlimited(shedding))
+}
+
+/// A layer whose only limit is `shedding` (its rate rule admits everything).
+fn unlimited(shedding: Shedding) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
+        .shed(shedding)
+        .build()
+        .unwrap()
 }
 
 /// Waits until `n` requests are in the handler.
@@ -256,13 +259,7 @@ async fn a_request_is_in_flight_until_its_body_ends_or_is_dropped() {
                 Body::from_stream(chunks)
             }),
         )
-        .layer(
-            RateLimitLayer::builder()
-                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
-                .shed(Shedding::new(2).priority(priority))
-                .build()
-                .unwrap(),
-        );
+        .layer(unlimited(Shedding::new(2).priority(priority)));
     // The handler has answered, but the body is not read: the request is still in flight.
     let unread = app.clone().oneshot(request("low")).await.unwrap();
     assert_eq!(unread.status(), StatusCode::OK);
@@ -312,13 +309,7 @@ fn backend(shedding: Shedding, workers: Arc<tokio::sync::Semaphore>) -> Router {
                 }
             }),
         )
-        .layer(
-            RateLimitLayer::builder()
-                .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
-                .shed(shedding)
-                .build()
-                .unwrap(),
-        )
+        .layer(unlimited(shedding))
 }
 
 /// Closed loops of each class against `app` until `until`: (served, shed) per class.

@@ -107,9 +107,15 @@ pub struct Shedding {
     low_percent: u8,
     normal_percent: u8,
     priority: PriorityFn,
-    in_flight: Arc<AtomicUsize>,
-    /// The controller of an adaptive capacity, shared by clones.
-    adaptive: Option<Arc<Gradient>>,
+    /// The count in flight and an adaptive capacity's controller, shared by clones.
+    count: Arc<Count>,
+}
+
+/// What the layers of one [`Shedding`] share: the requests in flight, and the controller of an
+/// adaptive capacity. One allocation, so that a request in flight holds one reference.
+struct Count {
+    in_flight: AtomicUsize,
+    gradient: Option<Gradient>,
 }
 
 impl Shedding {
@@ -122,8 +128,10 @@ impl Shedding {
             low_percent: 50,
             normal_percent: 80,
             priority: Arc::new(|_: &Parts| Priority::Normal),
-            in_flight: Arc::new(AtomicUsize::new(0)),
-            adaptive: None,
+            count: Arc::new(Count {
+                in_flight: AtomicUsize::new(0),
+                gradient: None,
+            }),
         }
     }
 
@@ -147,22 +155,29 @@ impl Shedding {
     /// // What it learned: `shedding.capacity_now()`, and the gauge `tollgate_shed_capacity`.
     /// # Ok::<(), tollgate::ConfigError>(())
     /// ```
+    ///
+    /// Call it before cloning the `Shedding`: it starts a new count, which the clones made
+    /// after it share.
     pub fn adaptive(mut self, adaptive: Adaptive) -> Self {
-        self.adaptive = Some(Arc::new(Gradient::new(adaptive, self.capacity)));
+        self.count = Arc::new(Count {
+            in_flight: AtomicUsize::new(0),
+            gradient: Some(Gradient::new(adaptive, self.capacity)),
+        });
         self
     }
 
     /// The capacity now: the fixed one, or what an adaptive one learned (its least while it
     /// measures the no-load latency). `low` and `normal` requests take their shares of it.
     pub fn capacity_now(&self) -> usize {
-        self.adaptive
+        self.count
+            .gradient
             .as_ref()
             .map_or(self.capacity, |gradient| gradient.capacity())
     }
 
     /// The requests in flight now, counted by the layers of this `Shedding` and its clones.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        self.count.in_flight.load(Ordering::Acquire)
     }
 
     /// Reads each request's priority from its head. Read it from what a client cannot choose
@@ -203,7 +218,7 @@ impl Shedding {
                 self.low_percent, self.normal_percent
             )));
         }
-        if let Some(gradient) = &self.adaptive {
+        if let Some(gradient) = &self.count.gradient {
             gradient.settings().validate(self.capacity)?;
             gradient.set_least_share(self.low_percent);
         }
@@ -215,8 +230,7 @@ impl Shedding {
             ],
             percents: [self.low_percent, self.normal_percent],
             priority: self.priority,
-            in_flight: self.in_flight,
-            adaptive: self.adaptive,
+            count: self.count,
         })
     }
 }
@@ -227,7 +241,10 @@ impl fmt::Debug for Shedding {
             .field("capacity", &self.capacity)
             .field("low_percent", &self.low_percent)
             .field("normal_percent", &self.normal_percent)
-            .field("adaptive", &self.adaptive.as_ref().map(|g| g.settings()))
+            .field(
+                "adaptive",
+                &self.count.gradient.as_ref().map(|g| g.settings()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -241,8 +258,7 @@ pub(crate) struct Shedder {
     /// The shares of `low` and `normal` requests, in percent (of a learned capacity).
     percents: [u8; 2],
     priority: PriorityFn,
-    in_flight: Arc<AtomicUsize>,
-    adaptive: Option<Arc<Gradient>>,
+    count: Arc<Count>,
 }
 
 /// The most in flight a request of a class with `percent` of `capacity` joins: at least one,
@@ -259,28 +275,27 @@ impl Shedder {
         let priority = (self.priority)(parts);
         let limit = match priority {
             Priority::Critical => self.capacity,
-            class => match &self.adaptive {
+            class => match &self.count.gradient {
                 None => self.fixed[class as usize],
                 Some(gradient) => share(gradient.capacity(), self.percents[class as usize]),
             },
         };
         let before = self
+            .count
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < limit).then_some(n + 1)
             })
             .map_err(|_| (priority, limit))?;
-        let measured = self.adaptive.as_ref().map(|gradient| {
+        let measured = self.count.gradient.as_ref().map(|gradient| {
             let now = gradient.now();
-            let probe = gradient.entered(now, before + 1);
             Measured {
-                gradient: gradient.clone(),
                 entered: now,
-                probe,
+                probe: gradient.entered(now, before + 1),
             }
         });
         Ok(InFlight {
-            count: self.in_flight.clone(),
+            count: self.count.clone(),
             measured,
         })
     }
@@ -288,7 +303,7 @@ impl Shedder {
     /// The requests in flight now.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Acquire)
+        self.count.in_flight.load(Ordering::Acquire)
     }
 }
 
@@ -296,7 +311,7 @@ impl Shedder {
 /// or it never got that far); its latency, to the response's head, told to an adaptive
 /// shedder when the inner service answers.
 pub(crate) struct InFlight {
-    count: Arc<AtomicUsize>,
+    count: Arc<Count>,
     measured: Option<Measured>,
 }
 
@@ -305,7 +320,6 @@ pub(crate) struct InFlight {
 /// decided, says nothing of it, and would let any client that is refused fast teach the
 /// shedder a no-load latency of microseconds.
 struct Measured {
-    gradient: Arc<Gradient>,
     entered: u64,
     probe: u64,
 }
@@ -315,12 +329,12 @@ impl InFlight {
     /// head, so that a client reading the body slowly (or a stream) does not stand for a queue.
     /// The request stays in flight until its body ends.
     pub(crate) fn served(mut self) -> Self {
-        if let Some(m) = self.measured.take() {
-            let updated = m.gradient.ended(m.entered, m.gradient.now(), m.probe);
+        if let (Some(m), Some(gradient)) = (self.measured.take(), &self.count.gradient) {
+            let updated = gradient.ended(m.entered, gradient.now(), m.probe);
             #[cfg(feature = "metrics")]
             if updated {
-                let (base, recent) = m.gradient.latencies();
-                crate::telemetry::shed_capacity(m.gradient.capacity(), base, recent);
+                let (base, recent) = gradient.latencies();
+                crate::telemetry::shed_capacity(gradient.capacity(), base, recent);
             }
             #[cfg(not(feature = "metrics"))]
             let _ = updated;
@@ -331,7 +345,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::AcqRel);
+        self.count.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -407,7 +421,7 @@ mod tests {
         for _ in 0..200 {
             drop(shedder.enter(&parts("/")).unwrap());
         }
-        let gradient = shedding.adaptive.as_ref().unwrap();
+        let gradient = shedding.count.gradient.as_ref().unwrap();
         assert_eq!(gradient.latencies(), (0, 0), "no sample taken");
         assert_eq!(shedding.capacity_now(), 4, "still measuring");
         // Answered by the service: its latency is learned.
@@ -429,7 +443,7 @@ mod tests {
             tokio::time::advance(std::time::Duration::from_secs(1)).await;
             drop(body);
         }
-        let (base, _) = shedding.adaptive.as_ref().unwrap().latencies();
+        let (base, _) = shedding.count.gradient.as_ref().unwrap().latencies();
         assert!((1_900..=2_100).contains(&base), "a base of {base} µs");
         assert_eq!(shedder.in_flight(), 0);
     }
