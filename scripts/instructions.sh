@@ -35,12 +35,19 @@ refs() { # arguments of the example -> instructions of the whole run
 }
 
 per() { # count, then the example's arguments without the count -> instructions per unit
+    # Only the counted calls (`counted`, `counted_block_on` in benches/instructions.rs), after
+    # their warm-up: the setup's own variation (the clock's calibration) stays out.
     local count=$1
     shift
-    local setup total
-    setup=$(refs "$@" 0)
-    total=$(refs "$@" "$count")
-    awk -v t="$total" -v s="$setup" -v n="$count" 'BEGIN { printf "%.1f", (t - s) / n }'
+    local out total
+    if ! out=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+        --toggle-collect='instructions::counted*' "$bin" "$@" "$count" 2>&1); then
+        echo "error: instructions $* $count failed under valgrind:" >&2
+        echo "$out" >&2
+        exit 1
+    fi
+    total=$(awk '/Collected/ { print $NF }' <<<"$out")
+    awk -v t="$total" -v n="$count" 'BEGIN { printf "%.1f", t / n }'
 }
 
 only=${ONLY:-all}

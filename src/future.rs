@@ -114,6 +114,7 @@ where
 {
     /// The future of a request after [`Engine::decide`]: the inner service is called now when
     /// it was decided, else the future drives the decision first.
+    #[inline]
     pub(crate) fn new(
         decide: Decide<St::Future>,
         snapshot: Arc<Snapshot>,
@@ -141,6 +142,7 @@ where
 }
 
 /// The state that follows a ruling.
+#[inline]
 fn enter<S, ReqBody, D>(
     ruling: Ruling,
     snapshot: &Snapshot,

@@ -399,6 +399,7 @@ pub mod algorithm;
 mod body;
 pub mod client;
 pub mod clock;
+mod decimal;
 mod engine;
 mod error;
 pub mod future;

@@ -106,11 +106,10 @@ impl Algorithm {
             (Algorithm::TokenBucket, None | Some(State::TokenBucket(_)))
                 if cost <= limits.burst =>
             {
-                let old = state.as_ref().and_then(State::token_bucket).copied();
-                let outcome = TokenBucket::check(limits, old.as_ref(), now, cost);
+                let old = state.as_ref().and_then(State::token_bucket);
+                let (outcome, after) = TokenBucket::admit(limits, old, now, cost);
                 if outcome.allowed {
-                    *state = TokenBucket::commit(limits, old.as_ref(), now, cost)
-                        .map(State::TokenBucket);
+                    *state = after.map(State::TokenBucket);
                 }
                 outcome
             }

@@ -78,7 +78,40 @@ impl TokenBucket {
         now: u64,
         cost: u64,
     ) -> Outcome {
+        Self::outcome(limits, &Self::refill(limits, state, now), now, cost)
+    }
+
+    /// Takes `cost` tokens at `now`; `None` when the bucket is left full (no state needed).
+    #[inline]
+    pub fn commit(
+        limits: &Limits,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        cost: u64,
+    ) -> Option<TokenBucketState> {
+        Self::taken(limits, &Self::refill(limits, state, now), cost)
+    }
+
+    /// [`check`](Self::check), and the state [`commit`](Self::commit) leaves when it admits (for
+    /// a denial, the second is meaningless), with the bucket refilled once: the memory store's
+    /// every decision.
+    #[inline]
+    pub fn admit(
+        limits: &Limits,
+        state: Option<&TokenBucketState>,
+        now: u64,
+        cost: u64,
+    ) -> (Outcome, Option<TokenBucketState>) {
         let bucket = Self::refill(limits, state, now);
+        (
+            Self::outcome(limits, &bucket, now, cost),
+            Self::taken(limits, &bucket, cost),
+        )
+    }
+
+    /// The outcome of a request of `cost` for `bucket` (as refilled at `now`).
+    #[inline]
+    fn outcome(limits: &Limits, bucket: &TokenBucketState, now: u64, cost: u64) -> Outcome {
         if bucket.tokens >= cost {
             let after = TokenBucketState {
                 tokens: bucket.tokens - cost,
@@ -90,29 +123,23 @@ impl TokenBucket {
                 remaining: after.tokens,
                 reset: Self::time_until(limits, &after, now, limits.burst),
                 retry_after: 0,
-                window: Self::next_token(limits, &bucket, now),
+                window: Self::next_token(limits, bucket, now),
             }
         } else {
             Outcome {
                 allowed: false,
                 limit: limits.burst,
                 remaining: bucket.tokens,
-                reset: Self::time_until(limits, &bucket, now, limits.burst),
-                retry_after: Self::time_until(limits, &bucket, now, cost),
-                window: Self::next_token(limits, &bucket, now),
+                reset: Self::time_until(limits, bucket, now, limits.burst),
+                retry_after: Self::time_until(limits, bucket, now, cost),
+                window: Self::next_token(limits, bucket, now),
             }
         }
     }
 
-    /// Takes `cost` tokens at `now`; `None` when the bucket is left full (no state needed).
+    /// `bucket` (as refilled) after `cost` tokens are taken; `None` when it is left full.
     #[inline]
-    pub fn commit(
-        limits: &Limits,
-        state: Option<&TokenBucketState>,
-        now: u64,
-        cost: u64,
-    ) -> Option<TokenBucketState> {
-        let bucket = Self::refill(limits, state, now);
+    fn taken(limits: &Limits, bucket: &TokenBucketState, cost: u64) -> Option<TokenBucketState> {
         let tokens = bucket.tokens.saturating_sub(cost);
         (tokens < limits.burst).then_some(TokenBucketState {
             tokens,

@@ -39,7 +39,7 @@ enum Repr {
 /// One write per key (the derived form made four for an IP address): the memory store hashes a
 /// key on every request.
 impl Hash for Key {
-    #[inline]
+    #[inline(always)]
     fn hash<H: Hasher>(&self, state: &mut H) {
         match &self.0 {
             Repr::Global => state.write_u8(0),

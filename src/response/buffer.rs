@@ -41,20 +41,21 @@ impl<const INLINE: usize> Buffer<INLINE> {
         self
     }
 
-    /// Appends the decimal digits of `n`.
+    /// Appends the decimal digits of `n`, written in place.
     #[inline]
-    pub(crate) fn push_u64(&mut self, mut n: u64) -> &mut Self {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
+    pub(crate) fn push_u64(&mut self, n: u64) -> &mut Self {
+        let len = crate::decimal::len(n);
+        match &mut self.spilled {
+            None if self.len + len <= INLINE => {
+                crate::decimal::write_end(&mut self.inline[self.len..self.len + len], n);
+                self.len += len;
+                self
+            }
+            _ => {
+                let mut digits = crate::decimal::Digits::default();
+                self.push(digits.of(n))
             }
         }
-        self.push(&digits[i..])
     }
 
     fn as_slice(&self) -> &[u8] {
@@ -95,5 +96,16 @@ mod tests {
         }
         assert_eq!(b.to_bytes().len(), 26 + 1000);
         assert!(b.to_bytes().ends_with(b"789"));
+    }
+
+    #[test]
+    fn a_number_that_crosses_the_inline_end_spills_whole() {
+        let mut b = Buffer::<8>::default();
+        b.push(b"r=").push_u64(99_999).push_u64(0);
+        assert_eq!(b.to_bytes(), "r=999990");
+        b.push_u64(4_321);
+        assert_eq!(b.to_bytes(), "r=9999904321");
+        b.push_u64(u64::MAX);
+        assert_eq!(b.to_bytes(), "r=999990432118446744073709551615");
     }
 }

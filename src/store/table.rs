@@ -3,7 +3,7 @@
 //! shards by a hash of their key, each shard bounded. What a shard holds, and how its entries
 //! expire, is the user's: `S`, monomorphised (no allocation, lock or dyn beyond its shard's).
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::{Mutex, MutexGuard};
 
 /// Shards of `S`, each behind its own lock, with the hasher that spreads keys over them.
@@ -32,8 +32,16 @@ impl<S: Default> Table<S> {
 impl<S> Table<S> {
     /// The hash of `key`, which picks its shard (and finds it there).
     #[inline]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn hash(&self, key: impl Hash) -> u64 {
         self.hasher.hash_one(key)
+    }
+
+    /// A hasher of the table's seed, for a key written in parts: hashing them one by one gives
+    /// the [`hash`](Self::hash) of the tuple of them.
+    #[inline]
+    pub(crate) fn hasher(&self) -> impl Hasher {
+        self.hasher.build_hasher()
     }
 
     /// The shard of an entry whose key hashes to `hash`.

@@ -80,7 +80,7 @@ fn write_part_key(out: &mut String, prefix: &str, identity: &Key, part: Option<u
     }
     if let Some(part) = part {
         out.push('~');
-        let mut digits = crate::store::redis::resp::Digits::default();
+        let mut digits = crate::decimal::Digits::default();
         out.push_str(std::str::from_utf8(digits.of(u64::from(part))).unwrap_or_default());
     }
     out.push_str("}:");

@@ -11,6 +11,8 @@
 
 use redis::{RedisResult, Value};
 
+use crate::decimal::Digits;
+
 /// Appends `*<n>\r\n`: a command of `n` arguments follows.
 pub(crate) fn array(out: &mut Vec<u8>, n: usize) {
     out.push(b'*');
@@ -33,35 +35,11 @@ pub(crate) fn bulk_integer(out: &mut Vec<u8>, n: u64) {
     bulk(out, digits.of(n));
 }
 
-/// The number of decimal digits of `n`.
-pub(crate) fn digits(n: u64) -> usize {
-    n.checked_ilog10().map_or(1, |log| log as usize + 1)
-}
-
 /// Appends the decimal digits of `n`.
 pub(crate) fn decimal(out: &mut Vec<u8>, n: u64) {
-    let mut digits = Digits::default();
-    out.extend_from_slice(digits.of(n));
-}
-
-/// A buffer for the decimal digits of one `u64`.
-#[derive(Default)]
-pub(crate) struct Digits([u8; 20]);
-
-impl Digits {
-    /// The digits of `n`, written into this buffer.
-    pub(crate) fn of(&mut self, mut n: u64) -> &[u8] {
-        let mut start = self.0.len();
-        loop {
-            start -= 1;
-            self.0[start] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        &self.0[start..]
-    }
+    let start = out.len();
+    out.resize(start + crate::decimal::len(n), 0);
+    crate::decimal::write_end(&mut out[start..], n);
 }
 
 /// A command of these arguments, as bytes to send.

@@ -151,7 +151,8 @@ impl Program {
         P: Borrow<Prepared> + 'a,
         I: Iterator<Item = Request<'a, P>> + Clone,
     {
-        use resp::{array, bulk, bulk_integer, decimal, digits};
+        use crate::decimal::len as digits;
+        use resp::{array, bulk, bulk_integer, decimal};
 
         let count = requests.clone().count();
         // Batches charge: peeks, refunds, adjustments and resets are of one request.
@@ -324,7 +325,8 @@ pub(crate) enum Shape {
 
 /// Appends one charge's argument: `<descriptor><cost>:<lease>[:<units>@<at>]`.
 fn charge_argument(out: &mut Vec<u8>, charge: &Prepared) {
-    use resp::{decimal, digits};
+    use crate::decimal::len as digits;
+    use resp::decimal;
 
     let mut len = charge.descriptor.len() + digits(charge.cost) + 1 + digits(charge.lease);
     if let Some((units, at)) = charge.give_back {
