@@ -99,7 +99,10 @@ impl Algorithm {
     /// [`check`](Algorithm::check), then [`commit`](Algorithm::commit) when the request is
     /// admitted: the one-step form for a store that holds the state in place. Decides exactly as
     /// the two steps do.
-    #[inline]
+    ///
+    /// The two hot algorithms are written into the caller (the memory store's decision), the
+    /// others called: a call's own cost is a fifth of a token bucket's decision.
+    #[inline(always)]
     pub fn admit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) -> Outcome {
         // The two hot algorithms in one piece, so that the compiler computes their refill once.
         match (self, &*state) {
@@ -109,7 +112,11 @@ impl Algorithm {
                 let old = state.as_ref().and_then(State::token_bucket);
                 let (outcome, after) = TokenBucket::admit(limits, old, now, cost);
                 if outcome.allowed {
-                    *state = after.map(State::TokenBucket);
+                    match (state.as_mut(), after) {
+                        // In place: nothing to drop.
+                        (Some(State::TokenBucket(bucket)), Some(after)) => *bucket = after,
+                        (_, after) => *state = after.map(State::TokenBucket),
+                    }
                 }
                 outcome
             }
@@ -117,18 +124,36 @@ impl Algorithm {
                 let old = state.as_ref().and_then(State::gcra).copied();
                 let outcome = Gcra::check(limits, old.as_ref(), now, cost);
                 if outcome.allowed {
-                    *state = Gcra::commit(limits, old.as_ref(), now, cost).map(State::Gcra);
+                    match (
+                        state.as_mut(),
+                        Gcra::commit(limits, old.as_ref(), now, cost),
+                    ) {
+                        // In place: nothing to drop.
+                        (Some(State::Gcra(gcra)), Some(after)) => *gcra = after,
+                        (_, after) => *state = after.map(State::Gcra),
+                    }
                 }
                 outcome
             }
-            _ => {
-                let outcome = self.check(limits, state.as_ref(), now, cost);
-                if outcome.allowed {
-                    self.commit(limits, state, now, cost);
-                }
-                outcome
-            }
+            _ => self.admit_in_two_steps(limits, state, now, cost),
         }
+    }
+
+    /// [`admit`](Algorithm::admit) for any algorithm: [`check`](Algorithm::check), then
+    /// [`commit`](Algorithm::commit) when the request is admitted.
+    #[inline(never)]
+    fn admit_in_two_steps(
+        self,
+        limits: &Limits,
+        state: &mut Option<State>,
+        now: u64,
+        cost: u64,
+    ) -> Outcome {
+        let outcome = self.check(limits, state.as_ref(), now, cost);
+        if outcome.allowed {
+            self.commit(limits, state, now, cost);
+        }
+        outcome
     }
 }
 
