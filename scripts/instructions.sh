@@ -138,17 +138,19 @@ if [ "${REDIS:-0}" = 1 ]; then
             awk -F'[=,:]' '/^cmdstat_(fcall|evalsha):/ { c += $3; u += $5 } END { printf "%d %d", c, u }'
     }
     waves=${WAVES_REQUESTS:-$requests}
+    waves=$(((waves + 31) / 32 * 32)) # whole waves of 32, as the driver sends them
     echo
     printf '%-24s %14s %10s %12s %12s %12s\n' router instr/request added calls/request "redis us/req" "redis us/call"
     bare=""
     for router in bare memory_allow redis_allow redis_allow_unbatched redis_reject redis_leased; do
         redis-cli -p "$port" config resetstat >/dev/null
-        setup=$(refs redis "$router" 0)
+        # A run of no counted waves, for Redis's count of the uncounted first wave.
+        refs redis "$router" 0 >/dev/null
         read -r c0 u0 <<<"$(commandstats)"
-        total=$(refs redis "$router" "$waves")
+        cost=$(per "$waves" redis "$router")
         read -r c1 u1 <<<"$(commandstats)"
-        # The n = 0 run made calls too (its wave): only the second run's count.
-        cost=$(awk -v t="$total" -v s="$setup" -v n="$waves" 'BEGIN { printf "%.1f", (t - s) / n }')
+        # The n = 0 run made calls too (its wave), and so did the counted run's first wave: only
+        # the counted waves'.
         [ -z "$bare" ] && bare=$cost
         awk -v r="$router" -v p="$cost" -v b="$bare" -v n="$waves" -v c0="$c0" -v u0="$u0" -v c1="$c1" -v u1="$u1" 'BEGIN {
             c = c1 - 2 * c0; u = u1 - 2 * u0; per_call = c > 0 ? u / c : 0

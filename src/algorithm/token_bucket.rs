@@ -96,7 +96,7 @@ impl TokenBucket {
     /// a denial, the second is meaningless), with the bucket refilled once: the memory store's
     /// every decision.
     #[inline]
-    pub fn admit(
+    pub(crate) fn admit(
         limits: &Limits,
         state: Option<&TokenBucketState>,
         now: u64,
