@@ -41,12 +41,18 @@ per() { # count, then the example's arguments without the count -> instructions 
     shift
     local out total
     if ! out=$(valgrind --tool=callgrind --callgrind-out-file=/dev/null \
-        --toggle-collect='instructions::counted*' "$bin" "$@" "$count" 2>&1); then
+        --toggle-collect=instructions::counted --toggle-collect=instructions::counted_block_on \
+        "$bin" "$@" "$count" 2>&1); then
         echo "error: instructions $* $count failed under valgrind:" >&2
         echo "$out" >&2
         exit 1
     fi
     total=$(awk '/Collected/ { print $NF }' <<<"$out")
+    # Nothing counted: the counted functions were renamed or inlined away, not made free.
+    if [ -z "$total" ] || [ "$total" -eq 0 ]; then
+        echo "error: instructions $* $count: callgrind counted nothing in instructions::counted or counted_block_on" >&2
+        exit 1
+    fi
     awk -v t="$total" -v n="$count" 'BEGIN { printf "%.1f", t / n }'
 }
 

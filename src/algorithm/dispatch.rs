@@ -101,7 +101,8 @@ impl Algorithm {
     /// the two steps do.
     ///
     /// The two hot algorithms are written into the caller (the memory store's decision), the
-    /// others called: a call's own cost is a fifth of a token bucket's decision.
+    /// others called: a call's own cost (saving and restoring registers, passing the state) was
+    /// about a fifth of a token bucket's admission.
     #[inline(always)]
     pub fn admit(self, limits: &Limits, state: &mut Option<State>, now: u64, cost: u64) -> Outcome {
         // The two hot algorithms in one piece, so that the compiler computes their refill once.
