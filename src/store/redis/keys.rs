@@ -47,28 +47,19 @@ fn write_part_key(out: &mut String, prefix: &str, identity: &Key, part: Option<u
     match (identity.as_ip(), identity.as_text()) {
         // The common keys without the formatting machinery: they are written on every check.
         (Some(IpAddr::V4(v4)), _) => {
-            // "255.255.255.255" at most.
-            let mut text = [0u8; 15];
-            let mut len = 0;
+            // Digit by digit into the room reserved: no formatting, no UTF-8 check.
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    text[len] = b'.';
-                    len += 1;
+                    out.push('.');
                 }
-                let digits = [octet / 100, octet / 10 % 10, octet % 10];
-                let skip = if octet >= 100 {
-                    0
-                } else if octet >= 10 {
-                    1
-                } else {
-                    2
-                };
-                for digit in &digits[skip..] {
-                    text[len] = b'0' + digit;
-                    len += 1;
+                if octet >= 100 {
+                    out.push(char::from(b'0' + octet / 100));
                 }
+                if octet >= 10 {
+                    out.push(char::from(b'0' + octet / 10 % 10));
+                }
+                out.push(char::from(b'0' + octet % 10));
             }
-            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
         (_, Some(text)) => out.push_str(text),
         _ => {
@@ -144,6 +135,28 @@ mod tests {
         );
         assert_eq!(key_name("app", &Key::text(""), "r"), "app:{%}:r");
         assert_eq!(key_name("app", &Key::global(), "r"), "app:{global}:r");
+    }
+
+    #[test]
+    fn ipv4_key_names_are_the_addresses_as_displayed() {
+        // Every octet length, its ends, and the zero octet.
+        for octets in [
+            [0, 0, 0, 0],
+            [9, 10, 99, 100],
+            [127, 0, 0, 1],
+            [203, 0, 113, 7],
+            [255, 255, 255, 255],
+            [1, 22, 199, 200],
+        ] {
+            let ip = IpAddr::from(octets);
+            let key = Key::ip(ip);
+            assert_eq!(key_name("t", &key, "r"), format!("t:{{{key}}}:r"));
+            assert_eq!(key_name("t", &key, "r"), format!("t:{{{ip}}}:r"));
+            assert_eq!(
+                part_key_name("t", &key, Some(12), "r"),
+                format!("t:{{{ip}~12}}:r")
+            );
+        }
     }
 
     #[test]

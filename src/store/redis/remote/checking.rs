@@ -57,12 +57,15 @@ impl<T: Transport> Checking<T> {
 
     fn settle(&mut self, reply: Result<Reply, StoreError>) -> Result<Decision, StoreError> {
         self.state = State::Done;
-        match self.plan.take() {
+        // Settled where it lies (a plan is a few hundred bytes: a move copies it), then dropped.
+        let decision = match &mut self.plan {
             Some(plan) => plan.settle(Some(reply)),
             None => Err(StoreError::Protocol(
                 "a check polled after it answered".into(),
             )),
-        }
+        };
+        self.plan = None;
+        decision
     }
 }
 

@@ -7,11 +7,9 @@ mod checking;
 mod future;
 mod transport;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use self::checking::Checking;
-use super::replica::Plan;
 use crate::Decision;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
@@ -53,7 +51,7 @@ impl<T: Transport> Store for Remote<T> {
             return Box::pin(std::future::ready(Err(error)));
         }
         let transport = &self.0;
-        let plan = transport.parts().replica.plan(charges);
+        let mut plan = transport.parts().replica.plan(charges);
         if !plan.sends() {
             return Box::pin(std::future::ready(plan.settle(None)));
         }
@@ -69,9 +67,18 @@ impl<T: Transport> Store for Remote<T> {
             // On its way already: its request waits for it.
             return Box::pin(Checking::new(transport.clone(), plan, prepared, now, true));
         }
-        sent(plan, |plan| {
-            Checking::new(transport.clone(), plan, prepared, now, false)
-        })
+        // A request paid from this replica's leases that only refills them ahead of need is
+        // answered now, on a Tokio runtime, its call going on in a task of its own. (The plan
+        // goes straight into its future: it is a few hundred bytes, and each move copies it.)
+        if plan.paid_here()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+            && let Some(decision) = plan.detach()
+        {
+            let call = Checking::new(transport.clone(), plan, prepared, now, false);
+            drop(runtime.spawn(call));
+            return Box::pin(std::future::ready(Ok(decision)));
+        }
+        Box::pin(Checking::new(transport.clone(), plan, prepared, now, false))
     }
 
     /// Answers at once a check decided here (a denial Redis made moments ago, units leased to
@@ -216,24 +223,4 @@ fn repeated(charges: &[Charge<'_>]) -> Option<StoreError> {
         }
     }
     None
-}
-
-/// The future of a check whose plan sends a call (`call` makes it): the call itself, or, for a
-/// request paid from this replica's leases that only refills them ahead of need, on a Tokio
-/// runtime, its decision at once, with the call going on in a task of its own.
-fn sent<F>(mut plan: Plan, call: impl FnOnce(Plan) -> F) -> CheckFuture
-where
-    F: Future<Output = Result<Decision, StoreError>> + Send + 'static,
-{
-    let detached = tokio::runtime::Handle::try_current()
-        .ok()
-        .and_then(|runtime| Some((plan.detach()?, runtime)));
-    let call = call(plan);
-    match detached {
-        Some((decision, runtime)) => {
-            drop(runtime.spawn(call));
-            Box::pin(std::future::ready(Ok(decision)))
-        }
-        None => Box::pin(call),
-    }
 }

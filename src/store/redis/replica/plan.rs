@@ -89,7 +89,7 @@ impl Plan {
 
     /// Whether every charge is paid here (from leases), whatever Redis answers: its refills
     /// ahead of need only add units.
-    pub(super) fn paid_here(&self) -> bool {
+    pub(crate) fn paid_here(&self) -> bool {
         self.charges
             .iter()
             .all(|c| matches!(c.how, How::Leased(..) | How::Ahead { .. }))
@@ -157,7 +157,7 @@ impl Plan {
     /// when nothing was sent): refills become leases, denials are cached, and units taken here
     /// go back when the request is not admitted.
     pub(crate) fn settle(
-        mut self,
+        &mut self,
         reply: Option<Result<Reply, StoreError>>,
     ) -> Result<Decision, StoreError> {
         self.settled = true;
@@ -427,7 +427,7 @@ impl Plan {
 
     /// The answer of a check whose call failed: a request paid here stands (its refills ahead
     /// of need end without units); any other gives back what it took here, and fails.
-    pub(super) fn failed(mut self, error: StoreError) -> Result<Decision, StoreError> {
+    pub(super) fn failed(&mut self, error: StoreError) -> Result<Decision, StoreError> {
         self.settled = true;
         if !self.paid_here() {
             self.undo();
@@ -453,29 +453,35 @@ impl Replica {
     /// lease when it holds enough, and otherwise refill it (one refill per key at a time).
     pub(crate) fn plan(self: &Arc<Self>, charges: &[Charge<'_>]) -> Plan {
         let at = self.now();
-        let mut planned: SmallVec<[Planned; 2]> = charges
-            .iter()
-            .map(|charge| {
-                let rule = charge.rule;
-                let part = (rule.parts() > 1).then(|| (self.next_part(charge), rule.parts()));
-                Planned {
-                    fingerprint: match part {
-                        Some((part, _)) => mix(rule.fingerprint(), part),
-                        None => rule.fingerprint(),
-                    },
-                    lease_key: lease_key(rule),
-                    key: charge.key.clone(),
-                    cost: charge.cost,
-                    algorithm: rule.algorithm(),
-                    period: rule.limits().period,
-                    part,
-                    capacity: rule.algorithm().capacity(rule.limits()),
-                    exact: exact_limits(rule),
-                    how: How::Sent,
-                    give_back: None,
-                }
-            })
-            .collect();
+        // Built in place: a plan is a few hundred bytes, and each move copies it.
+        let mut plan = Plan {
+            local: self.clone(),
+            at,
+            charges: SmallVec::new(),
+            settled: false,
+            detached: false,
+        };
+        plan.charges.extend(charges.iter().map(|charge| {
+            let rule = charge.rule;
+            let part = (rule.parts() > 1).then(|| (self.next_part(charge), rule.parts()));
+            Planned {
+                fingerprint: match part {
+                    Some((part, _)) => mix(rule.fingerprint(), part),
+                    None => rule.fingerprint(),
+                },
+                lease_key: lease_key(rule),
+                key: charge.key.clone(),
+                cost: charge.cost,
+                algorithm: rule.algorithm(),
+                period: rule.limits().period,
+                part,
+                capacity: rule.algorithm().capacity(rule.limits()),
+                exact: exact_limits(rule),
+                how: How::Sent,
+                give_back: None,
+            }
+        }));
+        let planned = &mut plan.charges;
         // Denied moments ago (with a split key's sub-keys now chosen): answered here.
         if !self.denials.is_empty() {
             let standing: Option<SmallVec<[(Outcome, bool); 2]>> = planned
@@ -497,13 +503,7 @@ impl Replica {
                 for (p, (outcome, _)) in planned.iter_mut().zip(standing) {
                     p.how = How::Cached(outcome);
                 }
-                return Plan {
-                    local: self.clone(),
-                    at,
-                    charges: planned,
-                    settled: false,
-                    detached: false,
-                };
+                return plan;
             }
         }
         for (p, charge) in planned.iter_mut().zip(charges) {
@@ -513,12 +513,6 @@ impl Replica {
                 (p.how, p.give_back) = self.lease_for(charge, lease, at);
             }
         }
-        Plan {
-            local: self.clone(),
-            at,
-            charges: planned,
-            settled: false,
-            detached: false,
-        }
+        plan
     }
 }

@@ -76,7 +76,7 @@ fn a_denial_is_answered_here_until_its_retry_after_aged() {
     let rule = rule("r", Algorithm::TokenBucket, 10, 60_000_000);
     let key = Key::text("k");
     let charges = one(&rule, &key, 1);
-    let plan = local.plan(&charges);
+    let mut plan = local.plan(&charges);
     let reply = denial(6_000_000);
     assert!(!plan.settle(Some(Ok(reply))).unwrap().allowed());
     clock.advance(std::time::Duration::from_secs(2));
@@ -111,7 +111,7 @@ fn a_rule_whose_cost_never_fits_keeps_its_numbers_only_until_its_window() {
             cost: 1,
         },
     ];
-    let plan = local.plan(&charges);
+    let mut plan = local.plan(&charges);
     // The log's one entry leaves in 1 ms; its cost never fits. The window denies for 30 s.
     let never = Outcome {
         retry_after: u64::MAX,
@@ -192,9 +192,9 @@ impl Hot {
     /// mark of `1.5 × dry` (none above 4).
     fn fill(&self, dry: u64) {
         let charges = self.charges();
-        let refill = self.local.plan(&charges);
+        let mut refill = self.local.plan(&charges);
         for i in 0..dry {
-            let alone = self.local.plan(&charges);
+            let mut alone = self.local.plan(&charges);
             assert!(matches!(alone.charges[0].how, How::Sent));
             alone.settle(Some(Ok(admitted(99 - i, 1)))).unwrap();
         }
@@ -210,7 +210,7 @@ impl Hot {
         assert_eq!(held(&self.local), (9, 0));
         self.pay(3);
         // The next request leaves 5 < 6: it asks for 4, and four more are paid meanwhile.
-        let ahead = self.local.plan(&charges);
+        let mut ahead = self.local.plan(&charges);
         assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 4, .. }));
         self.pay(4);
         ahead.settle(Some(Ok(admitted(76, 4)))).unwrap();
@@ -240,7 +240,7 @@ fn a_key_spent_at_once_refills_ahead_of_need() {
         local.answer(&charges, true).is_none(),
         "a refill ahead is due"
     );
-    let ahead = local.plan(&charges);
+    let mut ahead = local.plan(&charges);
     let How::Ahead { ask, .. } = ahead.charges[0].how else {
         panic!("{:?}", ahead.charges[0].how);
     };
@@ -273,7 +273,7 @@ fn a_request_paid_here_stands_when_its_refill_ahead_fails() {
     hot.fill(1);
     // Low water 1: the request that takes the last unit asks for 9.
     hot.pay(8);
-    let ahead = local.plan(&charges);
+    let mut ahead = local.plan(&charges);
     assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 9, .. }));
     let decision = ahead.settle(Some(Err(StoreError::Timeout))).unwrap();
     assert!(decision.allowed());
@@ -317,7 +317,7 @@ fn a_refill_ahead_goes_out_while_units_wait_and_holds_at_most_n_minus_1() {
     hot.one_held_four_waiting();
     // The mark is 6 again: the next request leaves 4 in all, and asks for what the lease
     // lacks while those wait.
-    let ahead = local.plan(&charges);
+    let mut ahead = local.plan(&charges);
     assert!(matches!(ahead.charges[0].how, How::Ahead { ask: 5, .. }));
     ahead.settle(Some(Ok(admitted(71, 5)))).unwrap();
     assert_eq!(held(local), (0, 9), "9 held in all: n - 1");
@@ -366,8 +366,8 @@ fn a_detached_request_keeps_what_it_spent() {
 fn units_held_are_spent_before_a_cached_denial() {
     let hot = Hot::new();
     let (local, charges) = (&hot.local, hot.charges());
-    let refill = local.plan(&charges);
-    let alone = local.plan(&charges);
+    let mut refill = local.plan(&charges);
+    let mut alone = local.plan(&charges);
     refill.settle(Some(Ok(admitted(0, 10)))).unwrap();
     // Redis had nothing left for the request sent meanwhile: a denial, cached.
     let denial = denial(36_000_000);
@@ -378,7 +378,7 @@ fn units_held_are_spent_before_a_cached_denial() {
     }
     // The last unit would send a refill ahead of need: planned, not denied here.
     assert!(local.answer(&charges, true).is_none());
-    let ahead = local.plan(&charges);
+    let mut ahead = local.plan(&charges);
     assert!(matches!(ahead.charges[0].how, How::Ahead { .. }));
     // Redis had nothing for it: the denial stands, and answers the next request.
     assert!(ahead.settle(Some(Ok(admitted(0, 0)))).unwrap().allowed());
@@ -412,7 +412,7 @@ fn costs_a_lease_cannot_pay_and_resets_lose_nothing_and_keep_nothing() {
     assert!(local.answer(&costly(0), true).is_none());
     // A refill out when the key is reset brings no unit.
     warm(local, &hot.rule, &hot.key);
-    let refill = local.plan(&charges);
+    let mut refill = local.plan(&charges);
     assert!(matches!(refill.charges[0].how, How::Refill { .. }));
     local.forget(&hot.rule, &hot.key, true);
     assert!(refill.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
@@ -432,7 +432,7 @@ fn a_window_lease_ends_with_its_own_nodes_window() {
     let key = Key::text("k");
     let charges = one(&rule, &key, 1);
     warm(&local, &rule, &key);
-    let refill = local.plan(&charges);
+    let mut refill = local.plan(&charges);
     assert!(matches!(refill.charges[0].how, How::Refill { .. }));
     // The call's first node says 59 s into the window; the node that charged this key,
     // 1 s into it: the lease lives 59 s, not 1 s.
@@ -460,7 +460,7 @@ fn waiting_units_live_no_longer_than_their_time() {
     // 30 s later, another asks for 5, joining the units that wait (their time: 60 s after
     // the first refill ahead was sent).
     hot.clock.advance(std::time::Duration::from_secs(30));
-    let second = local.plan(&charges);
+    let mut second = local.plan(&charges);
     assert!(matches!(second.charges[0].how, How::Ahead { ask: 5, .. }));
     second.settle(Some(Ok(admitted(71, 5)))).unwrap();
     assert_eq!(held(local), (0, 9));
@@ -496,13 +496,13 @@ fn a_give_back_of_an_evicted_lease_never_lands_in_the_next() {
     let refill = |local: &Arc<Replica>| {
         let charges = hot.charges();
         warm(local, &hot.rule, &hot.key);
-        let plan = local.plan(&charges);
+        let mut plan = local.plan(&charges);
         assert!(matches!(plan.charges[0].how, How::Refill { .. }));
         assert!(plan.settle(Some(Ok(admitted(90, 10)))).unwrap().allowed());
     };
     refill(&local);
     // A request paid from the lease, waiting for Redis's answer of its other rule.
-    let stale = local.plan(&both);
+    let mut stale = local.plan(&both);
     assert!(matches!(stale.charges[0].how, How::Leased(..)));
     // The lease expires; a key of the same shard takes its place.
     hot.clock.advance(std::time::Duration::from_secs(61));
@@ -542,7 +542,7 @@ fn unspent_units_of_a_window_go_back_with_the_next_call_once() {
         let charges = one(&rule, &key, 1);
         let lease_then_expire = |reset: bool| {
             warm(&local, &rule, &key);
-            let refill = local.plan(&charges);
+            let mut refill = local.plan(&charges);
             assert!(matches!(
                 refill.charges[0].how,
                 How::Refill { lease: 10, .. }
@@ -563,7 +563,7 @@ fn unspent_units_of_a_window_go_back_with_the_next_call_once() {
             assert!(matches!(next.charges[0].how, How::Sent));
             (next, charged)
         };
-        let (next, charged) = lease_then_expire(false);
+        let (mut next, charged) = lease_then_expire(false);
         let sent = next.prepared("p", &charges);
         if algorithm.lease_gives_back() {
             assert_eq!(sent[0].give_back, Some((6, charged)), "{algorithm}");
