@@ -112,25 +112,34 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    /// The future of a request after [`Engine::decide`]: the inner service is called now when
+    /// The future of a request after [`Engine::decide`]: the ready `service` is called now when
     /// it was decided, else the future drives the decision first.
     #[inline]
     pub(crate) fn new(
         decide: Decide<St::Future>,
         snapshot: Arc<Snapshot>,
         span: tracing::Span,
-        service: S,
+        service: &mut S,
         request: (Parts, ReqBody),
         engine: Arc<Engine<St>>,
         in_flight: Option<InFlight>,
-    ) -> Self {
+    ) -> Self
+    where
+        S: Clone,
+    {
         let (parts, body) = request;
         let state = match decide {
+            // Called now (or not at all): the ready service stays, for the next request.
             Decide::Ready(ruling) => enter(ruling, &snapshot, service, parts, body),
-            Decide::Waiting(pending) => State::Deciding {
-                driver: Driver::new(pending, engine.clone(), snapshot.clone(), span),
-                call: Some((service, parts, body)),
-            },
+            Decide::Waiting(pending) => {
+                // The ready service waits with this request; a fresh clone waits for the next
+                // poll_ready.
+                let clone = service.clone();
+                State::Deciding {
+                    driver: Driver::new(pending, engine.clone(), snapshot.clone(), span),
+                    call: Some((std::mem::replace(service, clone), parts, body)),
+                }
+            }
         };
         ResponseFuture {
             state,
@@ -146,8 +155,8 @@ where
 fn enter<S, ReqBody, D>(
     ruling: Ruling,
     snapshot: &Snapshot,
-    mut service: S,
-    parts: Parts,
+    service: &mut S,
+    mut parts: Parts,
     body: ReqBody,
 ) -> State<S, ReqBody, S::Future, D, S::Response>
 where
@@ -155,7 +164,6 @@ where
 {
     match ruling {
         Ruling::Call(admitted) => {
-            let mut parts = parts;
             if let Some(meter) = &admitted.meter {
                 // Behind another metered layer, the handler spends from both.
                 let meter = match parts.extensions.get::<Meter>() {
@@ -191,11 +199,11 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     let ruling = ready!(driver.poll_decide(cx, parts));
-                    let Some((service, parts, body)) = call.take() else {
+                    let Some((mut service, parts, body)) = call.take() else {
                         panic!("ResponseFuture polled after completion");
                     };
                     this.state
-                        .set(enter(ruling, this.snapshot, service, parts, body));
+                        .set(enter(ruling, this.snapshot, &mut service, parts, body));
                 }
                 StateProj::Calling { future, admitted } => {
                     // An error of the inner service drops the slots with this state.

@@ -102,9 +102,6 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The ready service goes with this request; a fresh clone waits for the next poll_ready.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
         let (mut parts, body) = request.into_parts();
         let span = crate::observe::span();
         // Load shedding comes first: a busy process spends nothing on what it sheds.
@@ -120,7 +117,7 @@ where
             decide,
             snapshot,
             span,
-            ready,
+            &mut self.inner,
             (parts, body),
             self.engine.clone(),
             in_flight,

@@ -65,6 +65,16 @@ impl Decision {
         }
     }
 
+    /// A decision made of these outcomes, moved in as they are (no collecting).
+    pub(crate) fn of_outcomes(outcomes: SmallVec<[Outcome; 2]>) -> Self {
+        Decision {
+            outcomes,
+            source: DecisionSource::Store,
+            made_at: 0,
+            times: None,
+        }
+    }
+
     /// A decision on one rule.
     #[inline]
     pub fn single(outcome: Outcome) -> Self {

@@ -1,6 +1,5 @@
 //! Key names: `prefix:{identity}:rule`, and the Redis Cluster slot of a key.
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use crate::ConfigError;
@@ -32,64 +31,233 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), ConfigError> {
 /// hashes to the same Cluster slot. An empty identity would make Redis hash the whole name, so it
 /// is written as `%` (a text no other identity has: `Key::text` escapes every `%`).
 pub(crate) fn write_key(out: &mut String, prefix: &str, identity: &Key, rule: &str) {
+    out.clear();
     write_part_key(out, prefix, identity, None, rule);
 }
 
+/// Where a key's name is written: a `String`, or a [`KeyName`]'s room.
+trait NameOut: std::fmt::Write {
+    fn push_text(&mut self, text: &str);
+    /// Appends one ASCII byte.
+    fn push_ascii(&mut self, byte: u8);
+    fn written(&self) -> usize;
+}
+
+impl NameOut for String {
+    fn push_text(&mut self, text: &str) {
+        self.push_str(text);
+    }
+
+    fn push_ascii(&mut self, byte: u8) {
+        self.push(char::from(byte));
+    }
+
+    fn written(&self) -> usize {
+        self.len()
+    }
+}
+
 /// Writes the key of one sub-key of a split rule, `prefix:{identity~part}:rule`, or of a whole
-/// key when `part` is `None`. The part is inside the hash tag, so that a cluster spreads the
-/// sub-keys of one identity over its slots; `~` is escaped in text identities, so no identity
-/// reads like another's sub-key.
-fn write_part_key(out: &mut String, prefix: &str, identity: &Key, part: Option<u16>, rule: &str) {
-    out.clear();
-    out.push_str(prefix);
-    out.push_str(":{");
-    let start = out.len();
+/// key when `part` is `None`, after what `out` holds. The part is inside the hash tag, so that a
+/// cluster spreads the sub-keys of one identity over its slots; `~` is escaped in text
+/// identities, so no identity reads like another's sub-key.
+fn write_part_key(
+    out: &mut impl NameOut,
+    prefix: &str,
+    identity: &Key,
+    part: Option<u16>,
+    rule: &str,
+) {
+    out.push_text(prefix);
+    out.push_text(":{");
+    let start = out.written();
     match (identity.as_ip(), identity.as_text()) {
         // The common keys without the formatting machinery: they are written on every check.
         (Some(IpAddr::V4(v4)), _) => {
-            // Digit by digit into the room reserved: no formatting, no UTF-8 check.
+            // Digit by digit: no formatting, no stack buffer, no UTF-8 check.
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    out.push_ascii(b'.');
                 }
                 if octet >= 100 {
-                    out.push(char::from(b'0' + octet / 100));
+                    out.push_ascii(b'0' + octet / 100);
                 }
                 if octet >= 10 {
-                    out.push(char::from(b'0' + octet / 10 % 10));
+                    out.push_ascii(b'0' + octet / 10 % 10);
                 }
-                out.push(char::from(b'0' + octet % 10));
+                out.push_ascii(b'0' + octet % 10);
             }
         }
-        (_, Some(text)) => out.push_str(text),
+        (_, Some(text)) => out.push_text(text),
         _ => {
             let _ = write!(out, "{identity}");
         }
     }
-    if out.len() == start {
-        out.push('%');
+    if out.written() == start {
+        out.push_text("%");
     }
     if let Some(part) = part {
-        out.push('~');
+        out.push_text("~");
         let mut digits = crate::decimal::Digits::default();
-        out.push_str(std::str::from_utf8(digits.of(u64::from(part))).unwrap_or_default());
+        out.push_text(std::str::from_utf8(digits.of(u64::from(part))).unwrap_or_default());
     }
-    out.push_str("}:");
-    out.push_str(rule);
+    out.push_text("}:");
+    out.push_text(rule);
 }
 
 /// The key of one charge, as a new string.
 pub(crate) fn key_name(prefix: &str, identity: &Key, rule: &str) -> String {
-    part_key_name(prefix, identity, None, rule)
+    // IPv6 addresses are at most 39 characters; the braces 2 and the colons 2.
+    let identity_len = identity.as_text().map_or(39, str::len);
+    let mut out = String::with_capacity(prefix.len() + rule.len() + identity_len + 4);
+    write_part_key(&mut out, prefix, identity, None, rule);
+    out
 }
 
-/// The key of one charge of a sub-key (or the whole key), as a new string.
-pub(crate) fn part_key_name(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> String {
-    // IPv6 addresses are at most 39 characters; "~<part>" and the braces at most 9.
-    let identity_len = identity.as_text().map_or(39, str::len);
-    let mut out = String::with_capacity(prefix.len() + rule.len() + identity_len + 12);
-    write_part_key(&mut out, prefix, identity, part, rule);
-    out
+/// The bytes a [`KeyName`] holds without an allocation: `prefix:{identity}:rule` with the default
+/// prefix, an IPv6 address and a rule name of 19 bytes fits.
+const INLINE: usize = 70;
+
+// Its length is a byte.
+const _: () = assert!(INLINE < 256);
+
+/// The name of the Redis key a check charges, held inline when it is short (most are), so that
+/// writing it allocates nothing; always valid UTF-8.
+#[derive(Clone)]
+pub(crate) struct KeyName(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<str>),
+}
+
+impl KeyName {
+    /// The key of one charge, of a split rule's sub-key `part` or of the whole key.
+    pub(crate) fn new(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> Self {
+        let mut room = Room::default();
+        write_part_key(&mut room, prefix, identity, part, rule);
+        room.name()
+    }
+
+    /// The name's bytes, as they are sent.
+    #[inline]
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match &self.0 {
+            Repr::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Repr::Heap(name) => name.as_bytes(),
+        }
+    }
+
+    /// The name as text.
+    pub(crate) fn as_str(&self) -> &str {
+        // Only whole `str`s are written into it.
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+}
+
+impl From<&str> for KeyName {
+    fn from(name: &str) -> Self {
+        let mut room = Room::default();
+        room.push_text(name);
+        room.name()
+    }
+}
+
+impl PartialEq for KeyName {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for KeyName {}
+
+impl std::fmt::Debug for KeyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for KeyName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A [`KeyName`] being written: inline until a text does not fit, then all of it on the heap.
+struct Room {
+    len: usize,
+    bytes: [u8; INLINE],
+    spilled: Option<String>,
+}
+
+impl Default for Room {
+    fn default() -> Self {
+        Room {
+            len: 0,
+            bytes: [0; INLINE],
+            spilled: None,
+        }
+    }
+}
+
+impl Room {
+    /// The name written.
+    fn name(self) -> KeyName {
+        match self.spilled {
+            Some(name) => KeyName(Repr::Heap(name.into_boxed_str())),
+            None => KeyName(Repr::Inline {
+                // At most INLINE, which is below 256.
+                len: self.len as u8,
+                bytes: self.bytes,
+            }),
+        }
+    }
+}
+
+impl NameOut for Room {
+    #[inline]
+    fn push_text(&mut self, text: &str) {
+        match &mut self.spilled {
+            None if self.len + text.len() <= INLINE => {
+                self.bytes[self.len..self.len + text.len()].copy_from_slice(text.as_bytes());
+                self.len += text.len();
+            }
+            None => {
+                let mut heap = String::with_capacity(self.len + text.len() + 16);
+                // Whole `str`s were written before.
+                heap.push_str(std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default());
+                heap.push_str(text);
+                self.spilled = Some(heap);
+            }
+            Some(heap) => heap.push_str(text),
+        }
+    }
+
+    #[inline]
+    fn push_ascii(&mut self, byte: u8) {
+        match &mut self.spilled {
+            None if self.len < INLINE => {
+                self.bytes[self.len] = byte;
+                self.len += 1;
+            }
+            _ => self.push_text(char::from(byte).encode_utf8(&mut [0; 4])),
+        }
+    }
+
+    fn written(&self) -> usize {
+        match &self.spilled {
+            Some(heap) => heap.len(),
+            None => self.len,
+        }
+    }
+}
+
+impl std::fmt::Write for Room {
+    fn write_str(&mut self, text: &str) -> std::fmt::Result {
+        self.push_text(text);
+        Ok(())
+    }
 }
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag (the text between the first
@@ -153,10 +321,52 @@ mod tests {
             assert_eq!(key_name("t", &key, "r"), format!("t:{{{key}}}:r"));
             assert_eq!(key_name("t", &key, "r"), format!("t:{{{ip}}}:r"));
             assert_eq!(
-                part_key_name("t", &key, Some(12), "r"),
+                KeyName::new("t", &key, Some(12), "r").as_str(),
                 format!("t:{{{ip}~12}}:r")
             );
+            assert_eq!(
+                KeyName::new("t", &key, None, "r").as_str(),
+                key_name("t", &key, "r")
+            );
         }
+    }
+
+    #[test]
+    fn key_names_too_long_to_hold_inline_are_written_whole() {
+        // Spilled at the prefix, at the identity (text and formatted), at a digit of an
+        // address, and at the rule.
+        let long = "x".repeat(INLINE);
+        let v4 = Key::ip(IpAddr::from([203, 0, 113, 255]));
+        let v6 = Key::ip(
+            "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"
+                .parse::<IpAddr>()
+                .unwrap(),
+        );
+        for (prefix, identity, rule) in [
+            (long.as_str(), Key::text("user-1"), "r"),
+            ("tollgate", Key::text(&long), "r"),
+            ("tollgate", v6.clone(), "a-rule-of-twenty-ch"),
+            ("tollgate", v6, "a-rule-of-twenty-chars"),
+            (&long[..INLINE - 8], v4.clone(), "r"),
+            ("tollgate", v4, &long),
+        ] {
+            let expected = key_name(prefix, &identity, rule);
+            let name = KeyName::new(prefix, &identity, None, rule);
+            assert_eq!(name.as_str(), expected);
+            assert_eq!(name.as_bytes(), expected.as_bytes());
+            assert_eq!(name, KeyName::from(expected.as_str()));
+            assert_eq!(
+                KeyName::new(prefix, &identity, Some(3), rule).as_str(),
+                part_name(prefix, &identity, 3, rule)
+            );
+        }
+    }
+
+    /// A split key's name, written the long way.
+    fn part_name(prefix: &str, identity: &Key, part: u16, rule: &str) -> String {
+        let whole = key_name(prefix, identity, rule);
+        let close = whole.find("}:").unwrap();
+        format!("{}~{part}{}", &whole[..close], &whole[close..])
     }
 
     #[test]

@@ -96,7 +96,7 @@ mod tests {
 
     fn charge(algorithm: Algorithm, key: &str) -> Prepared {
         Prepared {
-            key: key.to_owned(),
+            key: key.into(),
             algorithm,
             limits: Limits::new(5, 60_000_000, 5).unwrap(),
             descriptor: Arc::from(""),
@@ -129,9 +129,11 @@ mod tests {
         let log = given.clone();
         let unread = Unclaimed::new(reply(true), charges.to_vec(), move || {
             Box::new(move |refunds| {
-                log.lock()
-                    .unwrap()
-                    .extend(refunds.into_iter().map(|(at, c)| (at, c.key, c.cost)));
+                log.lock().unwrap().extend(
+                    refunds
+                        .into_iter()
+                        .map(|(at, c)| (at, c.key.to_string(), c.cost)),
+                );
             })
         });
         drop(unread);

@@ -47,7 +47,9 @@ impl<T: Transport> Store for Remote<T> {
         if charges.is_empty() {
             return Box::pin(async { Ok(Decision::default()) });
         }
-        if let Some(error) = repeated(charges) {
+        if charges.len() > 1
+            && let Some(error) = repeated(charges)
+        {
             return Box::pin(std::future::ready(Err(error)));
         }
         let transport = &self.0;

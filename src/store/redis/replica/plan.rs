@@ -108,48 +108,38 @@ impl Plan {
 
     /// The decision of a request paid here: the outcomes its leases reported.
     pub(super) fn paid_decision(&self) -> Decision {
-        let outcomes = self
-            .charges
-            .iter()
-            .filter_map(|planned| match planned.how {
-                How::Leased(outcome, _) | How::Ahead { outcome, .. } => Some(outcome),
-                _ => None,
-            })
-            .collect::<SmallVec<[Outcome; 2]>>();
+        let outcomes = self.charges.iter().filter_map(|planned| match planned.how {
+            How::Leased(outcome, _) | How::Ahead { outcome, .. } => Some(outcome),
+            _ => None,
+        });
         Decision::from_outcomes(outcomes).made_by(DecisionSource::Lease)
     }
 
     /// The charges to send, in order, with the lease of each refill.
     pub(crate) fn prepared(&self, prefix: &str, charges: &[Charge<'_>]) -> Vec<Prepared> {
         let mut all = Vec::with_capacity(charges.len());
-        all.extend(
-            self.charges
-                .iter()
-                .zip(charges)
-                .filter_map(|(planned, charge)| {
-                    let mut one = Prepared::new(prefix, charge);
-                    if let Some((part, _)) = planned.part {
-                        one = one.of_part(prefix, charge, part);
-                    }
-                    one.give_back = planned.give_back;
-                    match planned.how {
-                        How::Sent => {}
-                        How::Leased(..) | How::Cached(_) => return None,
-                        How::Refill { held, lease, .. } => {
-                            // A refill starts below the cost, and what is held never reaches the
-                            // lease (it holds at most `lease - cost` after a refill).
-                            one.cost = charge.cost.saturating_sub(held);
-                            one.lease = lease.saturating_sub(held).max(one.cost);
-                        }
-                        How::Ahead { ask, .. } => {
-                            // Paid here: Redis is asked for units only.
-                            one.cost = 0;
-                            one.lease = ask;
-                        }
-                    }
-                    Some(one)
-                }),
-        );
+        for (planned, charge) in self.charges.iter().zip(charges) {
+            let (cost, lease) = match planned.how {
+                How::Sent => (charge.cost, 0),
+                How::Leased(..) | How::Cached(_) => continue,
+                // A refill starts below the cost, and what is held never reaches the lease (it
+                // holds at most `lease - cost` after a refill).
+                How::Refill { held, lease, .. } => {
+                    let cost = charge.cost.saturating_sub(held);
+                    (cost, lease.saturating_sub(held).max(cost))
+                }
+                // Paid here: Redis is asked for units only.
+                How::Ahead { ask, .. } => (0, ask),
+            };
+            let mut one = match planned.part {
+                Some((part, _)) => Prepared::of_part(prefix, charge, part),
+                None => Prepared::new(prefix, charge),
+            };
+            one.cost = cost;
+            one.lease = lease;
+            one.give_back = planned.give_back;
+            all.push(one);
+        }
         all
     }
 
@@ -161,7 +151,6 @@ impl Plan {
         reply: Option<Result<Reply, StoreError>>,
     ) -> Result<Decision, StoreError> {
         self.settled = true;
-        let local = self.local.clone();
         let reply = match reply {
             None => Reply {
                 now: 0,
@@ -172,6 +161,15 @@ impl Plan {
             Some(Ok(reply)) => reply,
             Some(Err(error)) => return self.failed(error),
         };
+        if reply.outcomes.len() == self.charges.len()
+            && self
+                .charges
+                .iter()
+                .all(|c| matches!(c.how, How::Sent) && c.part.is_none())
+        {
+            return Ok(self.settle_sent(reply));
+        }
+        let local = self.local.clone();
         // The outcome of each charge: from the lease here, or from Redis (with what it took,
         // and when, when the charges went to several nodes: their times follow the charges
         // sent, and are moved to the charges of the request).
@@ -328,13 +326,40 @@ impl Plan {
         } else {
             DecisionSource::Lease
         };
-        let decision = Decision::from_outcomes(outcomes)
+        let decision = Decision::of_outcomes(outcomes)
             .made_by(source)
             .made_at_time(reply.now);
         Ok(match times {
             Some(times) => decision.charged_at_times(times),
             None => decision,
         })
+    }
+
+    /// The decision of a check whose every charge went to Redis as it is (no lease, no
+    /// sub-key, nothing cached), from its reply: [`settle`](Plan::settle) for the common case,
+    /// whose outcomes and times are Redis's own, in order.
+    fn settle_sent(&self, reply: Reply) -> Decision {
+        let local = &self.local;
+        if reply.allowed() {
+            // Redis admitted it: those denials are over, or keep their numbers, fresher.
+            if !local.denials.is_empty() {
+                for (planned, outcome) in self.charges.iter().zip(&reply.outcomes) {
+                    let key = (planned.fingerprint, planned.key.clone());
+                    let exact = planned.exact.is_some();
+                    local
+                        .denials
+                        .admitted(key, planned.cost, outcome, self.at, exact);
+                }
+            }
+        } else {
+            // Nothing was taken here to give back.
+            self.cache_denial(&reply.outcomes);
+        }
+        let decision = Decision::of_outcomes(reply.outcomes).made_at_time(reply.now);
+        match reply.times {
+            Some(times) => decision.charged_at_times(times),
+            None => decision,
+        }
     }
 
     /// Keeps a denial: until the sooner of the denying rules' retry-after and window. Never
@@ -461,10 +486,11 @@ impl Replica {
             settled: false,
             detached: false,
         };
-        plan.charges.extend(charges.iter().map(|charge| {
+        // Pushed one by one: `extend` costs more than the loop for the one or two of a check.
+        for charge in charges {
             let rule = charge.rule;
             let part = (rule.parts() > 1).then(|| (self.next_part(charge), rule.parts()));
-            Planned {
+            plan.charges.push(Planned {
                 fingerprint: match part {
                     Some((part, _)) => mix(rule.fingerprint(), part),
                     None => rule.fingerprint(),
@@ -479,8 +505,8 @@ impl Replica {
                 exact: exact_limits(rule),
                 how: How::Sent,
                 give_back: None,
-            }
-        }));
+            });
+        }
         let planned = &mut plan.charges;
         // Denied moments ago (with a split key's sub-keys now chosen): answered here.
         if !self.denials.is_empty() {

@@ -18,7 +18,7 @@ use redis::aio::ConnectionLike;
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use smallvec::SmallVec;
 
-use super::keys;
+use super::keys::{self, KeyName};
 use super::resp;
 use crate::Algorithm;
 use crate::algorithm::{Limits, Outcome};
@@ -496,7 +496,7 @@ impl<P> Copy for Request<'_, P> {}
 /// One charge, owned: what the code needs, and what decoding its reply needs.
 #[derive(Clone, Debug)]
 pub(crate) struct Prepared {
-    pub(crate) key: String,
+    pub(crate) key: KeyName,
     pub(crate) algorithm: Algorithm,
     pub(crate) limits: Limits,
     /// `<algorithm>:<limit>:<period>:<burst>:<interval>:`, the start of the charge's argument.
@@ -512,7 +512,7 @@ pub(crate) struct Prepared {
 impl Prepared {
     pub(crate) fn new(prefix: &str, charge: &Charge<'_>) -> Self {
         Prepared {
-            key: keys::key_name(prefix, charge.key, charge.rule.name()),
+            key: KeyName::new(prefix, charge.key, None, charge.rule.name()),
             algorithm: charge.rule.algorithm(),
             limits: *charge.rule.limits(),
             descriptor: charge.rule.wire().0.clone(),
@@ -522,12 +522,17 @@ impl Prepared {
         }
     }
 
-    /// The same charge, of a split rule's sub-key `part`.
-    pub(crate) fn of_part(mut self, prefix: &str, charge: &Charge<'_>, part: u16) -> Self {
-        self.key = keys::part_key_name(prefix, charge.key, Some(part), charge.rule.name());
-        self.limits = *charge.rule.part_limits();
-        self.descriptor = charge.rule.wire().1.clone();
-        self
+    /// The charge of a split rule's sub-key `part`.
+    pub(crate) fn of_part(prefix: &str, charge: &Charge<'_>, part: u16) -> Self {
+        Prepared {
+            key: KeyName::new(prefix, charge.key, Some(part), charge.rule.name()),
+            algorithm: charge.rule.algorithm(),
+            limits: *charge.rule.part_limits(),
+            descriptor: charge.rule.wire().1.clone(),
+            cost: charge.cost,
+            lease: 0,
+            give_back: None,
+        }
     }
 
     /// Whether requests of this charge in a row on one key go as one run ("R"): an algorithm
