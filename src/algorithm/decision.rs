@@ -66,6 +66,7 @@ impl Decision {
     }
 
     /// A decision made of these outcomes, moved in as they are (no collecting).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn of_outcomes(outcomes: SmallVec<[Outcome; 2]>) -> Self {
         Decision {
             outcomes,
