@@ -303,6 +303,19 @@ mod tests {
         );
         assert_eq!(key_name("app", &Key::text(""), "r"), "app:{%}:r");
         assert_eq!(key_name("app", &Key::global(), "r"), "app:{global}:r");
+        // The name a check sends is the same, held inline.
+        for (identity, expected) in [
+            (Key::text("user-1"), "app:{user-1}:r"),
+            (Key::text("a{b}"), "app:{a%7Bb%7D}:r"),
+            (Key::text(""), "app:{%}:r"),
+            (Key::global(), "app:{global}:r"),
+        ] {
+            assert_eq!(KeyName::new("app", &identity, None, "r").as_str(), expected);
+        }
+        assert_eq!(
+            KeyName::new("app", &Key::text(""), Some(0), "r").as_str(),
+            "app:{%~0}:r"
+        );
     }
 
     #[test]

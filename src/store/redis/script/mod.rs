@@ -510,25 +510,37 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// The charge of a whole key.
     pub(crate) fn new(prefix: &str, charge: &Charge<'_>) -> Self {
-        Prepared {
-            key: KeyName::new(prefix, charge.key, None, charge.rule.name()),
-            algorithm: charge.rule.algorithm(),
-            limits: *charge.rule.limits(),
-            descriptor: charge.rule.wire().0.clone(),
-            cost: charge.cost,
-            lease: 0,
-            give_back: None,
-        }
+        let (whole, _) = charge.rule.wire();
+        Self::of(prefix, charge, None, *charge.rule.limits(), whole)
     }
 
     /// The charge of a split rule's sub-key `part`.
     pub(crate) fn of_part(prefix: &str, charge: &Charge<'_>, part: u16) -> Self {
+        let (_, sub_key) = charge.rule.wire();
+        Self::of(
+            prefix,
+            charge,
+            Some(part),
+            *charge.rule.part_limits(),
+            sub_key,
+        )
+    }
+
+    /// The charge of the whole key or of sub-key `part`, with its limits and their descriptor.
+    fn of(
+        prefix: &str,
+        charge: &Charge<'_>,
+        part: Option<u16>,
+        limits: Limits,
+        descriptor: &Arc<str>,
+    ) -> Self {
         Prepared {
-            key: KeyName::new(prefix, charge.key, Some(part), charge.rule.name()),
+            key: KeyName::new(prefix, charge.key, part, charge.rule.name()),
             algorithm: charge.rule.algorithm(),
-            limits: *charge.rule.part_limits(),
-            descriptor: charge.rule.wire().1.clone(),
+            limits,
+            descriptor: descriptor.clone(),
             cost: charge.cost,
             lease: 0,
             give_back: None,
