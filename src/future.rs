@@ -129,8 +129,18 @@ where
     {
         let (parts, body) = request;
         let state = match decide {
-            // Called now (or not at all): the ready service stays, for the next request.
-            Decide::Ready(ruling) => enter(ruling, &snapshot, service, parts, body),
+            // Called now: the service stays, for the next request to make ready again.
+            Decide::Ready(ruling @ Ruling::Call(_)) => {
+                enter(ruling, &snapshot, service, parts, body)
+            }
+            // Not called: what the ready service holds for a call (a concurrency limit's
+            // permit, a buffer's slot) goes with it, and a fresh clone waits for the next
+            // poll_ready, as after a call.
+            Decide::Ready(ruling) => {
+                let clone = service.clone();
+                drop(std::mem::replace(service, clone));
+                enter(ruling, &snapshot, service, parts, body)
+            }
             Decide::Waiting(pending) => {
                 // The ready service waits with this request; a fresh clone waits for the next
                 // poll_ready.

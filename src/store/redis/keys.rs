@@ -49,6 +49,7 @@ impl NameOut for String {
     }
 
     fn push_ascii(&mut self, byte: u8) {
+        debug_assert!(byte.is_ascii());
         self.push(char::from(byte));
     }
 
@@ -107,11 +108,17 @@ fn write_part_key(
 
 /// The key of one charge, as a new string.
 pub(crate) fn key_name(prefix: &str, identity: &Key, rule: &str) -> String {
-    // IPv6 addresses are at most 39 characters; the braces 2 and the colons 2.
-    let identity_len = identity.as_text().map_or(39, str::len);
-    let mut out = String::with_capacity(prefix.len() + rule.len() + identity_len + 4);
+    let mut out = String::with_capacity(longest_name(prefix, identity, None, rule));
     write_part_key(&mut out, prefix, identity, None, rule);
     out
+}
+
+/// The length of a key's name at most (exactly, for a text identity of a whole key): an IPv6
+/// address is at most 39 characters, `~<part>` 6, the braces and colons 4.
+fn longest_name(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> usize {
+    let identity_len = identity.as_text().map_or(39, str::len);
+    let part_len = part.map_or(0, |_| 6);
+    prefix.len() + identity_len + part_len + rule.len() + 4
 }
 
 /// The bytes a [`KeyName`] holds without an allocation: `prefix:{identity}:rule` with the default
@@ -129,12 +136,20 @@ pub(crate) struct KeyName(Repr);
 #[derive(Clone)]
 enum Repr {
     Inline { len: u8, bytes: [u8; INLINE] },
-    Heap(Box<str>),
+    Heap(String),
 }
 
 impl KeyName {
     /// The key of one charge, of a split rule's sub-key `part` or of the whole key.
     pub(crate) fn new(prefix: &str, identity: &Key, part: Option<u16>, rule: &str) -> Self {
+        let longest = longest_name(prefix, identity, part, rule);
+        if longest > INLINE && identity.as_text().is_some() {
+            // Too long to hold (a hashed identity is 71 bytes alone): one allocation of the
+            // room it needs, as a `String` would take.
+            let mut name = String::with_capacity(longest);
+            write_part_key(&mut name, prefix, identity, part, rule);
+            return KeyName(Repr::Heap(name));
+        }
         let mut room = Room::default();
         write_part_key(&mut room, prefix, identity, part, rule);
         room.name()
@@ -205,7 +220,7 @@ impl Room {
     /// The name written.
     fn name(self) -> KeyName {
         match self.spilled {
-            Some(name) => KeyName(Repr::Heap(name.into_boxed_str())),
+            Some(name) => KeyName(Repr::Heap(name)),
             None => KeyName(Repr::Inline {
                 // At most INLINE, which is below 256.
                 len: self.len as u8,
@@ -236,6 +251,7 @@ impl NameOut for Room {
 
     #[inline]
     fn push_ascii(&mut self, byte: u8) {
+        debug_assert!(byte.is_ascii());
         match &mut self.spilled {
             None if self.len < INLINE => {
                 self.bytes[self.len] = byte;
@@ -346,28 +362,37 @@ mod tests {
 
     #[test]
     fn key_names_too_long_to_hold_inline_are_written_whole() {
-        // Spilled at the prefix, at the identity (text and formatted), at a digit of an
-        // address, and at the rule.
         let long = "x".repeat(INLINE);
         let v4 = Key::ip(IpAddr::from([203, 0, 113, 255]));
+        // 39 characters, the longest an address is written.
         let v6 = Key::ip(
-            "2001:db8:ffff:ffff:ffff:ffff:ffff:ffff"
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
                 .parse::<IpAddr>()
                 .unwrap(),
         );
-        for (prefix, identity, rule) in [
-            (long.as_str(), Key::text("user-1"), "r"),
-            ("tollgate", Key::text(&long), "r"),
-            ("tollgate", v6.clone(), "a-rule-of-twenty-ch"),
-            ("tollgate", v6, "a-rule-of-twenty-chars"),
-            (&long[..INLINE - 8], v4.clone(), "r"),
-            ("tollgate", v4, &long),
+        let hashed = Key::text(format!("sha256:{}", "0".repeat(64)));
+        for (prefix, identity, rule, inline) in [
+            // Text identities too long to hold go to the heap at once.
+            (long.as_str(), Key::text("user-1"), "r", false),
+            ("tollgate", Key::text(&long), "r", false),
+            ("t", hashed, "r", false),
+            ("tollgate", Key::text("user-1"), long.as_str(), false),
+            // Exactly the room (70 bytes), and one byte more: spilled at the rule.
+            ("tollgate", v6.clone(), "a-rule-of-nineteen-", true),
+            ("tollgate", v6.clone(), "a-rule-of-twenty-chr", false),
+            // Spilled while the address is written, at a digit of an IPv4 address, at the
+            // prefix's end, and at the rule.
+            (&long[..40], v6, "r", false),
+            (&long[..INLINE - 8], v4.clone(), "r", false),
+            (long.as_str(), v4.clone(), "r", false),
+            ("tollgate", v4, long.as_str(), false),
         ] {
             let expected = key_name(prefix, &identity, rule);
             let name = KeyName::new(prefix, &identity, None, rule);
             assert_eq!(name.as_str(), expected);
             assert_eq!(name.as_bytes(), expected.as_bytes());
             assert_eq!(name, KeyName::from(expected.as_str()));
+            assert_eq!(matches!(name.0, Repr::Inline { .. }), inline, "{expected}");
             assert_eq!(
                 KeyName::new(prefix, &identity, Some(3), rule).as_str(),
                 part_name(prefix, &identity, 3, rule)

@@ -161,7 +161,10 @@ impl Plan {
             Some(Ok(reply)) => reply,
             Some(Err(error)) => return self.failed(error),
         };
-        if reply.outcomes.len() == self.charges.len()
+        let n = self.charges.len();
+        if reply.outcomes.len() == n
+            && reply.taken.len() == n
+            && reply.times.as_ref().is_none_or(|times| times.len() == n)
             && self
                 .charges
                 .iter()
@@ -169,6 +172,14 @@ impl Plan {
         {
             return Ok(self.settle_sent(reply));
         }
+        self.settle_charge_by_charge(reply)
+    }
+
+    /// [`settle`](Plan::settle) for any plan: each charge's outcome from the lease here or from
+    /// Redis, refills made leases, denials cached, units taken here given back when the request
+    /// is not admitted.
+    pub(super) fn settle_charge_by_charge(&mut self, reply: Reply) -> Result<Decision, StoreError> {
+        self.settled = true;
         let local = self.local.clone();
         // The outcome of each charge: from the lease here, or from Redis (with what it took,
         // and when, when the charges went to several nodes: their times follow the charges

@@ -703,3 +703,86 @@ fn kept_numbers_never_go_back_and_a_denial_ends_with_an_admission() {
     table.admitted(key.clone(), 1, &numbers(9), 600, true);
     assert!(kept(&table).is_none(), "a denial ends with an admission");
 }
+
+/// A check whose charges all went to Redis as they are is settled in one pass: the same
+/// decision (outcomes, source, time, each charge's time) and the same denials kept as when it
+/// is settled charge by charge, admitted or denied, on one clock or on a cluster's several.
+#[test]
+fn a_check_sent_as_it_is_settles_as_charge_by_charge() {
+    let a = rule("a", Algorithm::TokenBucket, 10, 60_000_000);
+    let b = rule("b", Algorithm::Gcra, 5, 1_000_000);
+    let key = Key::text("k");
+    let charges = [
+        Charge {
+            rule: &a,
+            key: &key,
+            cost: 1,
+        },
+        Charge {
+            rule: &b,
+            key: &key,
+            cost: 2,
+        },
+    ];
+    let allowing = Outcome {
+        allowed: true,
+        limit: 10,
+        remaining: 7,
+        reset: 3_000_000,
+        retry_after: 0,
+        window: 6_000_000,
+    };
+    for (allowed, times) in [(true, false), (true, true), (false, false), (false, true)] {
+        let reply = || Reply {
+            now: 2_000_000,
+            outcomes: if allowed {
+                smallvec::smallvec![allowing, allowing]
+            } else {
+                smallvec::smallvec![allowing, denied(4_000_000, 8_000_000)]
+            },
+            taken: if allowed {
+                smallvec::smallvec![1, 2]
+            } else {
+                smallvec::smallvec![0, 0]
+            },
+            times: times.then(|| vec![2_000_000, 2_000_700].into()),
+        };
+        let clock = ManualClock::new(1_000_000);
+        let (fast, general) = (local(&clock), local(&clock));
+        // Denied a while ago on both: an admission ends the denial, and keeps its numbers.
+        for replica in [&fast, &general] {
+            let mut plan = replica.plan(&charges);
+            let denial = Reply {
+                now: 1_000_000,
+                outcomes: smallvec::smallvec![allowing, denied(500_000, 500_000)],
+                taken: smallvec::smallvec![0, 0],
+                times: None,
+            };
+            assert!(!plan.settle_charge_by_charge(denial).unwrap().allowed());
+        }
+        clock.advance(std::time::Duration::from_secs(1));
+        let mut plan = fast.plan(&charges);
+        assert!(plan.charges.iter().all(|c| matches!(c.how, How::Sent)));
+        let one_pass = plan.settle(Some(Ok(reply()))).unwrap();
+        let by_charge = general
+            .plan(&charges)
+            .settle_charge_by_charge(reply())
+            .unwrap();
+        assert_eq!(one_pass, by_charge);
+        assert_eq!(one_pass.allowed(), allowed);
+        assert_eq!(one_pass.source(), by_charge.source());
+        assert_eq!(one_pass.made_at(), by_charge.made_at());
+        for i in 0..2 {
+            assert_eq!(one_pass.charged_at(i), by_charge.charged_at(i));
+        }
+        // What each replica answers next, from its deny cache or not at all.
+        clock.advance(std::time::Duration::from_millis(100));
+        let next = |replica: &Arc<Replica>| {
+            replica
+                .answer(&charges, true)
+                .map(|d| (d.outcomes().to_vec(), d.source()))
+        };
+        assert_eq!(next(&fast), next(&general));
+        assert_eq!(next(&fast).is_some(), !allowed);
+    }
+}
