@@ -712,18 +712,7 @@ fn a_check_sent_as_it_is_settles_as_charge_by_charge() {
     let a = rule("a", Algorithm::TokenBucket, 10, 60_000_000);
     let b = rule("b", Algorithm::Gcra, 5, 1_000_000);
     let key = Key::text("k");
-    let charges = [
-        Charge {
-            rule: &a,
-            key: &key,
-            cost: 1,
-        },
-        Charge {
-            rule: &b,
-            key: &key,
-            cost: 2,
-        },
-    ];
+    let charges = [one(&a, &key, 1)[0], one(&b, &key, 2)[0]];
     let allowing = Outcome {
         allowed: true,
         limit: 10,
