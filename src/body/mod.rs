@@ -27,12 +27,12 @@ pin_project! {
         #[pin]
         kind: Kind<B>,
         // What a request of a concurrency rule or a metered one holds until its body ends
-        // (dropped first, as the slots were before the place in flight). Boxed: most requests
+        // (dropped before the place in flight: the slots, then the meter). Boxed: most requests
         // hold nothing, and a response is moved several times on its way out (every layer's
         // future hands it on), each move a copy of the body's bytes.
         held: Option<Box<Held>>,
-        // The request's place in the load shedder's count, given up with the last frame (or
-        // when the body is dropped before it).
+        // The request's place in the load shedder's count, given up with the last frame or an
+        // error that ends the body (or when the body is dropped before either).
         in_flight: Option<InFlight>,
     }
 }
@@ -246,7 +246,7 @@ mod tests {
 
     /// A response's body is moved with the response several times on its way out: what a
     /// request holds until its body ends is boxed, so that the body is its inner body (or
-    /// tollgate's bytes), the place in flight and one word.
+    /// tollgate's bytes), the place in flight and two words (the box, and which body it is).
     #[test]
     fn a_body_that_holds_nothing_is_small() {
         type Inner = http_body_util::Full<Bytes>;
