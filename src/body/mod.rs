@@ -26,28 +26,26 @@ pin_project! {
     pub struct ResponseBody<B> {
         #[pin]
         kind: Kind<B>,
-        // What a request of a concurrency rule or a metered one holds until its body ends
-        // (dropped before the place in flight: the slots, then the meter). Boxed: most requests
-        // hold nothing, and a response is moved several times on its way out (every layer's
-        // future hands it on), each move a copy of the body's bytes.
-        held: Option<Box<Held>>,
-        // The request's place in the load shedder's count, given up with the last frame or an
-        // error that ends the body (or when the body is dropped before either).
+        // The concurrency slots of the request (one word: they are boxed), given back with the
+        // last frame or an error that ends the body (or when the body is dropped before either).
+        slots: Option<Slots>,
+        // The request's place in the load shedder's count, given up at the same time.
         in_flight: Option<InFlight>,
+        // A metered response's stream. Boxed: most responses are not metered, and a response
+        // is moved several times on its way out (every layer's future hands it on), each move a
+        // copy of the body's bytes.
+        metering: Option<Box<Metering>>,
     }
 }
 
 /// What polling a body `B` for its next frame gives.
 type NextFrame<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
 
-/// What a response body holds until it ends, besides its place in flight.
-struct Held {
-    // The concurrency slots of the request, given back with the last frame (or when the
-    // body is dropped before it).
-    slots: Option<Slots>,
-    // The budget a metered response streams from, and how it ends.
-    metered: Option<MeteredStream>,
-    // A metered stream ended at its budget: its last frame was sent.
+/// The budget a metered response streams from, and how it ends.
+struct Metering {
+    // Taken when the body ends.
+    stream: Option<MeteredStream>,
+    // The stream ended at its budget: its last frame was sent.
     cut: bool,
 }
 
@@ -64,8 +62,9 @@ impl<B> ResponseBody<B> {
     pub fn inner(body: B) -> Self {
         ResponseBody {
             kind: Kind::Inner { body },
-            held: None,
+            slots: None,
             in_flight: None,
+            metering: None,
         }
     }
 
@@ -77,17 +76,16 @@ impl<B> ResponseBody<B> {
         in_flight: Option<InFlight>,
         metered: Option<MeteredStream>,
     ) -> Self {
-        let held = (slots.is_some() || metered.is_some()).then(|| {
-            Box::new(Held {
-                slots,
-                metered,
-                cut: false,
-            })
-        });
         ResponseBody {
             kind: Kind::Inner { body },
-            held,
+            slots,
             in_flight,
+            metering: metered.map(|stream| {
+                Box::new(Metering {
+                    stream: Some(stream),
+                    cut: false,
+                })
+            }),
         }
     }
 
@@ -98,8 +96,9 @@ impl<B> ResponseBody<B> {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
-            held: None,
+            slots: None,
             in_flight: None,
+            metering: None,
         }
     }
 }
@@ -118,16 +117,17 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = self.project();
         match this.kind.project() {
-            KindProj::Inner { body } => match this.held.as_deref_mut() {
+            KindProj::Inner { body } => match this.metering.as_deref_mut() {
                 None => {
                     let frame = ready!(body.poll_frame(cx));
-                    // The last frame, or an error that ends the body: the place in flight goes.
+                    // The last frame, or an error that ends the body: the slots go back now.
                     if !matches!(frame, Some(Ok(_))) {
+                        this.slots.take();
                         this.in_flight.take();
                     }
                     Poll::Ready(frame)
                 }
-                Some(held) => held.poll_frame(body, this.in_flight, cx),
+                Some(metering) => metering.poll_frame(body, this.slots, this.in_flight, cx),
             },
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d.into())))),
         }
@@ -135,11 +135,11 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Inner { body } => match &self.held {
+            Kind::Inner { body } => match &self.metering {
                 None => body.is_end_stream(),
-                Some(held) if held.cut => true,
+                Some(metering) if metering.cut => true,
                 // A metered stream may still end with the refusal.
-                Some(held) => body.is_end_stream() && held.metered.is_none(),
+                Some(metering) => body.is_end_stream() && metering.stream.is_none(),
             },
             Kind::Full { data } => data.is_none(),
         }
@@ -148,7 +148,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             // A metered stream may end early, or with one frame more.
-            Kind::Inner { .. } if self.held.as_ref().is_some_and(|h| h.metered.is_some()) => {
+            Kind::Inner { .. } if self.metering.as_ref().is_some_and(|m| m.stream.is_some()) => {
                 SizeHint::default()
             }
             Kind::Inner { body } => body.size_hint(),
@@ -159,12 +159,13 @@ where
     }
 }
 
-impl Held {
-    /// The next frame of `body`, which holds this: metered, and the slots and the place in
-    /// flight given up when it ends.
+impl Metering {
+    /// The next frame of `body`, metered: the slots and the place in flight are given up when
+    /// it ends.
     fn poll_frame<B>(
         &mut self,
         mut body: Pin<&mut B>,
+        slots: &mut Option<Slots>,
         in_flight: &mut Option<InFlight>,
         cx: &mut Context<'_>,
     ) -> NextFrame<B>
@@ -175,11 +176,11 @@ impl Held {
         if self.cut {
             return Poll::Ready(None);
         }
-        let drain = match self.metered.as_mut().map(|m| m.next(cx)) {
+        let drain = match self.stream.as_mut().map(|m| m.next(cx)) {
             None | Some(Next::Poll) => false,
             Some(Next::Drain) => true,
             Some(Next::Wait) => return Poll::Pending,
-            Some(Next::End(last)) => return Poll::Ready(self.end(in_flight, last)),
+            Some(Next::End(last)) => return Poll::Ready(self.end(slots, in_flight, last)),
         };
         let frame = body.as_mut().poll_frame(cx);
         if drain {
@@ -187,18 +188,18 @@ impl Held {
             // gRPC OK) give way to the refusal's.
             if let Poll::Ready(Some(Ok(frame))) = frame
                 && frame.is_data()
-                && let Some(metered) = self.metered.as_mut()
+                && let Some(stream) = self.stream.as_mut()
             {
-                metered.drained();
+                stream.drained();
                 return Poll::Ready(Some(Ok(frame)));
             }
-            let last = self.metered.as_ref().and_then(MeteredStream::last);
-            return Poll::Ready(self.end(in_flight, last));
+            let last = self.stream.as_ref().and_then(MeteredStream::last);
+            return Poll::Ready(self.end(slots, in_flight, last));
         }
         match frame {
             Poll::Ready(Some(Ok(frame))) => {
-                let frame = match self.metered.as_mut() {
-                    Some(metered) => metered.count(frame),
+                let frame = match self.stream.as_mut() {
+                    Some(stream) => stream.count(frame),
                     None => frame,
                 };
                 Poll::Ready(Some(Ok(frame)))
@@ -206,18 +207,18 @@ impl Held {
             // The last frame, or an error that ends the body: the slots go back now.
             Poll::Ready(None) => {
                 // A producer that stopped at its budget: the refusal is the last frame.
-                match self.metered.as_ref().and_then(MeteredStream::last) {
-                    Some(last) => Poll::Ready(self.end(in_flight, Some(last))),
+                match self.stream.as_ref().and_then(MeteredStream::last) {
+                    Some(last) => Poll::Ready(self.end(slots, in_flight, Some(last))),
                     None => {
-                        self.slots.take();
+                        slots.take();
                         in_flight.take();
-                        self.metered.take();
+                        self.stream.take();
                         Poll::Ready(None)
                     }
                 }
             }
             Poll::Ready(Some(Err(error))) => {
-                self.slots.take();
+                slots.take();
                 in_flight.take();
                 Poll::Ready(Some(Err(error)))
             }
@@ -225,17 +226,18 @@ impl Held {
         }
     }
 
-    /// Ends the body: the slots, the place in flight and the meter go, and `last` (the
+    /// Ends the body: the slots, the place in flight and the stream go, and `last` (the
     /// refusal, if the budget ended it) is its last frame.
     fn end<D, E>(
         &mut self,
+        slots: &mut Option<Slots>,
         in_flight: &mut Option<InFlight>,
         last: Option<Frame<D>>,
     ) -> Option<Result<Frame<D>, E>> {
         self.cut = true;
-        self.slots.take();
+        slots.take();
         in_flight.take();
-        self.metered.take();
+        self.stream.take();
         last.map(Ok)
     }
 }
@@ -244,15 +246,15 @@ impl Held {
 mod tests {
     use super::*;
 
-    /// A response's body is moved with the response several times on its way out: what a
-    /// request holds until its body ends is boxed, so that the body is its inner body (or
-    /// tollgate's bytes), the place in flight and two words (the box, and which body it is).
+    /// A response's body is moved with the response several times on its way out: the slots
+    /// and a metered stream are boxed, so that the body is its inner body (or tollgate's
+    /// bytes), the place in flight and three words (the slots, the stream, which body it is).
     #[test]
-    fn a_body_that_holds_nothing_is_small() {
+    fn a_body_is_small() {
         type Inner = http_body_util::Full<Bytes>;
         let most = std::mem::size_of::<Inner>().max(std::mem::size_of::<Option<Bytes>>())
             + std::mem::size_of::<Option<InFlight>>()
-            + 2 * std::mem::size_of::<usize>();
+            + 3 * std::mem::size_of::<usize>();
         assert!(
             std::mem::size_of::<ResponseBody<Inner>>() <= most,
             "{} bytes, more than {most}",

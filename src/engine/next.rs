@@ -11,7 +11,7 @@ use super::fallback::WithoutStore;
 use super::meter::Meter;
 use super::ruling::{Admitted, Decide};
 use super::settle::{Settle, charges_of};
-use super::slots::Slots;
+use super::slots::{Slots, Taken};
 use super::state::Engine;
 use super::verdict::{delay_of, denied, visible};
 use crate::observe::Verdict;
@@ -207,11 +207,13 @@ impl<St: Store> Engine<St> {
             });
             // A request that cost nothing holds nothing.
             slots.retain(|(_, _, units, _)| *units > 0);
-            (!slots.is_empty()).then(|| Slots {
-                giver: self.clone(),
-                snapshot: snapshot.clone(),
-                taken: slots,
-                on_fallback,
+            (!slots.is_empty()).then(|| {
+                Slots::new(Taken {
+                    giver: self.clone(),
+                    snapshot: snapshot.clone(),
+                    taken: slots,
+                    on_fallback,
+                })
             })
         } else {
             None

@@ -21,12 +21,17 @@ use crate::throttle::report_give_back;
 pub(crate) trait GiveBack: Send + Sync {
     /// Gives back `slots`. Never blocks: a store that cannot answer at once finishes on the
     /// runtime.
-    fn give_back(&self, slots: &Slots);
+    fn give_back(&self, slots: &Taken);
 }
+
+/// The slots one request holds (see [`Taken`]), boxed: they travel with the request in its
+/// future and its response body, each moved several times on the way, and most requests hold
+/// none, so that a request that holds none carries one word for them.
+pub(crate) struct Slots(Box<Taken>);
 
 /// The slots one request holds, per concurrency rule: the rule's index, the key, the units,
 /// and when they were taken on the store's clock.
-pub(crate) struct Slots {
+pub(crate) struct Taken {
     pub(crate) giver: Arc<dyn GiveBack>,
     /// The policy the request was decided under (its rules' numbers).
     pub(crate) snapshot: Arc<Snapshot>,
@@ -35,14 +40,21 @@ pub(crate) struct Slots {
     pub(crate) on_fallback: bool,
 }
 
+impl Slots {
+    /// The slots of `taken`, given back when dropped.
+    pub(crate) fn new(taken: Taken) -> Self {
+        Slots(Box::new(taken))
+    }
+}
+
 impl Drop for Slots {
     fn drop(&mut self) {
-        self.giver.give_back(self);
+        self.0.giver.give_back(&self.0);
     }
 }
 
 impl<St: Store> GiveBack for Engine<St> {
-    fn give_back(&self, slots: &Slots) {
+    fn give_back(&self, slots: &Taken) {
         let adjustments: SmallVec<[Adjustment<'_>; 1]> = slots
             .taken
             .iter()
