@@ -81,7 +81,8 @@
 //! Each checked request opens a span at `debug` (target `tollgate`, name `tollgate.check`) that
 //! closes when the request is decided, with the fields `rules`, `verdict`, `retry_after_s` and
 //! `store_latency_us`: a `tracing` subscriber, and OpenTelemetry through
-//! `tracing-opentelemetry`, see it with no code.
+//! `tracing-opentelemetry`, see it with no code. With no subscriber that takes `debug`, no span
+//! is made (it is not described to the `log` crate through `tracing`'s `log` feature).
 //!
 //! # The rejection log
 //!
@@ -412,8 +413,13 @@ impl Observer {
     }
 }
 
-/// The span of a checked request: opened when it starts, given its fields when decided.
+/// The span of a checked request: opened when it starts, given its fields when decided; none
+/// when no subscriber takes `debug` spans (without one, `tracing`'s `log` compatibility would
+/// otherwise describe an empty span to the `log` crate on every request).
 pub(crate) fn span() -> tracing::Span {
+    if tracing::Level::DEBUG > tracing::level_filters::LevelFilter::current() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         target: "tollgate",
         "tollgate.check",
