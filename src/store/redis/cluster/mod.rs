@@ -28,7 +28,7 @@ use crate::store::redis::access::{self, Access};
 use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::keys;
-use crate::store::redis::late_reply;
+use crate::store::redis::late_reply::{self, Answered};
 use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
 use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
@@ -302,26 +302,31 @@ impl Transport for Cluster {
                 .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()))
     }
 
-    fn send(self: &Arc<Self>, prepared: Vec<Prepared>, now: Option<u64>, alone: bool) -> Sent {
+    fn send(self: &Arc<Self>, answered: Answered, now: Option<u64>, alone: bool) -> Sent {
         let me = self.clone();
         let runtime = match tokio::runtime::Handle::try_current() {
             Ok(runtime) if alone => runtime,
             _ => {
                 return Sent::Deciding(Box::pin(async move {
                     let deadline = Instant::now() + me.parts.settings.response_timeout;
-                    me.check_slots(&prepared, now, deadline.into()).await
+                    me.check_slots(answered.charges(), now, deadline.into())
+                        .await
                 }));
             }
         };
         let deadline = Instant::now() + self.parts.settings.response_timeout;
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
-        let late = if prepared.iter().any(|p| p.algorithm.is_concurrency()) {
+        let late = if answered
+            .charges()
+            .iter()
+            .any(|p| p.algorithm.is_concurrency())
+        {
             Instant::now() + late_reply_wait(self.parts.settings.response_timeout)
         } else {
             deadline
         };
-        let (answer, answered) = late_reply::channel();
+        let (answer, prepared) = answered.answer();
         drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
@@ -332,7 +337,7 @@ impl Transport for Cluster {
                 let inner = me.clone();
                 Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds))
             };
-            answer.send(reply, prepared, give_back);
+            answer.send(reply, give_back);
         }));
         Sent::Deciding(Box::pin(late_reply::wait(
             answered,

@@ -4,12 +4,12 @@ use redis::{RedisResult, Value};
 use tokio::sync::oneshot;
 
 use crate::store::breaker::Permit;
-use crate::store::redis::late_reply::Answer;
-use crate::store::redis::script::Prepared;
+use crate::store::redis::late_reply::{Answer, Answered, Sending};
 
 /// One check: sent with the checks queued beside it in one call, answered through `answer`.
 pub(crate) struct Job {
-    pub(crate) charges: Vec<Prepared>,
+    /// Its charges, shared with its request.
+    pub(crate) charges: Sending,
     /// The time given to the code (with an injected clock).
     pub(crate) now: Option<u64>,
     pub(crate) permit: Permit,
@@ -24,15 +24,15 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// A check of `charges` at `now` (with an injected clock), answered through `answer` by
+    /// The check `answered` waits on, at `now` (with an injected clock), answered by
     /// `deadline`.
     pub(crate) fn new(
-        charges: Vec<Prepared>,
+        answered: &Answered,
         now: Option<u64>,
         permit: Permit,
         deadline: tokio::time::Instant,
-        answer: Answer,
     ) -> Self {
+        let (answer, charges) = answered.answer();
         Job {
             charges,
             now,

@@ -12,7 +12,7 @@ use crate::Decision;
 use crate::store::StoreError;
 use crate::store::redis::late_reply::{Answered, received};
 use crate::store::redis::replica::Plan;
-use crate::store::redis::script::{Prepared, Reply};
+use crate::store::redis::script::Reply;
 
 /// A check of `prepared`, sent when first polled (or at once, for one that runs alone), and
 /// settled with the plan when its reply comes.
@@ -26,7 +26,7 @@ pub(crate) struct Checking<T> {
 enum State {
     /// Not sent yet: sent when first polled, on a Tokio runtime.
     Unsent {
-        prepared: Vec<Prepared>,
+        answered: Answered,
         now: Option<u64>,
     },
     Queued(Answered),
@@ -35,18 +35,18 @@ enum State {
 }
 
 impl<T: Transport> Checking<T> {
-    /// The check of `prepared` planned as `plan`: one that runs alone is sent now.
+    /// The check `answered` waits on, planned as `plan`: one that runs alone is sent now.
     pub(crate) fn new(
         transport: Arc<T>,
         plan: Plan,
-        prepared: Vec<Prepared>,
+        answered: Answered,
         now: Option<u64>,
         alone: bool,
     ) -> Self {
         let state = if alone {
-            sent(transport.send(prepared, now, true))
+            sent(transport.send(answered, now, true))
         } else {
-            State::Unsent { prepared, now }
+            State::Unsent { answered, now }
         };
         Checking {
             transport,
@@ -88,14 +88,14 @@ impl<T: Transport> Future for Checking<T> {
             }
         }
         if let State::Unsent { .. } = this.state {
-            let State::Unsent { prepared, now } = std::mem::replace(&mut this.state, State::Done)
+            let State::Unsent { answered, now } = std::mem::replace(&mut this.state, State::Done)
             else {
                 unreachable!("the state was unsent");
             };
-            this.state = sent(this.transport.send(prepared, now, false));
+            this.state = sent(this.transport.send(answered, now, false));
         }
         let reply = match &mut this.state {
-            State::Queued(answered) => ready!(received(Pin::new(answered), cx)),
+            State::Queued(answered) => ready!(received(answered, cx)),
             State::Deciding(future) => ready!(future.as_mut().poll(cx)),
             State::Unsent { .. } | State::Done => Err(StoreError::Protocol(
                 "a check polled after it answered".into(),

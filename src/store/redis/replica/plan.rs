@@ -11,7 +11,7 @@ use super::held::lease_key;
 use super::split::{mix, whole};
 use crate::algorithm::{Limits, Outcome};
 use crate::key::Key;
-use crate::store::redis::script::{Prepared, Reply};
+use crate::store::redis::script::{Charges, Prepared, Reply};
 use crate::store::{Charge, StoreError};
 use crate::{Algorithm, Decision, DecisionSource};
 
@@ -116,8 +116,8 @@ impl Plan {
     }
 
     /// The charges to send, in order, with the lease of each refill.
-    pub(crate) fn prepared(&self, prefix: &str, charges: &[Charge<'_>]) -> Vec<Prepared> {
-        let mut all = Vec::with_capacity(charges.len());
+    pub(crate) fn prepared(&self, prefix: &str, charges: &[Charge<'_>]) -> Charges {
+        let mut all = Charges::with_capacity(charges.len());
         for (planned, charge) in self.charges.iter().zip(charges) {
             let (cost, lease) = match planned.how {
                 How::Sent => (charge.cost, 0),

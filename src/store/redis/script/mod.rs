@@ -493,6 +493,10 @@ impl<P> Clone for Request<'_, P> {
 
 impl<P> Copy for Request<'_, P> {}
 
+/// The charges of one check, held inline when there is one (most checks): the check's one
+/// allocation holds them with its reply (see `late_reply`).
+pub(crate) type Charges = smallvec::SmallVec<[Prepared; 1]>;
+
 /// One charge, owned: what the code needs, and what decoding its reply needs.
 #[derive(Clone, Debug)]
 pub(crate) struct Prepared {

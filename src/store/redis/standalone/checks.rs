@@ -6,21 +6,19 @@ use std::sync::Arc;
 use super::Standalone;
 use crate::store::StoreError;
 use crate::store::redis::connection::Job;
-use crate::store::redis::late_reply;
+use crate::store::redis::late_reply::{self, Answered};
 use crate::store::redis::remote::Sent;
-use crate::store::redis::script::Prepared;
 
 impl Standalone {
     /// Sends one check: queued for the next call of the first connection that keeps up (sent at
     /// once when none of its calls is out), answered within the check's time budget. When no
     /// connection works, one is opened first. Called on a Tokio runtime.
-    pub(super) fn queue(self: &Arc<Self>, charges: Vec<Prepared>, now: Option<u64>) -> Sent {
+    pub(super) fn queue(self: &Arc<Self>, mut answered: Answered, now: Option<u64>) -> Sent {
         let Some(permit) = self.breaker.admit() else {
             return Sent::Deciding(Box::pin(std::future::ready(Err(StoreError::CircuitOpen))));
         };
         let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
-        let (answer, mut answered) = late_reply::channel();
-        let mut job = Job::new(charges, now, permit, deadline, answer);
+        let mut job = Job::new(&answered, now, permit, deadline);
         if let Some(conn) = self.pick() {
             match conn.check(job) {
                 Ok(()) => return Sent::Queued(answered),
@@ -30,8 +28,7 @@ impl Standalone {
         let me = self.clone();
         Sent::Deciding(Box::pin(async move {
             me.queue_on_new(job).await?;
-            std::future::poll_fn(|cx| late_reply::received(std::pin::Pin::new(&mut answered), cx))
-                .await
+            std::future::poll_fn(|cx| late_reply::received(&mut answered, cx)).await
         }))
     }
 

@@ -610,12 +610,8 @@ fn deliver(owner: &Option<Arc<dyn Owner>>, job: Job, reply: Result<script::Reply
         })
     };
     match job.answer {
-        Some(answer) => answer.send(reply, job.charges, give_back),
-        None => {
-            if let Ok(reply) = reply {
-                orphan(reply, job.charges, give_back);
-            }
-        }
+        Some(answer) => answer.send(reply, give_back),
+        None => orphan(reply, &job.charges, give_back),
     }
 }
 
