@@ -2,7 +2,8 @@
 //! (on with axum's default features) would otherwise describe an empty `tollgate.check` span to
 //! the `log` crate on every request.
 //!
-//! This binary installs no subscriber, only a `log` logger that keeps every record.
+//! This binary installs no subscriber, only a `log` logger that keeps every record. A logger is
+//! set once per process: this file holds one test.
 
 use std::net::SocketAddr;
 use std::sync::Mutex;

@@ -1,24 +1,32 @@
 //! The way a check's charges reach its connection and its reply reaches its request, when the
 //! reply may come after the request stopped waiting (a call that takes concurrency slots waits
-//! longer than its checks): one shared block, the check's [`Exchange`], that holds both. A
-//! reply that admitted concurrency slots and that no request reads gives them back.
+//! longer than its checks): one shared block, the check's `Exchange`, holds both. A reply that
+//! admitted concurrency slots and that no request reads gives them back, since no request will:
+//! nothing is held for the longest hold by a request that is gone.
 //!
 //! ```text
-//! request:    Answered::new(charges) ─ send ─> the connection: Job { charges: Sending, answer }
-//!             Answered::poll_reply   <─ reply ─ Answer::send
+//! the request:     Waiting::new(charges) ──answer()──> the connection: Job { Sending, Answer }
+//!                  Waiting::poll_reply   <──reply───── Answer::send
 //! ```
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 
-use super::unclaimed::{GiveBackOrphan, orphaned_slots};
 use crate::store::StoreError;
 use crate::store::redis::script::{Charges, Prepared, Reply};
 
+/// Gives back the slots of a reply no one read: each refund, with the time its slots were
+/// taken on the store's clock.
+pub(crate) type GiveBackOrphan = Box<dyn FnOnce(Vec<(u64, Prepared)>) + Send>;
+
 /// One check's charges, and the place its reply goes: one allocation, shared by the request
-/// that waits ([`Answered`]) and the connection that sends the check ([`Sending`], [`Answer`]).
+/// that waits ([`Waiting`]) and the connection that sends the check ([`Sending`], [`Answer`]).
 struct Exchange {
     charges: Charges,
+    /// The request stopped waiting: its [`Waiting`] is gone. Set under the lock (the reply's
+    /// hand-over reads it there); read without it by [`Answer::is_closed`].
+    request_gone: AtomicBool,
     slot: Mutex<Slot>,
 }
 
@@ -29,37 +37,38 @@ struct Slot {
     /// concurrency charges).
     give_back: Option<GiveBackOrphan>,
     waker: Option<Waker>,
-    /// The request stopped waiting: its [`Answered`] is gone.
-    request_gone: bool,
-    /// The connection answered, or dropped its [`Answer`] without one.
+    /// The check's [`Answer`] was made: until then, no reply can come.
+    answer_made: bool,
+    /// The connection answered, or dropped its [`Answer`] without a reply.
     answered: bool,
 }
 
 impl Exchange {
     fn lock(&self) -> MutexGuard<'_, Slot> {
-        // Nothing panics while it is held.
+        // Nothing that can panic runs while it is held.
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn has_concurrency(&self) -> bool {
-        self.charges.iter().any(|c| c.algorithm.is_concurrency())
     }
 }
 
 /// What the request of a check holds: its charges, and its reply when it comes.
-pub(crate) struct Answered(Arc<Exchange>);
+pub(crate) struct Waiting(Arc<Exchange>);
 
-/// Where the reply of one check goes, held by the connection that sends it.
-pub(crate) struct Answer(Arc<Exchange>);
+/// Where the reply of one check goes, held by the connection (or task) that sends it.
+pub(crate) struct Answer {
+    exchange: Arc<Exchange>,
+    /// Not answered yet, and the check's first answer: its reply goes to the request.
+    live: bool,
+}
 
 /// The charges of one check, as the connection that sends it reads them.
 pub(crate) struct Sending(Arc<Exchange>);
 
-impl Answered {
+impl Waiting {
     /// A check of `charges`, not sent yet.
     pub(crate) fn new(charges: Charges) -> Self {
-        Answered(Arc::new(Exchange {
+        Waiting(Arc::new(Exchange {
             charges,
+            request_gone: AtomicBool::new(false),
             slot: Mutex::default(),
         }))
     }
@@ -70,12 +79,19 @@ impl Answered {
     }
 
     /// The answer of this check and its charges, for the one connection (or task) that sends
-    /// it: taken once.
+    /// it. Made once: another answer is closed from the start, and a reply sent through it
+    /// reaches no request (its slots go back).
     pub(crate) fn answer(&self) -> (Answer, Sending) {
-        (Answer(self.0.clone()), Sending(self.0.clone()))
+        let first = !std::mem::replace(&mut self.0.lock().answer_made, true);
+        let answer = Answer {
+            exchange: self.0.clone(),
+            live: first,
+        };
+        (answer, Sending(self.0.clone()))
     }
 
-    /// The reply, once it came; `None` when the connection dropped the check without one.
+    /// The reply, once it came; `None` when the connection dropped the check without one (or
+    /// no connection took it).
     pub(crate) fn poll_reply(
         &mut self,
         cx: &mut Context<'_>,
@@ -83,28 +99,32 @@ impl Answered {
         let mut slot = self.0.lock();
         if let Some(reply) = slot.reply.take() {
             // Read: its slots are the request's now.
-            slot.give_back = None;
+            let claimed = slot.give_back.take();
+            drop(slot);
+            drop(claimed);
             return Poll::Ready(Some(reply));
         }
-        if slot.answered {
+        if slot.answered || !slot.answer_made {
             return Poll::Ready(None);
         }
-        match &slot.waker {
-            Some(waker) if waker.will_wake(cx.waker()) => {}
-            _ => slot.waker = Some(cx.waker().clone()),
-        }
+        let stale = match &slot.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => None,
+            _ => slot.waker.replace(cx.waker().clone()),
+        };
+        drop(slot);
+        drop(stale);
         Poll::Pending
     }
 }
 
-impl Drop for Answered {
+impl Drop for Waiting {
     fn drop(&mut self) {
-        let (reply, give_back) = {
+        let (reply, give_back, waker) = {
             let mut slot = self.0.lock();
-            slot.request_gone = true;
-            slot.waker = None;
-            (slot.reply.take(), slot.give_back.take())
+            self.0.request_gone.store(true, Ordering::Release);
+            (slot.reply.take(), slot.give_back.take(), slot.waker.take())
         };
+        drop(waker);
         // A reply that came and was not read gives its slots back.
         if let (Some(Ok(reply)), Some(give_back)) = (reply, give_back) {
             give_back_unread(&reply, &self.0.charges, give_back);
@@ -123,7 +143,7 @@ impl std::ops::Deref for Sending {
 impl Answer {
     /// Whether the request stopped waiting (its client left, or its budget ran out).
     pub(crate) fn is_closed(&self) -> bool {
-        self.0.lock().request_gone
+        !self.live || self.exchange.request_gone.load(Ordering::Acquire)
     }
 
     /// Gives `reply` to the request; one it no longer waits for, or never reads, gives the
@@ -133,9 +153,14 @@ impl Answer {
         reply: Result<Reply, StoreError>,
         give_back: impl FnOnce() -> GiveBackOrphan,
     ) {
-        // Made before the lock is taken: only a reply that may hold slots needs it.
-        let give_back =
-            (reply.as_ref().is_ok_and(Reply::allowed) && self.0.has_concurrency()).then(give_back);
+        let admitting = reply.as_ref().is_ok_and(Reply::allowed);
+        let holds_slots = self
+            .exchange
+            .charges
+            .iter()
+            .any(|c| c.algorithm.is_concurrency());
+        // Made before the lock is taken, and only for a reply that may hold slots.
+        let give_back = (admitting && holds_slots).then(give_back);
         self.put(reply, give_back);
     }
 
@@ -144,22 +169,24 @@ impl Answer {
         self.put(Err(error), None);
     }
 
-    fn put(&self, reply: Result<Reply, StoreError>, give_back: Option<GiveBackOrphan>) {
-        let mut slot = self.0.lock();
-        slot.answered = true;
-        if slot.request_gone {
-            drop(slot);
-            if let (Ok(reply), Some(give_back)) = (reply, give_back) {
-                give_back_unread(&reply, &self.0.charges, give_back);
+    fn put(mut self, reply: Result<Reply, StoreError>, give_back: Option<GiveBackOrphan>) {
+        if std::mem::replace(&mut self.live, false) {
+            let mut slot = self.exchange.lock();
+            if !self.exchange.request_gone.load(Ordering::Acquire) {
+                slot.answered = true;
+                slot.reply = Some(reply);
+                slot.give_back = give_back;
+                let waker = slot.waker.take();
+                drop(slot);
+                if let Some(waker) = waker {
+                    waker.wake();
+                }
+                return;
             }
-            return;
         }
-        slot.reply = Some(reply);
-        slot.give_back = give_back;
-        let waker = slot.waker.take();
-        drop(slot);
-        if let Some(waker) = waker {
-            waker.wake();
+        // No request reads it.
+        if let (Ok(reply), Some(give_back)) = (reply, give_back) {
+            give_back_unread(&reply, &self.exchange.charges, give_back);
         }
     }
 }
@@ -167,11 +194,11 @@ impl Answer {
 impl Drop for Answer {
     /// An answer dropped without a reply wakes its request, which fails.
     fn drop(&mut self) {
+        if !self.live {
+            return;
+        }
         let waker = {
-            let mut slot = self.0.lock();
-            if slot.answered {
-                return;
-            }
+            let mut slot = self.exchange.lock();
             slot.answered = true;
             slot.waker.take()
         };
@@ -181,8 +208,7 @@ impl Drop for Answer {
     }
 }
 
-/// Gives back the slots `reply` took for `charges`, with `give_back`: a reply that came after
-/// its request stopped waiting.
+/// Gives back the slots `reply` took for `charges`, with `give_back`.
 fn give_back_unread(reply: &Reply, charges: &[Prepared], give_back: GiveBackOrphan) {
     if let Some(refunds) = orphaned_slots(reply, charges) {
         give_back(refunds);
@@ -203,14 +229,42 @@ pub(crate) fn orphan(
     }
 }
 
-/// The reply of `answered`, which its connection answers by the check's deadline (with
+/// The refunds of the slots an admitting reply took, by charge, with when they were taken;
+/// none when it admitted nothing.
+fn orphaned_slots(reply: &Reply, charges: &[Prepared]) -> Option<Vec<(u64, Prepared)>> {
+    if !reply.allowed() {
+        return None;
+    }
+    let at = |i: usize| {
+        reply
+            .times
+            .as_ref()
+            .and_then(|times| times.get(i).copied())
+            .unwrap_or(reply.now)
+    };
+    let refunds: Vec<(u64, Prepared)> = charges
+        .iter()
+        .zip(&reply.taken)
+        .enumerate()
+        .filter(|(_, (c, units))| c.algorithm.is_concurrency() && **units > 0)
+        .map(|(i, (c, &units))| {
+            let mut c = c.clone();
+            c.cost = units;
+            c.lease = 0;
+            (at(i), c)
+        })
+        .collect();
+    (!refunds.is_empty()).then_some(refunds)
+}
+
+/// The reply of `waiting`, which its connection answers by the check's deadline (with
 /// [`StoreError::Timeout`] then), whatever it waits for (a reply, the code loaded again), as
 /// long as the runtime that runs the connection runs.
 pub(crate) fn received(
-    answered: &mut Answered,
+    waiting: &mut Waiting,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Reply, StoreError>> {
-    answered.poll_reply(cx).map(|reply| {
+    waiting.poll_reply(cx).map(|reply| {
         reply.unwrap_or_else(|| {
             Err(StoreError::Unavailable(
                 "the connection went away before it answered the check".into(),
@@ -219,14 +273,14 @@ pub(crate) fn received(
     })
 }
 
-/// The reply of `answered` if it comes by `deadline`; `dropped` when its answer went away
+/// The reply of `waiting` if it comes by `deadline`; `dropped` when its answer went away
 /// without one.
 pub(crate) async fn wait(
-    mut answered: Answered,
+    mut waiting: Waiting,
     deadline: tokio::time::Instant,
     dropped: impl FnOnce() -> StoreError,
 ) -> Result<Reply, StoreError> {
-    let reply = std::future::poll_fn(|cx| answered.poll_reply(cx));
+    let reply = std::future::poll_fn(|cx| waiting.poll_reply(cx));
     match tokio::time::timeout_at(deadline, reply).await {
         Ok(Some(reply)) => reply,
         Ok(None) => Err(dropped()),
@@ -236,8 +290,9 @@ pub(crate) async fn wait(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::AtomicUsize;
     use std::sync::{Arc, Mutex};
-    use std::task::{Context, Poll, Waker};
+    use std::task::{Context, Poll, Wake, Waker};
 
     use super::*;
     use crate::Algorithm;
@@ -291,22 +346,37 @@ mod tests {
         ]
     }
 
-    fn poll(answered: &mut Answered) -> Poll<Option<Result<Reply, StoreError>>> {
-        answered.poll_reply(&mut Context::from_waker(Waker::noop()))
+    /// Counts its wake-ups.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counter() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count::default());
+        (count.clone(), Waker::from(count))
+    }
+
+    fn poll(waiting: &mut Waiting, waker: &Waker) -> Poll<Option<Result<Reply, StoreError>>> {
+        waiting.poll_reply(&mut Context::from_waker(waker))
     }
 
     #[test]
     fn an_unread_admitting_reply_gives_its_slots_back_at_their_times() {
         let given = Given::default();
-        let answered = Answered::new(both());
-        let (answer, sending) = answered.answer();
+        let waiting = Waiting::new(both());
+        let (answer, sending) = waiting.answer();
         assert_eq!(sending.len(), 2);
         answer.send(Ok(reply(true)), recorder(&given));
         assert!(
             given.lock().unwrap().is_empty(),
             "the request may still read it"
         );
-        drop(answered);
+        drop(waiting);
         // Only the concurrency charge, taken on its own node's clock.
         assert_eq!(*given.lock().unwrap(), [(9, "slots".to_owned(), 1)]);
     }
@@ -314,9 +384,10 @@ mod tests {
     #[test]
     fn a_reply_to_a_request_gone_gives_its_slots_back_at_once() {
         let given = Given::default();
-        let answered = Answered::new(both());
-        let (answer, _sending) = answered.answer();
-        drop(answered);
+        let waiting = Waiting::new(both());
+        let (answer, _sending) = waiting.answer();
+        assert!(!answer.is_closed());
+        drop(waiting);
         assert!(answer.is_closed());
         answer.send(Ok(reply(true)), recorder(&given));
         assert_eq!(*given.lock().unwrap(), [(9, "slots".to_owned(), 1)]);
@@ -328,13 +399,14 @@ mod tests {
     #[test]
     fn a_read_reply_or_a_denial_gives_nothing_back() {
         let given = Given::default();
+        let (_, waker) = counter();
         for (allowed, read) in [(true, true), (false, false)] {
-            let mut answered = Answered::new(both());
-            let (answer, _sending) = answered.answer();
-            assert!(poll(&mut answered).is_pending());
+            let mut waiting = Waiting::new(both());
+            let (answer, _sending) = waiting.answer();
+            assert!(poll(&mut waiting, &waker).is_pending());
             answer.send(Ok(reply(allowed)), recorder(&given));
             if read {
-                let Poll::Ready(Some(Ok(reply))) = poll(&mut answered) else {
+                let Poll::Ready(Some(Ok(reply))) = poll(&mut waiting, &waker) else {
                     panic!("the reply was sent");
                 };
                 assert_eq!(reply.now, 7);
@@ -345,19 +417,68 @@ mod tests {
     }
 
     #[test]
-    fn an_answer_dropped_without_a_reply_or_failed_ends_the_wait() {
-        let mut answered = Answered::new(both());
-        let (answer, sending) = answered.answer();
-        drop(answer);
-        assert!(matches!(poll(&mut answered), Poll::Ready(None)));
-        // The charges stay readable for a reply that comes late.
-        assert_eq!(sending[1].key.to_string(), "slots");
+    fn a_reply_an_error_or_an_answer_dropped_wakes_the_latest_waker_once() {
+        let given = Given::default();
+        for end in ["reply", "fail", "drop"] {
+            let mut waiting = Waiting::new(both());
+            let (answer, sending) = waiting.answer();
+            let (first, first_waker) = counter();
+            let (second, second_waker) = counter();
+            assert!(poll(&mut waiting, &first_waker).is_pending());
+            // Polled again by another task: that one is woken.
+            assert!(poll(&mut waiting, &second_waker).is_pending());
+            match end {
+                "reply" => answer.send(Ok(reply(true)), recorder(&given)),
+                "fail" => answer.fail(StoreError::Timeout),
+                _ => drop(answer),
+            }
+            assert_eq!(first.0.load(Ordering::SeqCst), 0, "{end}");
+            assert_eq!(second.0.load(Ordering::SeqCst), 1, "{end}");
+            let polled = poll(&mut waiting, &second_waker);
+            match end {
+                "reply" => assert!(matches!(polled, Poll::Ready(Some(Ok(_))))),
+                "fail" => assert!(matches!(
+                    polled,
+                    Poll::Ready(Some(Err(StoreError::Timeout)))
+                )),
+                _ => assert!(matches!(polled, Poll::Ready(None))),
+            }
+            // The charges stay readable for a reply that comes late.
+            assert_eq!(sending[1].key.to_string(), "slots");
+        }
+        assert!(given.lock().unwrap().is_empty(), "every reply was read");
+    }
 
-        let mut answered = Answered::new(both());
-        answered.answer().0.fail(StoreError::Timeout);
+    #[test]
+    fn a_reply_racing_the_request_going_away_gives_its_slots_back_once() {
+        for _ in 0..200 {
+            let given = Given::default();
+            let waiting = Waiting::new(both());
+            let (answer, _sending) = waiting.answer();
+            let log = given.clone();
+            let sender = std::thread::spawn(move || answer.send(Ok(reply(true)), recorder(&log)));
+            drop(waiting);
+            sender.join().unwrap();
+            assert_eq!(given.lock().unwrap().len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_second_answer_is_closed_and_its_reply_reaches_no_request() {
+        let given = Given::default();
+        let (_, waker) = counter();
+        let mut waiting = Waiting::new(both());
+        let (first, _) = waiting.answer();
+        let (second, _) = waiting.answer();
+        assert!(second.is_closed() && !first.is_closed());
+        second.send(Ok(reply(true)), recorder(&given));
+        // Its slots go back; the request still waits for the first answer.
+        assert_eq!(given.lock().unwrap().len(), 1);
+        assert!(poll(&mut waiting, &waker).is_pending());
+        first.send(Ok(reply(false)), recorder(&given));
         assert!(matches!(
-            poll(&mut answered),
-            Poll::Ready(Some(Err(StoreError::Timeout)))
+            poll(&mut waiting, &waker),
+            Poll::Ready(Some(Ok(_)))
         ));
     }
 }

@@ -19,7 +19,6 @@ mod script;
 mod settings;
 mod standalone;
 mod startup;
-mod unclaimed;
 
 pub use cluster::{RedisClusterStore, RedisClusterStoreBuilder};
 pub use error::ConnectError;

@@ -28,11 +28,11 @@ use crate::store::redis::access::{self, Access};
 use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::keys;
-use crate::store::redis::late_reply::{self, Answered};
+use crate::store::redis::late_reply::GiveBackOrphan;
+use crate::store::redis::late_reply::{self, Waiting};
 use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
 use crate::store::redis::settings::{Settings, late_reply_wait, settings_setters};
-use crate::store::redis::unclaimed::GiveBackOrphan;
 use crate::store::redis::{fleet, forget};
 use crate::store::{Charge, StoreError};
 
@@ -302,14 +302,14 @@ impl Transport for Cluster {
                 .is_some_and(|first| prepared.iter().any(|p| p.slot() != first.slot()))
     }
 
-    fn send(self: &Arc<Self>, answered: Answered, now: Option<u64>, alone: bool) -> Sent {
+    fn send(self: &Arc<Self>, waiting: Waiting, now: Option<u64>, alone: bool) -> Sent {
         let me = self.clone();
         let runtime = match tokio::runtime::Handle::try_current() {
             Ok(runtime) if alone => runtime,
             _ => {
                 return Sent::Deciding(Box::pin(async move {
                     let deadline = Instant::now() + me.parts.settings.response_timeout;
-                    me.check_slots(answered.charges(), now, deadline.into())
+                    me.check_slots(waiting.charges(), now, deadline.into())
                         .await
                 }));
             }
@@ -317,7 +317,7 @@ impl Transport for Cluster {
         let deadline = Instant::now() + self.parts.settings.response_timeout;
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
-        let late = if answered
+        let late = if waiting
             .charges()
             .iter()
             .any(|p| p.algorithm.is_concurrency())
@@ -326,7 +326,7 @@ impl Transport for Cluster {
         } else {
             deadline
         };
-        let (answer, prepared) = answered.answer();
+        let (answer, prepared) = waiting.answer();
         drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
@@ -339,11 +339,9 @@ impl Transport for Cluster {
             };
             answer.send(reply, give_back);
         }));
-        Sent::Deciding(Box::pin(late_reply::wait(
-            answered,
-            deadline.into(),
-            || StoreError::Unavailable("the check's task ended without an answer".into()),
-        )))
+        Sent::Deciding(Box::pin(late_reply::wait(waiting, deadline.into(), || {
+            StoreError::Unavailable("the check's task ended without an answer".into())
+        })))
     }
 
     async fn peek(

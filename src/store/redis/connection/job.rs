@@ -4,7 +4,7 @@ use redis::{RedisResult, Value};
 use tokio::sync::oneshot;
 
 use crate::store::breaker::Permit;
-use crate::store::redis::late_reply::{Answer, Answered, Sending};
+use crate::store::redis::late_reply::{Answer, Sending, Waiting};
 
 /// One check: sent with the checks queued beside it in one call, answered through `answer`.
 pub(crate) struct Job {
@@ -24,15 +24,15 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    /// The check `answered` waits on, at `now` (with an injected clock), answered by
+    /// The check `waiting` waits on, at `now` (with an injected clock), answered by
     /// `deadline`.
     pub(crate) fn new(
-        answered: &Answered,
+        waiting: &Waiting,
         now: Option<u64>,
         permit: Permit,
         deadline: tokio::time::Instant,
     ) -> Self {
-        let (answer, charges) = answered.answer();
+        let (answer, charges) = waiting.answer();
         Job {
             charges,
             now,

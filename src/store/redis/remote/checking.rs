@@ -10,7 +10,7 @@ use super::future::CheckFuture;
 use super::transport::{Sent, Transport, runtime};
 use crate::Decision;
 use crate::store::StoreError;
-use crate::store::redis::late_reply::{Answered, received};
+use crate::store::redis::late_reply::{Waiting, received};
 use crate::store::redis::replica::Plan;
 use crate::store::redis::script::Reply;
 
@@ -26,27 +26,27 @@ pub(crate) struct Checking<T> {
 enum State {
     /// Not sent yet: sent when first polled, on a Tokio runtime.
     Unsent {
-        answered: Answered,
+        waiting: Waiting,
         now: Option<u64>,
     },
-    Queued(Answered),
+    Queued(Waiting),
     Deciding(CheckFuture<Reply>),
     Done,
 }
 
 impl<T: Transport> Checking<T> {
-    /// The check `answered` waits on, planned as `plan`: one that runs alone is sent now.
+    /// The check `waiting` waits on, planned as `plan`: one that runs alone is sent now.
     pub(crate) fn new(
         transport: Arc<T>,
         plan: Plan,
-        answered: Answered,
+        waiting: Waiting,
         now: Option<u64>,
         alone: bool,
     ) -> Self {
         let state = if alone {
-            sent(transport.send(answered, now, true))
+            sent(transport.send(waiting, now, true))
         } else {
-            State::Unsent { answered, now }
+            State::Unsent { waiting, now }
         };
         Checking {
             transport,
@@ -71,7 +71,7 @@ impl<T: Transport> Checking<T> {
 
 fn sent(sent: Sent) -> State {
     match sent {
-        Sent::Queued(answered) => State::Queued(answered),
+        Sent::Queued(waiting) => State::Queued(waiting),
         Sent::Deciding(future) => State::Deciding(future),
     }
 }
@@ -88,14 +88,14 @@ impl<T: Transport> Future for Checking<T> {
             }
         }
         if let State::Unsent { .. } = this.state {
-            let State::Unsent { answered, now } = std::mem::replace(&mut this.state, State::Done)
+            let State::Unsent { waiting, now } = std::mem::replace(&mut this.state, State::Done)
             else {
                 unreachable!("the state was unsent");
             };
-            this.state = sent(this.transport.send(answered, now, false));
+            this.state = sent(this.transport.send(waiting, now, false));
         }
         let reply = match &mut this.state {
-            State::Queued(answered) => ready!(received(answered, cx)),
+            State::Queued(waiting) => ready!(received(waiting, cx)),
             State::Deciding(future) => ready!(future.as_mut().poll(cx)),
             State::Unsent { .. } | State::Done => Err(StoreError::Protocol(
                 "a check polled after it answered".into(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use self::checking::Checking;
 use crate::Decision;
-use crate::store::redis::late_reply::Answered;
+use crate::store::redis::late_reply::Waiting;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
 pub(crate) use beating::keep_beating;
@@ -63,12 +63,12 @@ impl<T: Transport> Store for Remote<T> {
             // Units held here are spent all the same.
             return Box::pin(std::future::ready(plan.settle(Some(Err(error)))));
         }
-        let answered = Answered::new(plan.prepared(&transport.parts().settings.prefix, charges));
+        let waiting = Waiting::new(plan.prepared(&transport.parts().settings.prefix, charges));
         let now = transport.parts().settings.now();
-        let alone = transport.runs_alone(answered.charges());
+        let alone = transport.runs_alone(waiting.charges());
         if alone {
             // On its way already: its request waits for it.
-            return Box::pin(Checking::new(transport.clone(), plan, answered, now, true));
+            return Box::pin(Checking::new(transport.clone(), plan, waiting, now, true));
         }
         // A request paid from this replica's leases that only refills them ahead of need is
         // answered now, on a Tokio runtime, its call going on in a task of its own. (The plan
@@ -77,11 +77,11 @@ impl<T: Transport> Store for Remote<T> {
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
             && let Some(decision) = plan.detach()
         {
-            let call = Checking::new(transport.clone(), plan, answered, now, false);
+            let call = Checking::new(transport.clone(), plan, waiting, now, false);
             drop(runtime.spawn(call));
             return Box::pin(std::future::ready(Ok(decision)));
         }
-        Box::pin(Checking::new(transport.clone(), plan, answered, now, false))
+        Box::pin(Checking::new(transport.clone(), plan, waiting, now, false))
     }
 
     /// Answers at once a check decided here (a denial Redis made moments ago, units leased to

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::future::CheckFuture;
 use crate::store::redis::fleet::Fleet;
 use crate::store::redis::forget;
-use crate::store::redis::late_reply::Answered;
+use crate::store::redis::late_reply::Waiting;
 use crate::store::redis::replica::Replica;
 use crate::store::redis::script::{Mode, Prepared, Program, Reply};
 use crate::store::redis::settings::Settings;
@@ -44,7 +44,7 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// queued on a connection, whose reply comes within the check's time budget, or a future
     /// that decides it (one [that runs alone](Self::runs_alone), `alone` as that said, is on
     /// its way already). Called on a Tokio runtime.
-    fn send(self: &Arc<Self>, answered: Answered, now: Option<u64>, alone: bool) -> Sent;
+    fn send(self: &Arc<Self>, waiting: Waiting, now: Option<u64>, alone: bool) -> Sent;
 
     /// The reply to a peek of `prepared` (nothing charged), within a check's time budget.
     fn peek(
@@ -77,7 +77,7 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
 /// How a transport took a check.
 pub(crate) enum Sent {
     /// Queued on a connection: the reply comes here, by the check's deadline.
-    Queued(Answered),
+    Queued(Waiting),
     /// To be decided by this future (a connection to open first, a cluster's slots).
     Deciding(CheckFuture<Reply>),
 }

@@ -6,29 +6,29 @@ use std::sync::Arc;
 use super::Standalone;
 use crate::store::StoreError;
 use crate::store::redis::connection::Job;
-use crate::store::redis::late_reply::{self, Answered};
+use crate::store::redis::late_reply::{self, Waiting};
 use crate::store::redis::remote::Sent;
 
 impl Standalone {
     /// Sends one check: queued for the next call of the first connection that keeps up (sent at
     /// once when none of its calls is out), answered within the check's time budget. When no
     /// connection works, one is opened first. Called on a Tokio runtime.
-    pub(super) fn queue(self: &Arc<Self>, mut answered: Answered, now: Option<u64>) -> Sent {
+    pub(super) fn queue(self: &Arc<Self>, mut waiting: Waiting, now: Option<u64>) -> Sent {
         let Some(permit) = self.breaker.admit() else {
             return Sent::Deciding(Box::pin(std::future::ready(Err(StoreError::CircuitOpen))));
         };
         let deadline = tokio::time::Instant::now() + self.parts.settings.response_timeout;
-        let mut job = Job::new(&answered, now, permit, deadline);
+        let mut job = Job::new(&waiting, now, permit, deadline);
         if let Some(conn) = self.pick() {
             match conn.check(job) {
-                Ok(()) => return Sent::Queued(answered),
+                Ok(()) => return Sent::Queued(waiting),
                 Err(back) => job = back,
             }
         }
         let me = self.clone();
         Sent::Deciding(Box::pin(async move {
             me.queue_on_new(job).await?;
-            std::future::poll_fn(|cx| late_reply::received(&mut answered, cx)).await
+            std::future::poll_fn(|cx| late_reply::received(&mut waiting, cx)).await
         }))
     }
 

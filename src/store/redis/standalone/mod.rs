@@ -20,7 +20,7 @@ use crate::store::redis::access::Access;
 use crate::store::redis::access::redact;
 use crate::store::redis::connection::{Connection, Target};
 use crate::store::redis::error::ConnectError;
-use crate::store::redis::late_reply::Answered;
+use crate::store::redis::late_reply::Waiting;
 use crate::store::redis::opening::Opening;
 use crate::store::redis::probe::Probed;
 use crate::store::redis::remote::{Parts, Remote, Sent, Transport, store_by_remote};
@@ -369,8 +369,8 @@ impl Transport for Standalone {
         false
     }
 
-    fn send(self: &Arc<Self>, answered: Answered, now: Option<u64>, _alone: bool) -> Sent {
-        self.queue(answered, now)
+    fn send(self: &Arc<Self>, waiting: Waiting, now: Option<u64>, _alone: bool) -> Sent {
+        self.queue(waiting, now)
     }
 
     async fn peek(

@@ -32,10 +32,10 @@ use super::stream::{self, Stream};
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
+use crate::store::redis::late_reply::GiveBackOrphan;
 use crate::store::redis::late_reply::orphan;
 use crate::store::redis::resp::{self, Frame, Integers};
 use crate::store::redis::script::{self, Form, Loaded, Mode, Request, Shape};
-use crate::store::redis::unclaimed::GiveBackOrphan;
 
 /// Bytes read at a time at least (the buffer grows for longer replies).
 const READ_CHUNK: usize = 4096;
