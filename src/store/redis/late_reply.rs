@@ -27,6 +27,8 @@ struct Exchange {
     /// The request stopped waiting: its [`Waiting`] is gone. Set under the lock (the reply's
     /// hand-over reads it there); read without it by [`Answer::is_closed`].
     request_gone: AtomicBool,
+    /// The check's [`Answer`] was made: until then, no reply can come.
+    answer_made: AtomicBool,
     slot: Mutex<Slot>,
 }
 
@@ -37,8 +39,6 @@ struct Slot {
     /// concurrency charges).
     give_back: Option<GiveBackOrphan>,
     waker: Option<Waker>,
-    /// The check's [`Answer`] was made: until then, no reply can come.
-    answer_made: bool,
     /// The connection answered, or dropped its [`Answer`] without a reply.
     answered: bool,
 }
@@ -69,6 +69,7 @@ impl Waiting {
         Waiting(Arc::new(Exchange {
             charges,
             request_gone: AtomicBool::new(false),
+            answer_made: AtomicBool::new(false),
             slot: Mutex::default(),
         }))
     }
@@ -82,7 +83,7 @@ impl Waiting {
     /// it. Made once: another answer is closed from the start, and a reply sent through it
     /// reaches no request (its slots go back).
     pub(crate) fn answer(&self) -> (Answer, Sending) {
-        let first = !std::mem::replace(&mut self.0.lock().answer_made, true);
+        let first = !self.0.answer_made.swap(true, Ordering::AcqRel);
         let answer = Answer {
             exchange: self.0.clone(),
             live: first,
@@ -104,7 +105,7 @@ impl Waiting {
             drop(claimed);
             return Poll::Ready(Some(reply));
         }
-        if slot.answered || !slot.answer_made {
+        if slot.answered || !self.0.answer_made.load(Ordering::Acquire) {
             return Poll::Ready(None);
         }
         let stale = match &slot.waker {
