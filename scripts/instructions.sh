@@ -128,7 +128,12 @@ fi
 # REDIS=1: requests in waves of 32 through the Redis store (benches/instructions.rs, `redis`),
 # against a redis-server of this run's own on a free port, stopped at the end: this process's
 # instructions per request, and Redis's own time (`INFO commandstats`, usec of FCALL and
-# EVALSHA) per request and per call.
+# EVALSHA) per request and per call. With 32 requests in flight, glibc's allocator leaves its
+# per-thread cache of 7 blocks a size and takes its slow paths, whose cost depends on the
+# heap's history: a change anywhere (even one that allocates nothing new) moves these counts
+# by a few hundred. The column "large tcache" counts the same requests with a cache of 1,000
+# blocks a size (GLIBC_TUNABLES), where every allocation takes the fast path: the code's own
+# cost, steady from build to build.
 if [ "${REDIS:-0}" = 1 ]; then
     for tool in redis-server redis-cli; do
         command -v "$tool" >/dev/null || { echo "error: $tool is not installed (Debian: apt-get install redis-server redis-tools)" >&2; exit 1; }
@@ -146,7 +151,7 @@ if [ "${REDIS:-0}" = 1 ]; then
     waves=${WAVES_REQUESTS:-$requests}
     waves=$(((waves + 31) / 32 * 32)) # whole waves of 32, as the driver sends them
     echo
-    printf '%-24s %14s %10s %12s %12s %12s\n' router instr/request added calls/request "redis us/req" "redis us/call"
+    printf '%-24s %14s %10s %14s %10s %12s %12s %12s\n' router instr/request added "large tcache" added calls/request "redis us/req" "redis us/call"
     bare=""
     for router in bare memory_allow redis_allow redis_allow_unbatched redis_reject redis_leased; do
         redis-cli -p "$port" config resetstat >/dev/null
@@ -158,8 +163,10 @@ if [ "${REDIS:-0}" = 1 ]; then
         # The n = 0 run made calls too (its wave), and so did the counted run's first wave: only
         # the counted waves'.
         [ -z "$bare" ] && bare=$cost
-        awk -v r="$router" -v p="$cost" -v b="$bare" -v n="$waves" -v c0="$c0" -v u0="$u0" -v c1="$c1" -v u1="$u1" 'BEGIN {
+        cached=$(GLIBC_TUNABLES=glibc.malloc.tcache_count=1000 per "$waves" redis "$router")
+        [ -z "${bare_cached:-}" ] && bare_cached=$cached
+        awk -v r="$router" -v p="$cost" -v b="$bare" -v q="$cached" -v bq="$bare_cached" -v n="$waves" -v c0="$c0" -v u0="$u0" -v c1="$c1" -v u1="$u1" 'BEGIN {
             c = c1 - 2 * c0; u = u1 - 2 * u0; per_call = c > 0 ? u / c : 0
-            printf "%-24s %14s %+10.0f %12.3f %12.2f %12.2f\n", r, p, p - b, c / n, u / n, per_call }'
+            printf "%-24s %14s %+10.0f %14s %+10.0f %12.3f %12.2f %12.2f\n", r, p, p - b, q, q - bq, c / n, u / n, per_call }'
     done
 fi
