@@ -45,7 +45,8 @@ struct Slot {
 
 impl Exchange {
     fn lock(&self) -> MutexGuard<'_, Slot> {
-        // Nothing that can panic runs while it is held.
+        // Only a waker's `clone` (and `will_wake`) runs under it besides this module's code;
+        // should it panic, nothing was written yet, and the poisoning is ignored.
         self.slot.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -457,11 +458,33 @@ mod tests {
             let waiting = Waiting::new(both());
             let (answer, _sending) = waiting.answer();
             let log = given.clone();
-            let sender = std::thread::spawn(move || answer.send(Ok(reply(true)), recorder(&log)));
+            // Both sides start together: the reply and the request's end race.
+            let start = Arc::new(std::sync::Barrier::new(2));
+            let go = start.clone();
+            let sender = std::thread::spawn(move || {
+                go.wait();
+                answer.send(Ok(reply(true)), recorder(&log));
+            });
+            start.wait();
             drop(waiting);
             sender.join().unwrap();
             assert_eq!(given.lock().unwrap().len(), 1);
         }
+    }
+
+    #[test]
+    fn a_check_never_sent_ends_its_wait_and_an_unread_error_gives_nothing_back() {
+        let given = Given::default();
+        let (_, waker) = counter();
+        // No answer made: nothing could reply.
+        let mut unsent = Waiting::new(both());
+        assert!(matches!(poll(&mut unsent, &waker), Poll::Ready(None)));
+        // An error stored and never read holds no slots.
+        let waiting = Waiting::new(both());
+        let (answer, _sending) = waiting.answer();
+        answer.send(Err(StoreError::Timeout), recorder(&given));
+        drop(waiting);
+        assert!(given.lock().unwrap().is_empty());
     }
 
     #[test]
