@@ -5,8 +5,8 @@
 //! nothing is held for the longest hold by a request that is gone.
 //!
 //! ```text
-//! the request:     Waiting::new(charges) ──answer()──> the connection: Job { Sending, Answer }
-//!                  Waiting::poll_reply   <──reply───── Answer::send
+//! the request:     Waiting::new(charges) ──answer()──> the connection: Job { Answer }
+//!                  Waiting::poll_reply   <──reply───── Answer::send (or fail)
 //! ```
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,7 +21,7 @@ use crate::store::redis::script::{Charges, Prepared, Reply};
 pub(crate) type GiveBackOrphan = Box<dyn FnOnce(Vec<(u64, Prepared)>) + Send>;
 
 /// One check's charges, and the place its reply goes: one allocation, shared by the request
-/// that waits ([`Waiting`]) and the connection that sends the check ([`Sending`], [`Answer`]).
+/// that waits ([`Waiting`]) and the connection that sends the check ([`Answer`]).
 struct Exchange {
     charges: Charges,
     /// The request stopped waiting: its [`Waiting`] is gone. Set under the lock (the reply's
@@ -44,6 +44,11 @@ struct Slot {
 }
 
 impl Exchange {
+    /// Whether a charge is a concurrency limit's: an admitting reply then holds slots.
+    fn holds_slots(&self) -> bool {
+        self.charges.iter().any(|c| c.algorithm.is_concurrency())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Slot> {
         // Only a waker's `clone` (and `will_wake`) runs under it besides this module's code;
         // should it panic, nothing was written yet, and the poisoning is ignored.
@@ -54,15 +59,14 @@ impl Exchange {
 /// What the request of a check holds: its charges, and its reply when it comes.
 pub(crate) struct Waiting(Arc<Exchange>);
 
-/// Where the reply of one check goes, held by the connection (or task) that sends it.
+/// The connection's (or task's) side of one check: its charges, and where its reply goes.
+/// Answered once; a reply after that (the request answered at its deadline, its call late)
+/// reaches no request, and gives back the slots it took.
 pub(crate) struct Answer {
     exchange: Arc<Exchange>,
     /// Not answered yet, and the check's first answer: its reply goes to the request.
     live: bool,
 }
-
-/// The charges of one check, as the connection that sends it reads them.
-pub(crate) struct Sending(Arc<Exchange>);
 
 impl Waiting {
     /// A check of `charges`, not sent yet.
@@ -80,16 +84,20 @@ impl Waiting {
         &self.0.charges
     }
 
-    /// The answer of this check and its charges, for the one connection (or task) that sends
-    /// it. Made once: another answer is closed from the start, and a reply sent through it
-    /// reaches no request (its slots go back).
-    pub(crate) fn answer(&self) -> (Answer, Sending) {
+    /// Whether a charge is a concurrency limit's.
+    pub(crate) fn holds_slots(&self) -> bool {
+        self.0.holds_slots()
+    }
+
+    /// The answer of this check, for the one connection (or task) that sends it. Made once:
+    /// another answer is closed from the start, and a reply sent through it reaches no request
+    /// (its slots go back).
+    pub(crate) fn answer(&self) -> Answer {
         let first = !self.0.answer_made.swap(true, Ordering::AcqRel);
-        let answer = Answer {
+        Answer {
             exchange: self.0.clone(),
             live: first,
-        };
-        (answer, Sending(self.0.clone()))
+        }
     }
 
     /// The reply, once it came; `None` when the connection dropped the check without one (or
@@ -128,50 +136,51 @@ impl Drop for Waiting {
         };
         drop(waker);
         // A reply that came and was not read gives its slots back.
-        if let (Some(Ok(reply)), Some(give_back)) = (reply, give_back) {
-            give_back_unread(&reply, &self.0.charges, give_back);
+        if let Some(reply) = reply {
+            give_back_unread(reply, &self.0.charges, give_back);
         }
     }
 }
 
-impl std::ops::Deref for Sending {
-    type Target = [Prepared];
-
-    fn deref(&self) -> &[Prepared] {
-        &self.0.charges
-    }
-}
-
 impl Answer {
-    /// Whether the request stopped waiting (its client left, or its budget ran out).
+    /// The charges, as the call sends them and its reply is read.
+    pub(crate) fn charges(&self) -> &[Prepared] {
+        &self.exchange.charges
+    }
+
+    /// Whether a charge is a concurrency limit's.
+    pub(crate) fn holds_slots(&self) -> bool {
+        self.exchange.holds_slots()
+    }
+
+    /// Whether no request reads a reply any more: it was answered, or it stopped waiting (its
+    /// client left, or its budget ran out).
     pub(crate) fn is_closed(&self) -> bool {
         !self.live || self.exchange.request_gone.load(Ordering::Acquire)
     }
 
-    /// Gives `reply` to the request; one it no longer waits for, or never reads, gives the
-    /// concurrency slots it took back with what `give_back` makes.
+    /// Gives `reply` to the request; one answered already, gone, or that never reads it gives
+    /// the concurrency slots it took back with what `give_back` makes.
     pub(crate) fn send(
-        self,
+        &mut self,
         reply: Result<Reply, StoreError>,
         give_back: impl FnOnce() -> GiveBackOrphan,
     ) {
-        let admitting = reply.as_ref().is_ok_and(Reply::allowed);
-        let holds_slots = self
-            .exchange
-            .charges
-            .iter()
-            .any(|c| c.algorithm.is_concurrency());
         // Made before the lock is taken, and only for a reply that may hold slots.
-        let give_back = (admitting && holds_slots).then(give_back);
+        let give_back =
+            (reply.as_ref().is_ok_and(Reply::allowed) && self.holds_slots()).then(give_back);
         self.put(reply, give_back);
     }
 
-    /// Fails the request with `error` (its call did not answer in time).
-    pub(crate) fn fail(self, error: StoreError) {
-        self.put(Err(error), None);
+    /// Fails the request with `error` (its call did not answer in time), unless it was
+    /// answered already.
+    pub(crate) fn fail(&mut self, error: StoreError) {
+        if self.live {
+            self.put(Err(error), None);
+        }
     }
 
-    fn put(mut self, reply: Result<Reply, StoreError>, give_back: Option<GiveBackOrphan>) {
+    fn put(&mut self, reply: Result<Reply, StoreError>, give_back: Option<GiveBackOrphan>) {
         if std::mem::replace(&mut self.live, false) {
             let mut slot = self.exchange.lock();
             if !self.exchange.request_gone.load(Ordering::Acquire) {
@@ -187,9 +196,7 @@ impl Answer {
             }
         }
         // No request reads it.
-        if let (Ok(reply), Some(give_back)) = (reply, give_back) {
-            give_back_unread(&reply, &self.exchange.charges, give_back);
-        }
+        give_back_unread(reply, &self.exchange.charges, give_back);
     }
 }
 
@@ -210,24 +217,16 @@ impl Drop for Answer {
     }
 }
 
-/// Gives back the slots `reply` took for `charges`, with `give_back`.
-fn give_back_unread(reply: &Reply, charges: &[Prepared], give_back: GiveBackOrphan) {
-    if let Some(refunds) = orphaned_slots(reply, charges) {
-        give_back(refunds);
-    }
-}
-
-/// Gives back the slots `reply` took for `charges`, with what `give_back` makes: a reply whose
-/// request had been answered already (it timed out).
-pub(crate) fn orphan(
+/// Gives back, with `give_back`, the slots `reply` took for `charges`: a reply no request reads.
+fn give_back_unread(
     reply: Result<Reply, StoreError>,
     charges: &[Prepared],
-    give_back: impl FnOnce() -> GiveBackOrphan,
+    give_back: Option<GiveBackOrphan>,
 ) {
-    if let Ok(reply) = reply
+    if let (Ok(reply), Some(give_back)) = (reply, give_back)
         && let Some(refunds) = orphaned_slots(&reply, charges)
     {
-        give_back()(refunds);
+        give_back(refunds);
     }
 }
 
@@ -371,8 +370,8 @@ mod tests {
     fn an_unread_admitting_reply_gives_its_slots_back_at_their_times() {
         let given = Given::default();
         let waiting = Waiting::new(both());
-        let (answer, sending) = waiting.answer();
-        assert_eq!(sending.len(), 2);
+        let mut answer = waiting.answer();
+        assert_eq!(answer.charges().len(), 2);
         answer.send(Ok(reply(true)), recorder(&given));
         assert!(
             given.lock().unwrap().is_empty(),
@@ -387,14 +386,18 @@ mod tests {
     fn a_reply_to_a_request_gone_gives_its_slots_back_at_once() {
         let given = Given::default();
         let waiting = Waiting::new(both());
-        let (answer, _sending) = waiting.answer();
+        let mut answer = waiting.answer();
         assert!(!answer.is_closed());
         drop(waiting);
         assert!(answer.is_closed());
         answer.send(Ok(reply(true)), recorder(&given));
         assert_eq!(*given.lock().unwrap(), [(9, "slots".to_owned(), 1)]);
         // And a reply to a request answered already (timed out) the same way.
-        orphan(Ok(reply(true)), &both(), recorder(&given));
+        let _waiting = Waiting::new(both());
+        let mut late = _waiting.answer();
+        late.fail(StoreError::Timeout);
+        assert!(late.is_closed());
+        late.send(Ok(reply(true)), recorder(&given));
         assert_eq!(given.lock().unwrap().len(), 2);
     }
 
@@ -404,7 +407,7 @@ mod tests {
         let (_, waker) = counter();
         for (allowed, read) in [(true, true), (false, false)] {
             let mut waiting = Waiting::new(both());
-            let (answer, _sending) = waiting.answer();
+            let mut answer = waiting.answer();
             assert!(poll(&mut waiting, &waker).is_pending());
             answer.send(Ok(reply(allowed)), recorder(&given));
             if read {
@@ -414,7 +417,11 @@ mod tests {
                 assert_eq!(reply.now, 7);
             }
         }
-        orphan(Ok(reply(false)), &both(), recorder(&given));
+        // A denial that comes after its request was answered at its deadline.
+        let _waiting = Waiting::new(both());
+        let mut late = _waiting.answer();
+        late.fail(StoreError::Timeout);
+        late.send(Ok(reply(false)), recorder(&given));
         assert!(given.lock().unwrap().is_empty());
     }
 
@@ -423,16 +430,16 @@ mod tests {
         let given = Given::default();
         for end in ["reply", "fail", "drop"] {
             let mut waiting = Waiting::new(both());
-            let (answer, sending) = waiting.answer();
+            let mut answer = Some(waiting.answer());
             let (first, first_waker) = counter();
             let (second, second_waker) = counter();
             assert!(poll(&mut waiting, &first_waker).is_pending());
             // Polled again by another task: that one is woken.
             assert!(poll(&mut waiting, &second_waker).is_pending());
-            match end {
-                "reply" => answer.send(Ok(reply(true)), recorder(&given)),
-                "fail" => answer.fail(StoreError::Timeout),
-                _ => drop(answer),
+            match (end, answer.as_mut()) {
+                ("reply", Some(answer)) => answer.send(Ok(reply(true)), recorder(&given)),
+                ("fail", Some(answer)) => answer.fail(StoreError::Timeout),
+                _ => answer = None,
             }
             assert_eq!(first.0.load(Ordering::SeqCst), 0, "{end}");
             assert_eq!(second.0.load(Ordering::SeqCst), 1, "{end}");
@@ -446,7 +453,9 @@ mod tests {
                 _ => assert!(matches!(polled, Poll::Ready(None))),
             }
             // The charges stay readable for a reply that comes late.
-            assert_eq!(sending[1].key.to_string(), "slots");
+            if let Some(answer) = &answer {
+                assert_eq!(answer.charges()[1].key.to_string(), "slots");
+            }
         }
         assert!(given.lock().unwrap().is_empty(), "every reply was read");
     }
@@ -456,7 +465,7 @@ mod tests {
         for _ in 0..200 {
             let given = Given::default();
             let waiting = Waiting::new(both());
-            let (answer, _sending) = waiting.answer();
+            let mut answer = waiting.answer();
             let log = given.clone();
             // Both sides start together: the reply and the request's end race.
             let start = Arc::new(std::sync::Barrier::new(2));
@@ -481,7 +490,7 @@ mod tests {
         assert!(matches!(poll(&mut unsent, &waker), Poll::Ready(None)));
         // An error stored and never read holds no slots.
         let waiting = Waiting::new(both());
-        let (answer, _sending) = waiting.answer();
+        let mut answer = waiting.answer();
         answer.send(Err(StoreError::Timeout), recorder(&given));
         drop(waiting);
         assert!(given.lock().unwrap().is_empty());
@@ -492,8 +501,8 @@ mod tests {
         let given = Given::default();
         let (_, waker) = counter();
         let mut waiting = Waiting::new(both());
-        let (first, _) = waiting.answer();
-        let (second, _) = waiting.answer();
+        let mut first = waiting.answer();
+        let mut second = waiting.answer();
         assert!(second.is_closed() && !first.is_closed());
         second.send(Ok(reply(true)), recorder(&given));
         // Its slots go back; the request still waits for the first answer.

@@ -317,22 +317,18 @@ impl Transport for Cluster {
         let deadline = Instant::now() + self.parts.settings.response_timeout;
         // The request waits until its deadline; a call that takes slots, a while longer for
         // its reply.
-        let late = if waiting
-            .charges()
-            .iter()
-            .any(|p| p.algorithm.is_concurrency())
-        {
+        let late = if waiting.holds_slots() {
             Instant::now() + late_reply_wait(self.parts.settings.response_timeout)
         } else {
             deadline
         };
-        let (answer, prepared) = waiting.answer();
+        let mut answer = waiting.answer();
         drop(runtime.spawn(async move {
             let budget = Deadline {
                 budget: deadline,
                 late,
             };
-            let reply = me.check_slots(&prepared, now, budget).await;
+            let reply = me.check_slots(answer.charges(), now, budget).await;
             let give_back = || -> GiveBackOrphan {
                 let inner = me.clone();
                 Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds))

@@ -4,21 +4,20 @@ use redis::{RedisResult, Value};
 use tokio::sync::oneshot;
 
 use crate::store::breaker::Permit;
-use crate::store::redis::late_reply::{Answer, Sending, Waiting};
+use crate::store::redis::late_reply::{Answer, Waiting};
+use crate::store::redis::script::Prepared;
 
 /// One check: sent with the checks queued beside it in one call, answered through `answer`.
 pub(crate) struct Job {
-    /// Its charges, shared with its request.
-    pub(crate) charges: Sending,
     /// The time given to the code (with an injected clock).
     pub(crate) now: Option<u64>,
     pub(crate) permit: Permit,
     /// When its request stops waiting: it is put in no call after that, and is answered
     /// [`Timeout`](crate::store::StoreError::Timeout) then if its call has not answered.
     pub(crate) deadline: tokio::time::Instant,
-    /// Taken when the request is answered (a reply that comes later gives back the slots it
-    /// took, if any).
-    pub(crate) answer: Option<Answer>,
+    /// Its charges, and where its reply goes: answered once (a reply that comes after its
+    /// request was answered gives back the slots it took, if any).
+    pub(crate) answer: Answer,
     /// Sent again after the server answered that the code did not run (once at most).
     pub(crate) resent: bool,
 }
@@ -32,15 +31,18 @@ impl Job {
         permit: Permit,
         deadline: tokio::time::Instant,
     ) -> Self {
-        let (answer, charges) = waiting.answer();
         Job {
-            charges,
             now,
             permit,
             deadline,
-            answer: Some(answer),
+            answer: waiting.answer(),
             resent: false,
         }
+    }
+
+    /// Its charges.
+    pub(crate) fn charges(&self) -> &[Prepared] {
+        self.answer.charges()
     }
 }
 

@@ -67,9 +67,7 @@ impl Driver {
                         owner.report(call.permit, false, Some(&StoreError::Timeout));
                     }
                     for job in &mut call.jobs {
-                        if let Some(answer) = job.answer.take() {
-                            answer.fail(StoreError::Timeout);
-                        }
+                        job.answer.fail(StoreError::Timeout);
                     }
                     if call.late > now {
                         earliest(call.late);
@@ -82,9 +80,7 @@ impl Driver {
                             earliest(job.deadline);
                             return true;
                         }
-                        if let Some(answer) = job.answer.take() {
-                            answer.fail(StoreError::Timeout);
-                        }
+                        job.answer.fail(StoreError::Timeout);
                         false
                     });
                 }
@@ -110,10 +106,8 @@ impl Driver {
             }
         }
         for work in late {
-            if let Work::Check(mut job) = work
-                && let Some(answer) = job.answer.take()
-            {
-                answer.fail(StoreError::Timeout);
+            if let Work::Check(mut job) = work {
+                job.answer.fail(StoreError::Timeout);
             }
         }
         next

@@ -33,7 +33,6 @@ use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
 use crate::store::redis::late_reply::GiveBackOrphan;
-use crate::store::redis::late_reply::orphan;
 use crate::store::redis::resp::{self, Frame, Integers};
 use crate::store::redis::script::{self, Form, Loaded, Mode, Request, Shape};
 
@@ -283,7 +282,7 @@ impl Driver {
         // Runs: how many checks each has (most calls have one or a few).
         let runs: SmallVec<[usize; 4]> = match call.shape {
             Shape::Each => SmallVec::new(),
-            Shape::Runs => script::runs_of(call.jobs.iter().map(|job| &job.charges[0]))
+            Shape::Runs => script::runs_of(call.jobs.iter().map(|job| &job.charges()[0]))
                 .map(|(_, run)| run)
                 .collect(),
         };
@@ -292,7 +291,7 @@ impl Driver {
                 let expected = call
                     .jobs
                     .iter()
-                    .map(|j| script::numbers_of(&j.charges))
+                    .map(|j| script::numbers_of(j.charges()))
                     .sum();
                 script::Decoder::new(&self.numbers, expected)
             }
@@ -312,8 +311,8 @@ impl Driver {
             .flat_map(|run| std::iter::repeat_n(run, run));
         for job in call.jobs.drain(..) {
             let reply = match runs.next() {
-                Some(run) => decoder.next_of_run(&job.charges[0], run),
-                None => decoder.next(job.now, &job.charges),
+                Some(run) => decoder.next_of_run(&job.charges()[0], run),
+                None => decoder.next(job.now, job.charges()),
             };
             deliver(&owner, job, reply);
         }
@@ -434,15 +433,15 @@ impl Driver {
         let (Some(checks), Some(now)) = (&self.checks, now) else {
             return self.recycle(jobs);
         };
-        jobs.retain_mut(|job| match &job.answer {
-            Some(answer) if answer.is_closed() => false,
-            Some(_) if job.deadline <= now => {
-                if let Some(answer) = job.answer.take() {
-                    answer.fail(StoreError::Timeout);
-                }
-                false
+        jobs.retain_mut(|job| {
+            if job.answer.is_closed() {
+                return false;
             }
-            _ => true,
+            if job.deadline <= now {
+                job.answer.fail(StoreError::Timeout);
+                return false;
+            }
+            true
         });
         let (Some(budget), Some(last)) = (jobs.iter().map(|j| j.deadline).min(), jobs.last())
         else {
@@ -451,17 +450,14 @@ impl Driver {
         let permit = last.permit;
         // A call that takes concurrency slots waits longer for its reply than its checks do
         // (a late reply gives them back).
-        let late = if jobs
-            .iter()
-            .any(|job| job.charges.iter().any(|c| c.algorithm.is_concurrency()))
-        {
+        let late = if jobs.iter().any(|job| job.answer.holds_slots()) {
             budget + checks.late_wait
         } else {
             budget
         };
         let requests = jobs.iter().map(|job| Request {
             now: job.now,
-            charges: &job.charges[..],
+            charges: job.charges(),
         });
         let shape = checks
             .program
@@ -599,7 +595,7 @@ impl Driver {
 
 /// Gives `reply` to the request of `job`; a reply whose request stopped waiting gives back the
 /// concurrency slots it took.
-fn deliver(owner: &Option<Arc<dyn Owner>>, job: Job, reply: Result<script::Reply, StoreError>) {
+fn deliver(owner: &Option<Arc<dyn Owner>>, mut job: Job, reply: Result<script::Reply, StoreError>) {
     let now = job.now;
     let give_back = || -> GiveBackOrphan {
         let owner = owner.clone();
@@ -609,10 +605,7 @@ fn deliver(owner: &Option<Arc<dyn Owner>>, job: Job, reply: Result<script::Reply
             }
         })
     };
-    match job.answer {
-        Some(answer) => answer.send(reply, give_back),
-        None => orphan(reply, &job.charges, give_back),
-    }
+    job.answer.send(reply, give_back);
 }
 
 impl Future for Driver {

@@ -81,7 +81,7 @@ impl Driver {
             permit,
         } = load;
         // Those whose requests stopped waiting meanwhile go no further.
-        jobs.retain(|job| job.answer.as_ref().is_some_and(|a| !a.is_closed()));
+        jobs.retain(|job| !job.answer.is_closed());
         match script::loaded(form, reply) {
             Loaded::Done => {
                 if let Some(checks) = &self.checks {
