@@ -28,7 +28,8 @@
 //!   as it does under load: `bare` (no limiter, the same waves), `memory_allow` (tollgate on
 //!   its memory store), `redis_allow` (batched), `redis_allow_unbatched` (`max_batch(1)`),
 //!   `redis_reject` (a known-denied key) and `redis_leased` (a lease of 200 units on the one
-//!   hot key). Only this process's instructions are counted: Redis's own are its `INFO
+//!   hot key); `memory_allow_two_rules` and `redis_allow_two_rules` add a second rule (two
+//!   charges a check). Only this process's instructions are counted: Redis's own are its `INFO
 //!   commandstats` (`./scripts/instructions.sh` with `REDIS=1` starts a server and prints both).
 //!
 //! The `n` decisions or requests of `store`, `stacked`, `layer`, `policy` and `redis` run inside
@@ -67,8 +68,8 @@ const USAGE: &str = "usage: instructions store <tollgate_token_bucket|tollgate_g
                      instructions policy <fixed_ip|policy_ip|fixed_tenant|policy_tenant|\
                      policy_tenant_header> <n>\n       \
                      instructions stacked <1|2|4> <n>\n       \
-                     instructions redis <bare|memory_allow|redis_allow|redis_allow_unbatched|\
-                     redis_reject|redis_leased> <n>";
+                     instructions redis <bare|memory_allow|memory_allow_two_rules|redis_allow|\
+                     redis_allow_two_rules|redis_allow_unbatched|redis_reject|redis_leased> <n>";
 
 fn main() -> ExitCode {
     // `cargo bench` adds `--bench`.
@@ -296,13 +297,18 @@ fn redis_waves(router: &str, n: usize) -> Result<String, String> {
     let allow = Quota::per_second(1_000_000).burst(1_000_000_000);
     let (store, quota, max_batch, lease) = match router {
         "bare" => (None, allow, DEFAULT_MAX_BATCH, 0),
-        "memory_allow" => (Some(false), allow, DEFAULT_MAX_BATCH, 0),
-        "redis_allow" => (Some(true), allow, DEFAULT_MAX_BATCH, 0),
+        "memory_allow" | "memory_allow_two_rules" => (Some(false), allow, DEFAULT_MAX_BATCH, 0),
+        "redis_allow" | "redis_allow_two_rules" => (Some(true), allow, DEFAULT_MAX_BATCH, 0),
         "redis_allow_unbatched" => (Some(true), allow, 1, 0),
         "redis_reject" => (Some(true), Quota::per_hour(1), DEFAULT_MAX_BATCH, 0),
         "redis_leased" => (Some(true), allow, DEFAULT_MAX_BATCH, 200),
         _ => return Err(format!("unknown router {router:?}")),
     };
+    // A second rule on every request (a sustained rate beside the burst, say): two charges a
+    // check.
+    let second = router
+        .ends_with("_two_rules")
+        .then(|| Rule::new("load-daily", Quota::per_day(1_000_000_000)));
     let url = std::env::var("REDIS_URL").map_err(|_| {
         String::from("set REDIS_URL (REDIS=1 ./scripts/instructions.sh starts a server)")
     })?;
@@ -320,6 +326,7 @@ fn redis_waves(router: &str, n: usize) -> Result<String, String> {
             Some(false) => hello.layer(
                 RateLimitLayer::builder()
                     .rule(rule)
+                    .rules(second)
                     .build()
                     .map_err(|e| e.to_string())?,
             ),
@@ -336,6 +343,7 @@ fn redis_waves(router: &str, n: usize) -> Result<String, String> {
                 hello.layer(
                     RateLimitLayer::builder()
                         .rule(rule)
+                        .rules(second)
                         .store(store)
                         .build()
                         .map_err(|e| e.to_string())?,

@@ -153,7 +153,8 @@ if [ "${REDIS:-0}" = 1 ]; then
     echo
     printf '%-24s %14s %10s %14s %10s %12s %12s %12s\n' router instr/request added "large tcache" added calls/request "redis us/req" "redis us/call"
     bare=""
-    for router in bare memory_allow redis_allow redis_allow_unbatched redis_reject redis_leased; do
+    for router in bare memory_allow redis_allow redis_allow_unbatched redis_reject redis_leased \
+        memory_allow_two_rules redis_allow_two_rules; do
         redis-cli -p "$port" config resetstat >/dev/null
         # A run of no counted waves, for Redis's count of the uncounted first wave.
         refs redis "$router" 0 >/dev/null

@@ -1,6 +1,6 @@
 //! Key names: `prefix:{identity}:rule`, and the Redis Cluster slot of a key.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use crate::ConfigError;
 use crate::key::Key;
@@ -41,6 +41,46 @@ trait NameOut: std::fmt::Write {
     /// Appends one ASCII byte.
     fn push_ascii(&mut self, byte: u8);
     fn written(&self) -> usize;
+    /// Appends an IPv4 address as `Display` writes it.
+    fn push_ipv4(&mut self, v4: Ipv4Addr) {
+        push_ipv4_bytewise(self, v4);
+    }
+}
+
+/// Appends `v4` byte by byte, wherever `out` has room.
+fn push_ipv4_bytewise(out: &mut (impl NameOut + ?Sized), v4: Ipv4Addr) {
+    let mut dotted = [0; IPV4_LONGEST];
+    let len = write_ipv4(&mut dotted, v4);
+    for &byte in &dotted[..len] {
+        out.push_ascii(byte);
+    }
+}
+
+/// The longest IPv4 address as text: `255.255.255.255`.
+const IPV4_LONGEST: usize = 15;
+
+/// Writes `v4` as `Display` does to the start of `out`, digit by digit (no formatting, no UTF-8
+/// check), and returns its length.
+#[inline(always)]
+fn write_ipv4(out: &mut [u8; IPV4_LONGEST], v4: Ipv4Addr) -> usize {
+    let mut len = 0;
+    for (i, octet) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            out[len] = b'.';
+            len += 1;
+        }
+        if octet >= 100 {
+            out[len] = b'0' + octet / 100;
+            len += 1;
+        }
+        if octet >= 10 {
+            out[len] = b'0' + octet / 10 % 10;
+            len += 1;
+        }
+        out[len] = b'0' + octet % 10;
+        len += 1;
+    }
+    len
 }
 
 impl NameOut for String {
@@ -74,21 +114,7 @@ fn write_part_key(
     let start = out.written();
     match (identity.as_ip(), identity.as_text()) {
         // The common keys without the formatting machinery: they are written on every check.
-        (Some(IpAddr::V4(v4)), _) => {
-            // Digit by digit: no formatting, no stack buffer, no UTF-8 check.
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    out.push_ascii(b'.');
-                }
-                if octet >= 100 {
-                    out.push_ascii(b'0' + octet / 100);
-                }
-                if octet >= 10 {
-                    out.push_ascii(b'0' + octet / 10 % 10);
-                }
-                out.push_ascii(b'0' + octet % 10);
-            }
-        }
+        (Some(IpAddr::V4(v4)), _) => out.push_ipv4(v4),
         (_, Some(text)) => out.push_text(text),
         _ => {
             let _ = write!(out, "{identity}");
@@ -269,6 +295,21 @@ impl NameOut for Room {
             None => self.len,
         }
     }
+
+    /// Straight into the room when the longest address fits: one check, not one a byte.
+    #[inline(always)]
+    fn push_ipv4(&mut self, v4: Ipv4Addr) {
+        if self.spilled.is_none()
+            && let Some(room) = self
+                .bytes
+                .get_mut(self.len..self.len + IPV4_LONGEST)
+                .and_then(|room| <&mut [u8; IPV4_LONGEST]>::try_from(room).ok())
+        {
+            self.len += write_ipv4(room, v4);
+            return;
+        }
+        push_ipv4_bytewise(self, v4);
+    }
 }
 
 impl std::fmt::Write for Room {
@@ -359,6 +400,37 @@ mod tests {
                 KeyName::new("t", &key, None, "r").as_str(),
                 key_name("t", &key, "r")
             );
+        }
+    }
+
+    #[test]
+    fn ipv4_key_names_near_the_end_of_the_room_are_written_whole() {
+        // The address goes into the room at once only when its longest form fits; past that,
+        // byte by byte, spilling to the heap where it runs out.
+        for ip in [
+            IpAddr::from([1, 2, 3, 4]),
+            IpAddr::from([255, 255, 255, 255]),
+        ] {
+            let key = Key::ip(ip);
+            for prefix_len in 40..=64 {
+                let prefix = "p".repeat(prefix_len);
+                for rule in ["r", "a-longer-rule-name"] {
+                    let expected = format!("{prefix}:{{{ip}}}:{rule}");
+                    let name = KeyName::new(&prefix, &key, None, rule);
+                    assert_eq!(name.as_str(), expected);
+                    // Held inline exactly when it fits, whichever way the address went in.
+                    assert_eq!(
+                        matches!(name.0, Repr::Inline { .. }),
+                        expected.len() <= INLINE,
+                        "{expected}"
+                    );
+                    assert_eq!(key_name(&prefix, &key, rule), expected);
+                    assert_eq!(
+                        KeyName::new(&prefix, &key, Some(12), rule).as_str(),
+                        format!("{prefix}:{{{ip}~12}}:{rule}")
+                    );
+                }
+            }
         }
     }
 

@@ -24,7 +24,8 @@ pub(crate) type GiveBackOrphan = Box<dyn FnOnce(Vec<(u64, Prepared)>) + Send>;
 /// that waits ([`Waiting`]) and the connection that sends the check ([`Answer`]).
 struct Exchange {
     charges: Charges,
-    /// The request stopped waiting: its [`Waiting`] is gone. Set under the lock (the reply's
+    /// The request stopped waiting without its reply: its [`Waiting`] is gone unread (one that
+    /// read its reply sets nothing: the check was answered). Set under the lock (the reply's
     /// hand-over reads it there); read without it by [`Answer::is_closed`].
     request_gone: AtomicBool,
     /// The check's [`Answer`] was made: until then, no reply can come.
@@ -57,7 +58,11 @@ impl Exchange {
 }
 
 /// What the request of a check holds: its charges, and its reply when it comes.
-pub(crate) struct Waiting(Arc<Exchange>);
+pub(crate) struct Waiting {
+    exchange: Arc<Exchange>,
+    /// The reply was read: nothing is left in the exchange for this side to give back or wake.
+    read: bool,
+}
 
 /// The connection's (or task's) side of one check: its charges, and where its reply goes.
 /// Answered once; a reply after that (the request answered at its deadline, its call late)
@@ -71,31 +76,34 @@ pub(crate) struct Answer {
 impl Waiting {
     /// A check of `charges`, not sent yet.
     pub(crate) fn new(charges: Charges) -> Self {
-        Waiting(Arc::new(Exchange {
-            charges,
-            request_gone: AtomicBool::new(false),
-            answer_made: AtomicBool::new(false),
-            slot: Mutex::default(),
-        }))
+        Waiting {
+            exchange: Arc::new(Exchange {
+                charges,
+                request_gone: AtomicBool::new(false),
+                answer_made: AtomicBool::new(false),
+                slot: Mutex::default(),
+            }),
+            read: false,
+        }
     }
 
     /// The charges.
     pub(crate) fn charges(&self) -> &[Prepared] {
-        &self.0.charges
+        &self.exchange.charges
     }
 
     /// Whether a charge is a concurrency limit's.
     pub(crate) fn holds_slots(&self) -> bool {
-        self.0.holds_slots()
+        self.exchange.holds_slots()
     }
 
     /// The answer of this check, for the one connection (or task) that sends it. Made once:
     /// another answer is closed from the start, and a reply sent through it reaches no request
     /// (its slots go back).
     pub(crate) fn answer(&self) -> Answer {
-        let first = !self.0.answer_made.swap(true, Ordering::AcqRel);
+        let first = !self.exchange.answer_made.swap(true, Ordering::AcqRel);
         Answer {
-            exchange: self.0.clone(),
+            exchange: self.exchange.clone(),
             live: first,
         }
     }
@@ -106,15 +114,17 @@ impl Waiting {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Reply, StoreError>>> {
-        let mut slot = self.0.lock();
+        let mut slot = self.exchange.lock();
         if let Some(reply) = slot.reply.take() {
-            // Read: its slots are the request's now.
+            // Read: its slots are the request's now. The connection answered (it took the
+            // waker as it gave the reply) and writes nothing more.
             let claimed = slot.give_back.take();
             drop(slot);
             drop(claimed);
+            self.read = true;
             return Poll::Ready(Some(reply));
         }
-        if slot.answered || !self.0.answer_made.load(Ordering::Acquire) {
+        if slot.answered || !self.exchange.answer_made.load(Ordering::Acquire) {
             return Poll::Ready(None);
         }
         let stale = match &slot.waker {
@@ -129,15 +139,20 @@ impl Waiting {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
+        if self.read {
+            // Nothing left: no reply to give back, no waker (the connection took it), and no
+            // reply to come (the check was answered).
+            return;
+        }
         let (reply, give_back, waker) = {
-            let mut slot = self.0.lock();
-            self.0.request_gone.store(true, Ordering::Release);
+            let mut slot = self.exchange.lock();
+            self.exchange.request_gone.store(true, Ordering::Release);
             (slot.reply.take(), slot.give_back.take(), slot.waker.take())
         };
         drop(waker);
         // A reply that came and was not read gives its slots back.
         if let Some(reply) = reply {
-            give_back_unread(reply, &self.0.charges, give_back);
+            give_back_unread(reply, &self.exchange.charges, give_back);
         }
     }
 }
@@ -494,6 +509,36 @@ mod tests {
         answer.send(Err(StoreError::Timeout), recorder(&given));
         drop(waiting);
         assert!(given.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_request_that_read_its_reply_leaves_nothing_behind() {
+        let given = Given::default();
+        let (woken, waker) = counter();
+        let mut waiting = Waiting::new(both());
+        let mut answer = waiting.answer();
+        let mut second = waiting.answer();
+        assert!(poll(&mut waiting, &waker).is_pending());
+        answer.send(Ok(reply(true)), recorder(&given));
+        assert!(matches!(
+            poll(&mut waiting, &waker),
+            Poll::Ready(Some(Ok(_)))
+        ));
+        // Read once: polled again, it ends, and keeps no waker.
+        let (again, again_waker) = counter();
+        assert!(matches!(
+            poll(&mut waiting, &again_waker),
+            Poll::Ready(None)
+        ));
+        // Its end touches nothing: the slots read are the request's, and its waker was taken.
+        drop(waiting);
+        assert_eq!(again.0.load(Ordering::SeqCst), 0);
+        assert!(given.lock().unwrap().is_empty());
+        assert_eq!(woken.0.load(Ordering::SeqCst), 1);
+        assert!(answer.is_closed() && second.is_closed());
+        // A reply after it reaches no request: its slots go back.
+        second.send(Ok(reply(true)), recorder(&given));
+        assert_eq!(given.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -20,7 +20,9 @@ pub(crate) struct Plan {
     pub(super) local: Arc<Replica>,
     /// When the check was sent (local microseconds).
     pub(super) at: u64,
-    pub(super) charges: SmallVec<[Planned; 2]>,
+    /// One held inline: a check of one rule (the common one) allocates nothing here, and the
+    /// plan is half the size to move; a check of more takes one block for all of them.
+    pub(super) charges: SmallVec<[Planned; 1]>,
     pub(super) settled: bool,
     /// The request was answered before the call (paid here): what it spent never goes back.
     pub(super) detached: bool,
@@ -497,6 +499,10 @@ impl Replica {
             settled: false,
             detached: false,
         };
+        if charges.len() > 1 {
+            // All of them in one block, not one grown as they come.
+            plan.charges.reserve_exact(charges.len());
+        }
         // Pushed one by one: `extend` costs more than the loop for the one or two of a check.
         for charge in charges {
             let rule = charge.rule;

@@ -169,8 +169,10 @@ impl Program {
                 let first = charges.next()?;
                 charges
                     .all(|b| {
-                        (first.cost, first.lease, first.give_back, &first.descriptor)
-                            == (b.cost, b.lease, b.give_back, &b.descriptor)
+                        (first.cost, first.lease, first.give_back) == (b.cost, b.lease, b.give_back)
+                            // One rule's charges share its descriptor: no need to read it.
+                            && (Arc::ptr_eq(&first.descriptor, &b.descriptor)
+                                || first.descriptor == b.descriptor)
                     })
                     .then_some(first)
             })
