@@ -409,6 +409,7 @@ mod tests {
         // byte by byte, spilling to the heap where it runs out.
         for ip in [
             IpAddr::from([1, 2, 3, 4]),
+            IpAddr::from([10, 20, 30, 40]),
             IpAddr::from([255, 255, 255, 255]),
         ] {
             let key = Key::ip(ip);
