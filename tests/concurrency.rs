@@ -2,8 +2,9 @@
 //! more requests in flight than the limit over several replicas, every slot free afterwards
 //! (bodies read to the end, streamed, or dropped by a client that leaves), slots of a replica
 //! that dies (its responses forgotten, or its process killed) free after the longest hold,
-//! slots taken for a request that went away mid-check given back, stacking with rate rules
-//! all or nothing, and the answers a client gets.
+//! slots taken for a request that went away mid-check given back (also when it is dropped on a
+//! thread without a Tokio runtime), stacking with rate rules all or nothing, and the answers a
+//! client gets.
 
 mod support;
 
@@ -608,6 +609,62 @@ async fn a_cluster_slot_is_given_back_at_its_own_nodes_time_beside_a_leased_rule
 
 /// Waits up to 3 s for the one slot to be free again (given back on the runtime), then takes
 /// and gives it back.
+/// A request whose check's reply came, unread, and that is then dropped on a thread with no
+/// Tokio runtime (a client's future dropped by another executor) still gives the slot back: the
+/// give-back runs on the runtime that received the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_of_a_request_dropped_outside_a_runtime_is_given_back() {
+    use tollgate::algorithm::Limits;
+    use tollgate::store::{Charge, RuleSpec};
+
+    let rule = RuleSpec::new(
+        "dropped-elsewhere",
+        tollgate::Algorithm::Concurrency,
+        Limits::new(1, 60_000_000, 1).unwrap(),
+    )
+    .unwrap();
+    let key = Key::text("dropped-elsewhere");
+    let charges = [Charge {
+        rule: &rule,
+        key: &key,
+        cost: 1,
+    }];
+    let standalone = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("dropped-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("dropped-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    drop_unread_elsewhere(&standalone, &charges, "redis").await;
+    drop_unread_elsewhere(&cluster, &charges, "cluster").await;
+}
+
+/// Sends a check of `charges` (one slot of a limit of one), lets its reply come without reading
+/// it, drops it on a thread of its own, and waits for the slot to be free again.
+async fn drop_unread_elsewhere<St: Store>(
+    store: &St,
+    charges: &[tollgate::store::Charge<'_>],
+    name: &str,
+) {
+    // Connected, and the code loaded.
+    admits_again(store, charges, name).await;
+    let mut check = Box::pin(store.check(charges));
+    // Polled once: sent.
+    let first = std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::future::Future::poll(check.as_mut(), cx).is_ready())
+    })
+    .await;
+    assert!(!first, "{name}: the check waits for Redis");
+    // Its reply comes, and takes the slot; nothing reads it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::thread::spawn(move || drop(check)).join().unwrap();
+    admits_again(store, charges, name).await;
+}
+
 async fn admits_again<St: Store>(store: &St, charges: &[tollgate::store::Charge<'_>], name: &str) {
     let start = std::time::Instant::now();
     loop {

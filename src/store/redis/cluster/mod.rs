@@ -331,7 +331,10 @@ impl Transport for Cluster {
             let reply = me.check_slots(answer.charges(), now, budget).await;
             let give_back = || -> GiveBackOrphan {
                 let inner = me.clone();
-                Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds))
+                // This task's runtime: the give-back runs there even when the request is
+                // dropped on a thread without one.
+                let runtime = tokio::runtime::Handle::try_current().ok();
+                Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds, runtime))
             };
             answer.send(reply, give_back);
         }));

@@ -20,8 +20,14 @@ pub(crate) trait Owner: Send + Sync + 'static {
     fn report(&self, permit: Permit, answered: bool, error: Option<&StoreError>);
 
     /// Gives back the concurrency slots of a reply no request read (it came after its request
-    /// stopped waiting): each refund, with the time its slots were taken.
-    fn give_back(&self, now: Option<u64>, refunds: Vec<(u64, Prepared)>);
+    /// stopped waiting): each refund, with the time its slots were taken, on `runtime` (where
+    /// the reply came), or on the current one.
+    fn give_back(
+        &self,
+        now: Option<u64>,
+        refunds: Vec<(u64, Prepared)>,
+        runtime: Option<tokio::runtime::Handle>,
+    );
 
     /// Queues `jobs`, never written, on another connection (theirs ended); the ones no
     /// connection took come back.

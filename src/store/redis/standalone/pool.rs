@@ -164,9 +164,10 @@ impl Owner for Standalone {
         &self,
         now: Option<u64>,
         refunds: Vec<(u64, crate::store::redis::script::Prepared)>,
+        runtime: Option<tokio::runtime::Handle>,
     ) {
         if let Some(me) = self.me.upgrade() {
-            crate::store::redis::remote::give_back_orphan(me, now, refunds);
+            crate::store::redis::remote::give_back_orphan(me, now, refunds, runtime);
         }
     }
 

@@ -599,9 +599,12 @@ fn deliver(owner: &Option<Arc<dyn Owner>>, mut job: Job, reply: Result<script::R
     let now = job.now;
     let give_back = || -> GiveBackOrphan {
         let owner = owner.clone();
+        // The runtime the reply came on: the give-back runs there even when the request is
+        // dropped on a thread without one.
+        let runtime = tokio::runtime::Handle::try_current().ok();
         Box::new(move |refunds| {
             if let Some(owner) = owner {
-                owner.give_back(now, refunds);
+                owner.give_back(now, refunds, runtime);
             }
         })
     };
