@@ -135,16 +135,16 @@ pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
 }
 
 /// Gives back the slots of a reply whose request went away, each refund at the time its slots
-/// were taken: on `runtime` (the one the reply came on, so that a request dropped on a thread
-/// without a runtime gives them back too), else on the current one. With neither, the slots
-/// stay held until their longest hold ends.
+/// were taken: on the current runtime, else on `runtime` (the one the reply came on: a request
+/// dropped on a thread without a runtime gives them back too). With neither, the slots stay
+/// held until their longest hold ends.
 pub(crate) fn give_back_orphan<T: Transport>(
     inner: Arc<T>,
     now: Option<u64>,
     refunds: Vec<(u64, Prepared)>,
     runtime: Option<tokio::runtime::Handle>,
 ) {
-    let Some(runtime) = runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) else {
+    let Some(runtime) = tokio::runtime::Handle::try_current().ok().or(runtime) else {
         return;
     };
     runtime.spawn(async move {
