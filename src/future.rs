@@ -76,11 +76,9 @@ pin_project! {
                     driver,
                     call: Some((_, parts, _)),
                 } => driver.cancel(Head::of_parts(parts)),
-                StateProj::Settling {
-                    future, runtime, ..
-                } => {
+                StateProj::Settling { future, .. } => {
                     if let Some(future) = future.take() {
-                        finish_settle(future, runtime.as_ref());
+                        finish_settle(future);
                     }
                 }
                 _ => {}
@@ -102,8 +100,6 @@ pin_project! {
             response: Option<Resp>,
             slots: Option<Slots>,
             meter: Option<Meter>,
-            // Where the settle finishes if this future is dropped on a thread without a runtime.
-            runtime: Option<tokio::runtime::Handle>,
         },
         // Decided: tollgate's own answer, ready.
         Answered { response: Option<Response<Bytes>> },
@@ -248,7 +244,6 @@ where
                             response: Some(response),
                             slots,
                             meter,
-                            runtime: tokio::runtime::Handle::try_current().ok(),
                         });
                         continue;
                     }
@@ -260,7 +255,6 @@ where
                     response,
                     slots,
                     meter,
-                    ..
                 } => {
                     if let Some(pending) = future {
                         report_settle(ready!(pending.as_mut().poll(cx)));
@@ -312,13 +306,12 @@ fn holding<B>(
 }
 
 /// Lets a settle whose request was dropped finish on the runtime (a store's calls have their
-/// own time budget): the current one, else `runtime`, the one it was polled on. With neither it
-/// is dropped, and said: the reserved units stay, as for a response that never came.
-fn finish_settle(future: StoreFuture<()>, runtime: Option<&tokio::runtime::Handle>) {
+/// own time budget). Without a runtime it is dropped, and said: the reserved units stay, as for
+/// a response that never came.
+fn finish_settle(future: StoreFuture<()>) {
     finish_detached(
         future,
         report_settle,
         "a request dropped outside a Tokio runtime while its charge was settled",
-        runtime,
     );
 }

@@ -677,50 +677,6 @@ async fn drop_unread_elsewhere<St: Store>(
     admits_again(store, charges, name).await;
 }
 
-/// A response body that holds a concurrency slot, dropped on a thread without a Tokio runtime
-/// (another executor's), gives the slot back through the runtime its request was decided on:
-/// not at the end of the longest hold (60 s).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_dropped_outside_a_runtime_gives_its_slot_back() {
-    let (memory, redis, cluster) = stores("body-dropped-elsewhere").await;
-    body_dropped_elsewhere(memory, "memory").await;
-    body_dropped_elsewhere(redis, "redis").await;
-    body_dropped_elsewhere(cluster, "cluster").await;
-}
-
-/// Takes the slot of a limit of one through a layer on `store`, and drops the body elsewhere.
-async fn body_dropped_elsewhere<St: Store>(store: St, name: &str) {
-    let layer = RateLimitLayer::builder()
-        .rule(Rule::concurrent("in-flight", 1).key(Global))
-        .store(store)
-        .build()
-        .unwrap();
-    let limiter = layer.limiter();
-    let handler = tower::service_fn(|_: Request<Body>| async {
-        Ok::<_, std::io::Error>(Response::new(Body::from("held until read")))
-    });
-    let service = tower::Layer::layer(&layer, handler);
-    let response = service.oneshot(request("/")).await.unwrap();
-    assert_eq!(response.status(), 200, "{name}");
-    let free = || async {
-        limiter
-            .peek("in-flight", &Key::global())
-            .await
-            .unwrap()
-            .remaining
-    };
-    assert_eq!(free().await, 0, "{name}: the body holds the slot");
-    std::thread::spawn(move || drop(response)).join().unwrap();
-    let start = std::time::Instant::now();
-    while free().await == 0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{name}: the slot of a body dropped outside a runtime is still held"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Gives back the slot `decision` took for `charges`.
 async fn refund<St: Store>(
     store: &St,

@@ -108,13 +108,12 @@ pub(crate) trait Spender: Send + Sync {
     ) -> StoreFuture<Decision>;
 
     /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
-    /// on the runtime (the current one, else `runtime`).
+    /// on the runtime.
     fn settle_meter(
         &self,
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
         on_fallback: bool,
-        runtime: Option<&tokio::runtime::Handle>,
     );
 }
 
@@ -123,9 +122,6 @@ struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
-    /// The runtime the request was decided on: the settle runs there when the body is dropped
-    /// on a thread without one.
-    runtime: Option<tokio::runtime::Handle>,
     state: Mutex<State>,
     /// Held while a chunk is fetched: one fetch at a time, which every spend that needs units
     /// waits for before it asks again (held by the fetch itself, so that a spend dropped while
@@ -255,7 +251,6 @@ impl Meter {
             spender,
             snapshot,
             on_fallback,
-            runtime: tokio::runtime::Handle::try_current().ok(),
             state: Mutex::new(State {
                 accounts,
                 spent: 0,
@@ -610,12 +605,8 @@ impl Drop for Metered {
             })
             .collect();
         if !changes.is_empty() {
-            self.spender.settle_meter(
-                &self.snapshot,
-                &changes,
-                self.on_fallback,
-                self.runtime.as_ref(),
-            );
+            self.spender
+                .settle_meter(&self.snapshot, &changes, self.on_fallback);
         }
     }
 }
@@ -649,7 +640,6 @@ impl<St: Store> Spender for Engine<St> {
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
         on_fallback: bool,
-        runtime: Option<&tokio::runtime::Handle>,
     ) {
         let adjustments: SmallVec<[Adjustment<'_>; 1]> = changes
             .iter()
@@ -665,7 +655,6 @@ impl<St: Store> Spender for Engine<St> {
             future,
             report_settle,
             "a metered response settled outside a Tokio runtime",
-            runtime,
         );
     }
 }

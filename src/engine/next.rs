@@ -213,7 +213,6 @@ impl<St: Store> Engine<St> {
                     snapshot: snapshot.clone(),
                     taken: slots,
                     on_fallback,
-                    runtime: tokio::runtime::Handle::try_current().ok(),
                 })
             })
         } else {

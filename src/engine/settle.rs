@@ -95,23 +95,13 @@ fn poll_once(mut future: StoreFuture<()>) -> Option<StoreFuture<()>> {
 }
 
 /// Finishes a store operation nobody waits for: at once when the store answers at once (the
-/// memory store), else on the Tokio runtime: the current one, or where there is none, `runtime`
-/// (the one its request was decided on). With neither it is dropped, and `report`ed as a
+/// memory store), else on the Tokio runtime; outside one it is dropped, and `report`ed as a
 /// failure saying `outside`. Each outcome is told to `report`.
 pub(crate) fn finish_detached(
     mut future: StoreFuture<()>,
     report: fn(Result<(), StoreError>),
     outside: &'static str,
-    runtime: Option<&tokio::runtime::Handle>,
 ) {
-    // Dropped on a thread without a runtime (another executor's): the request's runs it, from
-    // its first poll (a Redis store's operation starts only on a runtime).
-    let _entered = runtime
-        .filter(|_| {
-            // (Not while the thread's locals are being torn down: entering would panic.)
-            tokio::runtime::Handle::try_current().is_err_and(|e| e.is_missing_context())
-        })
-        .map(tokio::runtime::Handle::enter);
     let mut context = Context::from_waker(std::task::Waker::noop());
     match future.as_mut().poll(&mut context) {
         Poll::Ready(result) => report(result),
@@ -149,53 +139,4 @@ pub(super) fn charges_of(
             Some((*i, key.clone(), *cost, decision.charged_at(position)))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::Duration;
-
-    use super::*;
-
-    static FINISHED: AtomicUsize = AtomicUsize::new(0);
-    static REFUSED: AtomicUsize = AtomicUsize::new(0);
-
-    fn count(result: Result<(), StoreError>) {
-        match result {
-            Ok(()) => FINISHED.fetch_add(1, Ordering::SeqCst),
-            Err(_) => REFUSED.fetch_add(1, Ordering::SeqCst),
-        };
-    }
-
-    /// An operation that starts only on a runtime, as a Redis store's does, and then waits.
-    fn on_a_runtime() -> StoreFuture<()> {
-        Box::pin(async {
-            if tokio::runtime::Handle::try_current().is_err() {
-                return Err(StoreError::Unavailable("no runtime".into()));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            Ok(())
-        })
-    }
-
-    #[test]
-    fn an_operation_let_go_outside_a_runtime_finishes_on_its_requests() {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_time()
-            .build()
-            .unwrap();
-        // No runtime here, and none known: dropped, and said.
-        finish_detached(on_a_runtime(), count, "outside", None);
-        assert_eq!(REFUSED.load(Ordering::SeqCst), 1);
-        // Its request's runtime: it starts there and finishes there.
-        finish_detached(on_a_runtime(), count, "outside", Some(runtime.handle()));
-        let start = std::time::Instant::now();
-        while FINISHED.load(Ordering::SeqCst) == 0 {
-            assert!(start.elapsed() < Duration::from_secs(5), "never finished");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(REFUSED.load(Ordering::SeqCst), 1);
-    }
 }

@@ -38,9 +38,6 @@ pub(crate) struct Taken {
     pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
     /// Taken by the fallback limiter (the store failed): given back there.
     pub(crate) on_fallback: bool,
-    /// The runtime the request was decided on: a give-back that waits for the store runs
-    /// there when the slots are dropped on a thread without one.
-    pub(crate) runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Slots {
@@ -69,11 +66,6 @@ impl<St: Store> GiveBack for Engine<St> {
             })
             .collect();
         let future = self.adjust_where(slots.on_fallback, &adjustments);
-        finish_detached(
-            future,
-            report_give_back,
-            "released outside a Tokio runtime",
-            slots.runtime.as_ref(),
-        );
+        finish_detached(future, report_give_back, "released outside a Tokio runtime");
     }
 }
