@@ -20,8 +20,8 @@ pub(crate) trait Owner: Send + Sync + 'static {
     fn report(&self, permit: Permit, answered: bool, error: Option<&StoreError>);
 
     /// Gives back the concurrency slots of a reply no request read (it came after its request
-    /// stopped waiting): each refund, with the time its slots were taken, on `runtime` (where
-    /// the reply came), or on the current one.
+    /// stopped waiting): each refund, with the time its slots were taken, on the current
+    /// runtime, else on `runtime` (the one the reply came on).
     fn give_back(
         &self,
         now: Option<u64>,
