@@ -439,16 +439,9 @@ fn concurrency_rules_that_cannot_work_are_refused_at_build_time() {
 /// the longest hold by a request that is gone.
 #[tokio::test]
 async fn a_slot_taken_for_a_request_that_went_away_is_given_back() {
-    use tollgate::algorithm::Limits;
-    use tollgate::store::{Charge, RuleSpec};
+    use tollgate::store::Charge;
 
-    let rule = RuleSpec::new(
-        "orphans",
-        tollgate::Algorithm::Concurrency,
-        Limits::new(1, 60_000_000, 1).unwrap(),
-    )
-    .unwrap();
-    let key = Key::text("orphan");
+    let (rule, key) = one_slot("orphans", "orphan");
     let charges = [Charge {
         rule: &rule,
         key: &key,
@@ -612,16 +605,9 @@ async fn a_cluster_slot_is_given_back_at_its_own_nodes_time_beside_a_leased_rule
 /// give-back runs on the runtime that received the reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_of_a_request_dropped_outside_a_runtime_is_given_back() {
-    use tollgate::algorithm::Limits;
-    use tollgate::store::{Charge, RuleSpec};
+    use tollgate::store::Charge;
 
-    let rule = RuleSpec::new(
-        "dropped-elsewhere",
-        tollgate::Algorithm::Concurrency,
-        Limits::new(1, 60_000_000, 1).unwrap(),
-    )
-    .unwrap();
-    let key = Key::text("dropped-elsewhere");
+    let (rule, key) = one_slot("dropped-elsewhere", "dropped-elsewhere");
     let charges = [Charge {
         rule: &rule,
         key: &key,
@@ -630,6 +616,17 @@ async fn a_slot_of_a_request_dropped_outside_a_runtime_is_given_back() {
     let (_, standalone, cluster) = stores("dropped-elsewhere").await;
     drop_unread_elsewhere(&standalone, &charges, "redis").await;
     drop_unread_elsewhere(&cluster, &charges, "cluster").await;
+}
+
+/// A concurrency rule `name` of one slot (held at most 60 s), and the key `key`.
+fn one_slot(name: &str, key: &str) -> (tollgate::store::RuleSpec, Key) {
+    let rule = tollgate::store::RuleSpec::new(
+        name,
+        tollgate::Algorithm::Concurrency,
+        tollgate::algorithm::Limits::new(1, 60_000_000, 1).unwrap(),
+    )
+    .unwrap();
+    (rule, Key::text(key))
 }
 
 /// Sends a check of `charges` (one slot of a limit of one), lets its reply come without reading
