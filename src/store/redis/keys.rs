@@ -38,22 +38,19 @@ pub(crate) fn write_key(out: &mut String, prefix: &str, identity: &Key, rule: &s
 /// Where a key's name is written: a `String`, or a [`KeyName`]'s room.
 trait NameOut: std::fmt::Write {
     fn push_text(&mut self, text: &str);
-    /// Appends one ASCII byte.
-    fn push_ascii(&mut self, byte: u8);
     fn written(&self) -> usize;
     /// Appends an IPv4 address as `Display` writes it.
     fn push_ipv4(&mut self, v4: Ipv4Addr) {
-        push_ipv4_bytewise(self, v4);
+        push_dotted(self, v4);
     }
 }
 
-/// Appends `v4` byte by byte, wherever `out` has room.
-fn push_ipv4_bytewise(out: &mut (impl NameOut + ?Sized), v4: Ipv4Addr) {
+/// Appends `v4`, written first on the stack, as one text.
+fn push_dotted(out: &mut (impl NameOut + ?Sized), v4: Ipv4Addr) {
     let mut dotted = [0; IPV4_LONGEST];
     let len = write_ipv4(&mut dotted, v4);
-    for &byte in &dotted[..len] {
-        out.push_ascii(byte);
-    }
+    // Digits and dots: always text.
+    out.push_text(std::str::from_utf8(&dotted[..len]).unwrap_or_default());
 }
 
 /// The longest IPv4 address as text: `255.255.255.255`.
@@ -86,11 +83,6 @@ fn write_ipv4(out: &mut [u8; IPV4_LONGEST], v4: Ipv4Addr) -> usize {
 impl NameOut for String {
     fn push_text(&mut self, text: &str) {
         self.push_str(text);
-    }
-
-    fn push_ascii(&mut self, byte: u8) {
-        debug_assert!(byte.is_ascii());
-        self.push(char::from(byte));
     }
 
     fn written(&self) -> usize {
@@ -277,18 +269,6 @@ impl NameOut for Room {
         }
     }
 
-    #[inline(always)]
-    fn push_ascii(&mut self, byte: u8) {
-        debug_assert!(byte.is_ascii());
-        match &mut self.spilled {
-            None if self.len < INLINE => {
-                self.bytes[self.len] = byte;
-                self.len += 1;
-            }
-            _ => self.push_text(char::from(byte).encode_utf8(&mut [0; 4])),
-        }
-    }
-
     fn written(&self) -> usize {
         match &self.spilled {
             Some(heap) => heap.len(),
@@ -296,7 +276,8 @@ impl NameOut for Room {
         }
     }
 
-    /// Straight into the room when the longest address fits: one check, not one a byte.
+    /// Straight into the room when the longest address fits (no copy, no UTF-8 check); near
+    /// the room's end, as one text that spills where it must.
     #[inline(always)]
     fn push_ipv4(&mut self, v4: Ipv4Addr) {
         if self.spilled.is_none()
@@ -308,7 +289,7 @@ impl NameOut for Room {
             self.len += write_ipv4(room, v4);
             return;
         }
-        push_ipv4_bytewise(self, v4);
+        push_dotted(self, v4);
     }
 }
 
@@ -406,7 +387,7 @@ mod tests {
     #[test]
     fn ipv4_key_names_near_the_end_of_the_room_are_written_whole() {
         // The address goes into the room at once only when its longest form fits; past that,
-        // byte by byte, spilling to the heap where it runs out.
+        // as one text, spilling to the heap where it does not fit.
         for ip in [
             IpAddr::from([1, 2, 3, 4]),
             IpAddr::from([10, 20, 30, 40]),
@@ -455,8 +436,8 @@ mod tests {
             // Exactly the room (70 bytes), and one byte more: spilled at the rule.
             ("tollgate", v6.clone(), "a-rule-of-nineteen-", true),
             ("tollgate", v6.clone(), "a-rule-of-twenty-chr", false),
-            // Spilled while the address is written, at a digit of an IPv4 address, at the
-            // prefix's end, and at the rule.
+            // Spilled while the address is written (an IPv6 one, an IPv4 one near the room's
+            // end), at the prefix's end, and at the rule.
             (&long[..40], v6, "r", false),
             (&long[..INLINE - 8], v4.clone(), "r", false),
             (long.as_str(), v4.clone(), "r", false),
