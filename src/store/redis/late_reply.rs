@@ -175,15 +175,16 @@ impl Answer {
     }
 
     /// Gives `reply` to the request; one answered already, gone, or that never reads it gives
-    /// the concurrency slots it took back with what `give_back` makes.
+    /// the concurrency slots it took back with what `give_back` makes (if it makes one).
     pub(crate) fn send(
         &mut self,
         reply: Result<Reply, StoreError>,
-        give_back: impl FnOnce() -> GiveBackOrphan,
+        give_back: impl FnOnce() -> Option<GiveBackOrphan>,
     ) {
         // Made before the lock is taken, and only for a reply that may hold slots.
-        let give_back =
-            (reply.as_ref().is_ok_and(Reply::allowed) && self.holds_slots()).then(give_back);
+        let give_back = (reply.as_ref().is_ok_and(Reply::allowed) && self.holds_slots())
+            .then(give_back)
+            .flatten();
         self.put(reply, give_back);
     }
 
@@ -342,16 +343,16 @@ mod tests {
     type Given = Arc<Mutex<Vec<(u64, String, u64)>>>;
 
     /// A `give_back` that records each refund: its time, key and units.
-    fn recorder(given: &Given) -> impl FnOnce() -> GiveBackOrphan + use<> {
+    fn recorder(given: &Given) -> impl FnOnce() -> Option<GiveBackOrphan> + use<> {
         let log = given.clone();
         move || {
-            Box::new(move |refunds| {
+            Some(Box::new(move |refunds: Vec<(u64, Prepared)>| {
                 log.lock().unwrap().extend(
                     refunds
                         .into_iter()
                         .map(|(at, c)| (at, c.key.to_string(), c.cost)),
                 );
-            })
+            }) as GiveBackOrphan)
         }
     }
 

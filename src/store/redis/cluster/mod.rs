@@ -28,7 +28,6 @@ use crate::store::redis::access::{self, Access};
 use crate::store::redis::connection::Target;
 use crate::store::redis::error::{ConnectError, store_error};
 use crate::store::redis::keys;
-use crate::store::redis::late_reply::GiveBackOrphan;
 use crate::store::redis::late_reply::{self, Waiting};
 use crate::store::redis::remote::{self, Parts, Remote, Sent, Transport, store_by_remote};
 use crate::store::redis::script::{Mode, Prepared, Reply};
@@ -329,14 +328,7 @@ impl Transport for Cluster {
                 late,
             };
             let reply = me.check_slots(answer.charges(), now, budget).await;
-            let give_back = || -> GiveBackOrphan {
-                let inner = me.clone();
-                // This task's runtime: the give-back runs there even when the request is
-                // dropped on a thread without one.
-                let runtime = tokio::runtime::Handle::try_current().ok();
-                Box::new(move |refunds| remote::give_back_orphan(inner, now, refunds, runtime))
-            };
-            answer.send(reply, give_back);
+            answer.send(reply, || Some(remote::give_back_orphan(me.clone(), now)));
         }));
         Sent::Deciding(Box::pin(late_reply::wait(waiting, deadline.into(), || {
             StoreError::Unavailable("the check's task ended without an answer".into())

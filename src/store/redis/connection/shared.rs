@@ -10,7 +10,8 @@ use super::job::{Job, Work};
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::health::Health;
-use crate::store::redis::script::{Prepared, Program, ServerForm};
+use crate::store::redis::late_reply::GiveBackOrphan;
+use crate::store::redis::script::{Program, ServerForm};
 
 /// What a connection tells the store whose checks it sends.
 pub(crate) trait Owner: Send + Sync + 'static {
@@ -19,15 +20,9 @@ pub(crate) trait Owner: Send + Sync + 'static {
     /// the call's error, if it failed.
     fn report(&self, permit: Permit, answered: bool, error: Option<&StoreError>);
 
-    /// Gives back the concurrency slots of a reply no request read (it came after its request
-    /// stopped waiting): each refund, with the time its slots were taken, on the current
-    /// runtime, else on `runtime` (the one the reply came on).
-    fn give_back(
-        &self,
-        now: Option<u64>,
-        refunds: Vec<(u64, Prepared)>,
-        runtime: Option<tokio::runtime::Handle>,
-    );
+    /// What gives back the concurrency slots of a reply no request reads (it came after its
+    /// request stopped waiting), made where the reply came; none when the store is gone.
+    fn give_back(&self, now: Option<u64>) -> Option<GiveBackOrphan>;
 
     /// Queues `jobs`, never written, on another connection (theirs ended); the ones no
     /// connection took come back.

@@ -8,6 +8,7 @@ use super::transport::{Transport, runtime};
 use crate::clock::unix_micros;
 use crate::key::Key;
 use crate::store::redis::keys;
+use crate::store::redis::late_reply::GiveBackOrphan;
 use crate::store::redis::script::{self, Mode, Prepared};
 use crate::store::{Adjustment, Change, Charge, RuleSpec, StoreError, StoreFuture};
 use crate::throttle::{Every, report_give_back};
@@ -134,26 +135,24 @@ pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
     refusal(charges.iter().map(|c| c.rule))
 }
 
-/// Gives back the slots of a reply whose request went away, each refund at the time its slots
-/// were taken: on the current runtime, else on `runtime` (the one the reply came on: a request
-/// dropped on a thread without a runtime gives them back too). With neither, the slots stay
-/// held until their longest hold ends.
-pub(crate) fn give_back_orphan<T: Transport>(
-    inner: Arc<T>,
-    now: Option<u64>,
-    refunds: Vec<(u64, Prepared)>,
-    runtime: Option<tokio::runtime::Handle>,
-) {
-    let Some(runtime) = tokio::runtime::Handle::try_current().ok().or(runtime) else {
-        return;
-    };
-    runtime.spawn(async move {
-        for (at, refund) in refunds {
-            let result = inner
-                .clone()
-                .call(Mode::Adjust(at), now, vec![refund])
-                .await;
-            report_give_back(result);
-        }
-    });
+/// What gives back the slots of a reply whose request went away, each refund at the time its
+/// slots were taken. Made where the reply came: it gives them back on the current runtime, else
+/// on the one it was made on (a request dropped on a thread without a runtime gives them back
+/// too). With neither, the slots stay held until their longest hold ends.
+pub(crate) fn give_back_orphan<T: Transport>(inner: Arc<T>, now: Option<u64>) -> GiveBackOrphan {
+    let made_on = tokio::runtime::Handle::try_current().ok();
+    Box::new(move |refunds| {
+        let Some(runtime) = tokio::runtime::Handle::try_current().ok().or(made_on) else {
+            return;
+        };
+        runtime.spawn(async move {
+            for (at, refund) in refunds {
+                let result = inner
+                    .clone()
+                    .call(Mode::Adjust(at), now, vec![refund])
+                    .await;
+                report_give_back(result);
+            }
+        });
+    })
 }

@@ -163,12 +163,9 @@ impl Owner for Standalone {
     fn give_back(
         &self,
         now: Option<u64>,
-        refunds: Vec<(u64, crate::store::redis::script::Prepared)>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) {
-        if let Some(me) = self.me.upgrade() {
-            crate::store::redis::remote::give_back_orphan(me, now, refunds, runtime);
-        }
+    ) -> Option<crate::store::redis::late_reply::GiveBackOrphan> {
+        let me = self.me.upgrade()?;
+        Some(crate::store::redis::remote::give_back_orphan(me, now))
     }
 
     fn retry(&self, jobs: Vec<Job>) -> Vec<Job> {

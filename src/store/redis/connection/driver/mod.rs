@@ -32,7 +32,6 @@ use super::stream::{self, Stream};
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
 use crate::store::redis::error::{is_demoted, is_server_answer, store_error};
-use crate::store::redis::late_reply::GiveBackOrphan;
 use crate::store::redis::resp::{self, Frame, Integers};
 use crate::store::redis::script::{self, Form, Loaded, Mode, Request, Shape};
 
@@ -597,18 +596,9 @@ impl Driver {
 /// concurrency slots it took.
 fn deliver(owner: &Option<Arc<dyn Owner>>, mut job: Job, reply: Result<script::Reply, StoreError>) {
     let now = job.now;
-    let give_back = || -> GiveBackOrphan {
-        let owner = owner.clone();
-        // The runtime the reply came on: the give-back runs there even when the request is
-        // dropped on a thread without one.
-        let runtime = tokio::runtime::Handle::try_current().ok();
-        Box::new(move |refunds| {
-            if let Some(owner) = owner {
-                owner.give_back(now, refunds, runtime);
-            }
-        })
-    };
-    job.answer.send(reply, give_back);
+    job.answer.send(reply, || {
+        owner.as_ref().and_then(|owner| owner.give_back(now))
+    });
 }
 
 impl Future for Driver {
