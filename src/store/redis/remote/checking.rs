@@ -14,8 +14,8 @@ use crate::store::redis::late_reply::{Waiting, received};
 use crate::store::redis::replica::Plan;
 use crate::store::redis::script::Reply;
 
-/// A check of `prepared`, sent when first polled (or at once, for one that runs alone), and
-/// settled with the plan when its reply comes.
+/// A check (its charges, and its reply when it comes, in a [`Waiting`]), sent when first polled
+/// (or at once, for one that runs alone), and settled with the plan when its reply comes.
 pub(crate) struct Checking<T> {
     transport: Arc<T>,
     /// Taken when the check is settled.

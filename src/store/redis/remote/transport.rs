@@ -40,7 +40,7 @@ pub(crate) trait Transport: Send + Sync + Sized + 'static {
     /// waits for it (it is never answered ahead of its call from leases).
     fn runs_alone(&self, prepared: &[Prepared]) -> bool;
 
-    /// Sends the check `answered` waits on (the store's time, `now`, with an injected clock):
+    /// Sends the check `waiting` waits on (the store's time, `now`, with an injected clock):
     /// queued on a connection, whose reply comes within the check's time budget, or a future
     /// that decides it (one [that runs alone](Self::runs_alone), `alone` as that said, is on
     /// its way already). Called on a Tokio runtime.
