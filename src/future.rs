@@ -38,7 +38,7 @@ use tower_service::Service;
 
 use crate::body::{MeteredStream, ResponseBody};
 use crate::engine::{
-    Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, finish_detached, report_settle,
+    Admitted, Decide, Driver, Engine, Meter, Origin, Ruling, Slots, finish_detached, report_settle,
 };
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
@@ -76,9 +76,9 @@ pin_project! {
                     driver,
                     call: Some((_, parts, _)),
                 } => driver.cancel(Head::of_parts(parts)),
-                StateProj::Settling { future, .. } => {
+                StateProj::Settling { future, origin, .. } => {
                     if let Some(future) = future.take() {
-                        finish_settle(future);
+                        finish_settle(future, origin);
                     }
                 }
                 _ => {}
@@ -97,6 +97,9 @@ pin_project! {
         // The inner service answered; its charges are settled in the store first.
         Settling {
             future: Option<StoreFuture<()>>,
+            // The runtime it is settled on: the settle finishes there if the request is
+            // dropped on a thread that runs none.
+            origin: Origin,
             response: Option<Resp>,
             slots: Option<Slots>,
             meter: Option<Meter>,
@@ -241,6 +244,7 @@ where
                     if let Some(future) = pending {
                         this.state.set(State::Settling {
                             future: Some(future),
+                            origin: Origin::here(),
                             response: Some(response),
                             slots,
                             meter,
@@ -255,6 +259,7 @@ where
                     response,
                     slots,
                     meter,
+                    ..
                 } => {
                     if let Some(pending) = future {
                         report_settle(ready!(pending.as_mut().poll(cx)));
@@ -306,12 +311,14 @@ fn holding<B>(
 }
 
 /// Lets a settle whose request was dropped finish on the runtime (a store's calls have their
-/// own time budget). Without a runtime it is dropped, and said: the reserved units stay, as for
-/// a response that never came.
-fn finish_settle(future: StoreFuture<()>) {
+/// own time budget): the one it was started on, when the request is dropped on a thread that
+/// runs none. Without either it is dropped, and said: the reserved units stay, as for a
+/// response that never came.
+fn finish_settle(future: StoreFuture<()>, origin: &Origin) {
     finish_detached(
         future,
         report_settle,
         "a request dropped outside a Tokio runtime while its charge was settled",
+        origin,
     );
 }

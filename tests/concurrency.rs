@@ -2,9 +2,9 @@
 //! more requests in flight than the limit over several replicas, every slot free afterwards
 //! (bodies read to the end, streamed, or dropped by a client that leaves), slots of a replica
 //! that dies (its responses forgotten, or its process killed) free after the longest hold,
-//! slots taken for a request that went away mid-check given back (also when it is dropped on a
-//! thread without a Tokio runtime), stacking with rate rules all or nothing, and the answers a
-//! client gets.
+//! slots taken for a request that went away mid-check given back (also when it, or a body
+//! holding slots, is dropped on a thread without a Tokio runtime), stacking with rate rules
+//! all or nothing, and the answers a client gets.
 
 mod support;
 
@@ -616,6 +616,40 @@ async fn a_slot_of_a_request_dropped_outside_a_runtime_is_given_back() {
     let (_, standalone, cluster) = stores("dropped-elsewhere").await;
     drop_unread_elsewhere(&standalone, &charges, "redis").await;
     drop_unread_elsewhere(&cluster, &charges, "cluster").await;
+}
+
+/// A response whose body holds a slot, dropped on a thread with no Tokio runtime (a body handed
+/// to another executor), gives the slot back: at once on the memory store, on the runtime the
+/// request was served on for Redis and a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_held_by_a_body_dropped_outside_a_runtime_is_given_back() {
+    let (memory, redis, cluster) = stores("body-dropped-elsewhere").await;
+    body_dropped_elsewhere(memory, "memory").await;
+    body_dropped_elsewhere(redis, "redis").await;
+    body_dropped_elsewhere(cluster, "cluster").await;
+}
+
+/// Holds the one slot of a rule on `store` in a response's body, drops the response on a
+/// thread of its own, and waits for the slot to be free again.
+async fn body_dropped_elsewhere<St: Store>(store: St, name: &str) {
+    let rule = Rule::concurrent("body-elsewhere", 1).key(Global);
+    let app = replica(store, rule, InFlight::default());
+    let response: Response<Body> = app.clone().oneshot(request("/slow")).await.unwrap();
+    assert_eq!(response.status(), 200, "{name}");
+    assert_eq!(
+        send(&app, "/slow", Reading::Whole).await,
+        429,
+        "{name}: the body holds the slot"
+    );
+    std::thread::spawn(move || drop(response)).join().unwrap();
+    let start = std::time::Instant::now();
+    while send(&app, "/slow", Reading::Whole).await != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{name}: the slot of a body dropped outside a runtime is still held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A concurrency rule `name` of one slot (held at most 60 s), and the key `key`.

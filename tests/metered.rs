@@ -4,7 +4,8 @@
 //! was produced; ten streams at once over three replicas sharing Redis, and over a 3-primary
 //! cluster, delivering no more than the budget and settling exactly what they delivered; gRPC
 //! and other bodies ended with trailers; a handler that cannot be changed metered by its
-//! frames, or settled by its usage trailer.
+//! frames, or settled by its usage trailer; a response dropped on a thread without a Tokio
+//! runtime settled all the same.
 
 mod support;
 
@@ -708,4 +709,59 @@ async fn unspent_units_go_back_to_the_windows_they_were_charged_in() {
         "window 2: the second stream's 100 and the probe's"
     );
     drop((second, third));
+}
+
+/// A metered response dropped on a thread with no Tokio runtime (a body handed to another
+/// executor) settles all the same: its unspent chunk goes back, at once on the memory store,
+/// on the runtime the request was served on for Redis and a cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metered_response_dropped_outside_a_runtime_settles() {
+    let redis = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("metered-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("metered-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    dropped_elsewhere_settles(MemoryStore::new(), "memory").await;
+    dropped_elsewhere_settles(redis, "redis").await;
+    dropped_elsewhere_settles(cluster, "cluster").await;
+}
+
+/// Admits one metered request on `store` (a chunk taken), drops its response unread on a
+/// thread of its own, and waits for the chunk to be back. A fixed window of a day: nothing
+/// comes back by itself meanwhile.
+async fn dropped_elsewhere_settles<St: Store>(store: St, name: &str) {
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_day(BUDGET))
+                .algorithm(tollgate::Algorithm::FixedWindow)
+                .key(FromHeader::new("x-api-key"))
+                .meter(CHUNK)
+                .meter_frames(|frame: &[u8]| frame.len() as u64),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = Router::new()
+        .route("/v1/completions", post(|| async { "data: tok\n\n" }))
+        .layer(layer);
+    let response = app.oneshot(request("elsewhere", 1)).await.unwrap();
+    assert_eq!(response.status(), 200, "{name}");
+    let key = tollgate::key::Key::text("elsewhere");
+    let remaining = || async { limiter.peek("tokens", &key).await.unwrap().remaining };
+    assert_eq!(remaining().await, BUDGET - CHUNK, "{name}: a chunk taken");
+    std::thread::spawn(move || drop(response)).join().unwrap();
+    let start = std::time::Instant::now();
+    while remaining().await != BUDGET {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{name}: the chunk of a response dropped outside a runtime is still charged"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

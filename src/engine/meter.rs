@@ -28,7 +28,8 @@ use http::HeaderName;
 
 use smallvec::SmallVec;
 
-use super::settle::{finish_detached, report_settle};
+use super::detached::{Origin, finish_detached};
+use super::settle::report_settle;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::RuleIndices;
@@ -108,12 +109,13 @@ pub(crate) trait Spender: Send + Sync {
     ) -> StoreFuture<Decision>;
 
     /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
-    /// on the runtime.
+    /// on the runtime (on `origin`, when this thread runs none).
     fn settle_meter(
         &self,
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
         on_fallback: bool,
+        origin: &Origin,
     );
 }
 
@@ -122,6 +124,9 @@ struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
+    /// The runtime the request was served on: the settle finishes there when the meter ends on
+    /// a thread that runs none.
+    origin: Origin,
     state: Mutex<State>,
     /// Held while a chunk is fetched: one fetch at a time, which every spend that needs units
     /// waits for before it asks again (held by the fetch itself, so that a spend dropped while
@@ -251,6 +256,7 @@ impl Meter {
             spender,
             snapshot,
             on_fallback,
+            origin: Origin::here(),
             state: Mutex::new(State {
                 accounts,
                 spent: 0,
@@ -606,7 +612,7 @@ impl Drop for Metered {
             .collect();
         if !changes.is_empty() {
             self.spender
-                .settle_meter(&self.snapshot, &changes, self.on_fallback);
+                .settle_meter(&self.snapshot, &changes, self.on_fallback, &self.origin);
         }
     }
 }
@@ -640,6 +646,7 @@ impl<St: Store> Spender for Engine<St> {
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
         on_fallback: bool,
+        origin: &Origin,
     ) {
         let adjustments: SmallVec<[Adjustment<'_>; 1]> = changes
             .iter()
@@ -655,6 +662,7 @@ impl<St: Store> Spender for Engine<St> {
             future,
             report_settle,
             "a metered response settled outside a Tokio runtime",
+            origin,
         );
     }
 }

@@ -13,7 +13,8 @@
 //!    (`fallback`); a denial by shadow rules only admits the request, one by delay rules waits
 //!    and checks again (`delay`); what answers show is decided by pure functions (`verdict`).
 //! 4. After the response: charges settled (`settle`), slots given back (`slots`), a streamed
-//!    response's budget metered and settled (`meter`); every decision is told to the events
+//!    response's budget metered and settled (`meter`); what a request that went away leaves
+//!    to the store finishes on a runtime (`detached`); every decision is told to the events
 //!    (`events`).
 //!
 //! Nothing here knows about `Service`: the faces (`service`, `future`, `grpc`) call
@@ -21,6 +22,7 @@
 
 mod check;
 mod delay;
+mod detached;
 mod driver;
 mod events;
 mod fallback;
@@ -37,12 +39,13 @@ mod state;
 mod uses;
 mod verdict;
 
+pub(crate) use detached::{Origin, finish_detached};
 pub(crate) use driver::Driver;
 pub(crate) use local::Local;
 pub(crate) use meter::SpendFuture;
 pub use meter::{Meter, Spend};
 pub(crate) use ruling::{Admitted, Decide, Ruling};
-pub(crate) use settle::{finish_detached, report_settle};
+pub(crate) use settle::report_settle;
 pub(crate) use slots::Slots;
 pub(crate) use state::{Engine, PolicyInForce};
 #[cfg(feature = "tonic")]

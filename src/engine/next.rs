@@ -7,6 +7,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::check::{Ctx, Phase};
+use super::detached::Origin;
 use super::fallback::WithoutStore;
 use super::meter::Meter;
 use super::ruling::{Admitted, Decide};
@@ -213,6 +214,7 @@ impl<St: Store> Engine<St> {
                     snapshot: snapshot.clone(),
                     taken: slots,
                     on_fallback,
+                    origin: Origin::here(),
                 })
             })
         } else {

@@ -94,26 +94,6 @@ fn poll_once(mut future: StoreFuture<()>) -> Option<StoreFuture<()>> {
     }
 }
 
-/// Finishes a store operation nobody waits for: at once when the store answers at once (the
-/// memory store), else on the Tokio runtime; outside one it is dropped, and `report`ed as a
-/// failure saying `outside`. Each outcome is told to `report`.
-pub(crate) fn finish_detached(
-    mut future: StoreFuture<()>,
-    report: fn(Result<(), StoreError>),
-    outside: &'static str,
-) {
-    let mut context = Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut context) {
-        Poll::Ready(result) => report(result),
-        Poll::Pending => match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move { report(future.await) });
-            }
-            Err(_) => report(Err(StoreError::Unavailable(outside.into()))),
-        },
-    }
-}
-
 /// Says when a settle failed: the reserved units stay charged.
 pub(crate) fn report_settle(result: Result<(), StoreError>) {
     if let Err(error) = result {

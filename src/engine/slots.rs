@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::settle::finish_detached;
+use super::detached::{Origin, finish_detached};
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
@@ -38,6 +38,9 @@ pub(crate) struct Taken {
     pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
     /// Taken by the fallback limiter (the store failed): given back there.
     pub(crate) on_fallback: bool,
+    /// The runtime the request was served on: the give-back finishes there when the slots are
+    /// dropped on a thread that runs none.
+    pub(crate) origin: Origin,
 }
 
 impl Slots {
@@ -66,6 +69,11 @@ impl<St: Store> GiveBack for Engine<St> {
             })
             .collect();
         let future = self.adjust_where(slots.on_fallback, &adjustments);
-        finish_detached(future, report_give_back, "released outside a Tokio runtime");
+        finish_detached(
+            future,
+            report_give_back,
+            "released outside a Tokio runtime",
+            &slots.origin,
+        );
     }
 }
