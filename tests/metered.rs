@@ -713,8 +713,9 @@ async fn unspent_units_go_back_to_the_windows_they_were_charged_in() {
 
 /// A metered response dropped on a thread with no Tokio runtime (a body handed to another
 /// executor) settles all the same: its unspent chunk goes back, at once on the memory store,
-/// on the runtime the request was served on for Redis and a cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// where it is dropped (this runtime of one thread runs nothing else meanwhile), and on the
+/// runtime the request was served on for Redis and a cluster.
+#[tokio::test]
 async fn a_metered_response_dropped_outside_a_runtime_settles() {
     let redis = RedisStore::builder(support::standalone().url())
         .prefix(support::unique_prefix("metered-elsewhere"))
@@ -756,6 +757,11 @@ async fn dropped_elsewhere_settles<St: Store>(store: St, name: &str) {
     let remaining = || async { limiter.peek("tokens", &key).await.unwrap().remaining };
     assert_eq!(remaining().await, BUDGET - CHUNK, "{name}: a chunk taken");
     std::thread::spawn(move || drop(response)).join().unwrap();
+    if name == "memory" {
+        // The memory store's peek answers without a turn of the runtime.
+        assert_eq!(remaining().await, BUDGET, "{name}: settled at once");
+        return;
+    }
     let start = std::time::Instant::now();
     while remaining().await != BUDGET {
         assert!(

@@ -52,6 +52,22 @@ impl<St: Store> Engine<St> {
             .unwrap_or_else(|| self.store.adjust(adjustments))
     }
 
+    /// Makes `adjustments` at once where [`adjust_where`](Self::adjust_where) makes them, when
+    /// that never waits (the fallback limiter, the memory store): `None` when they need its
+    /// future.
+    pub(super) fn try_adjust_now_where(
+        &self,
+        on_fallback: bool,
+        adjustments: &[Adjustment<'_>],
+    ) -> Option<Result<(), StoreError>> {
+        if on_fallback
+            && let Some(()) = self.fallback.adjust_now(self.store.replicas(), adjustments)
+        {
+            return Some(Ok(()));
+        }
+        self.store.try_adjust_now(adjustments)
+    }
+
     /// Decides by each applied rule's [`FailureMode`]; on a decision of the fallback limiter, `applied` becomes the
     /// rules it covers.
     pub(super) fn without_store(

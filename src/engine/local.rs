@@ -85,22 +85,33 @@ impl Local {
         counted: Option<u32>,
         adjustments: &[Adjustment<'_>],
     ) -> Option<StoreFuture<()>> {
+        self.adjust_now(counted, adjustments)?;
+        Some(Box::pin(std::future::ready(Ok(()))))
+    }
+
+    /// Makes `adjustments` on the limiter at once, if it was made: `None` when it was not.
+    pub(crate) fn adjust_now(
+        &self,
+        counted: Option<u32>,
+        adjustments: &[Adjustment<'_>],
+    ) -> Option<()> {
         let store = self.store.get()?;
-        Some(self.with_divided(
+        self.with_divided(
             counted,
             adjustments.iter().map(|a| a.rule),
             |specs| match specs {
-                None => store.adjust(adjustments),
+                None => store.adjust_now(adjustments),
                 Some(specs) => {
                     let adjustments: SmallVec<[Adjustment<'_>; 2]> = adjustments
                         .iter()
                         .zip(specs)
                         .map(|(a, rule)| Adjustment { rule, ..*a })
                         .collect();
-                    store.adjust(&adjustments)
+                    store.adjust_now(&adjustments)
                 }
             },
-        ))
+        );
+        Some(())
     }
 
     /// Calls `f` with `rules` as this replica checks them: `None` when its share is the whole

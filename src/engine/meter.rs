@@ -28,7 +28,7 @@ use http::HeaderName;
 
 use smallvec::SmallVec;
 
-use super::detached::{Origin, finish_detached};
+use super::detached::Origin;
 use super::settle::report_settle;
 use super::state::Engine;
 use crate::key::Key;
@@ -657,9 +657,9 @@ impl<St: Store> Spender for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let future = self.adjust_where(on_fallback, &adjustments);
-        finish_detached(
-            future,
+        self.finish_adjust(
+            on_fallback,
+            &adjustments,
             report_settle,
             "a metered response settled outside a Tokio runtime",
             origin,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::detached::{Origin, finish_detached};
+use super::detached::Origin;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
@@ -20,7 +20,7 @@ use crate::throttle::report_give_back;
 /// Where slots go back to: the layer's store, or its fallback limiter for slots it took.
 pub(crate) trait GiveBack: Send + Sync {
     /// Gives back `slots`. Never blocks: a store that cannot answer at once finishes on the
-    /// runtime.
+    /// runtime (the one the request was served on, when this thread runs none).
     fn give_back(&self, slots: &Taken);
 }
 
@@ -68,9 +68,9 @@ impl<St: Store> GiveBack for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        let future = self.adjust_where(slots.on_fallback, &adjustments);
-        finish_detached(
-            future,
+        self.finish_adjust(
+            slots.on_fallback,
+            &adjustments,
             report_give_back,
             "released outside a Tokio runtime",
             &slots.origin,

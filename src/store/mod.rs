@@ -456,6 +456,18 @@ pub trait Store: Send + Sync + 'static {
         unsupported("adjust charges")
     }
 
+    /// The same adjustments, made at once by a store that never waits (the memory store), or
+    /// `None` (the default) when they need [`adjust`](Store::adjust)'s future.
+    ///
+    /// What a request leaves to the store when it goes away (its concurrency slots, a metered
+    /// response's unspent chunk) is made here first, on the thread that drops it, which may
+    /// run no Tokio runtime; [`adjust`](Store::adjust)'s future is otherwise finished on a
+    /// runtime: the one that thread runs, else the one the request was served on.
+    fn try_adjust_now(&self, adjustments: &[Adjustment<'_>]) -> Option<Result<(), StoreError>> {
+        let _ = adjustments;
+        None
+    }
+
     /// Every charge's outcome as if it were checked now, charging nothing.
     fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
         let _ = charges;

@@ -635,6 +635,11 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
+    fn try_adjust_now(&self, adjustments: &[Adjustment<'_>]) -> Option<Result<(), StoreError>> {
+        self.adjust_now(adjustments);
+        Some(Ok(()))
+    }
+
     fn peek(&self, charges: &[Charge<'_>]) -> StoreFuture<Decision> {
         let decision = self.peek_now(charges);
         Box::pin(std::future::ready(Ok(decision)))
