@@ -38,7 +38,7 @@ use tower_service::Service;
 
 use crate::body::{MeteredStream, ResponseBody};
 use crate::engine::{
-    Admitted, Decide, Driver, Engine, Meter, Origin, Ruling, Slots, finish_started, report_settle,
+    Admitted, Decide, Driver, Engine, Meter, Origin, Ruling, Slots, finish_detached, report_settle,
 };
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
@@ -315,7 +315,7 @@ fn holding<B>(
 /// runs none. Without either it is dropped, and said: the reserved units stay, as for a
 /// response that never came.
 fn finish_settle(future: StoreFuture<()>, origin: &Origin) {
-    finish_started(
+    finish_detached(
         future,
         report_settle,
         "a request dropped outside a Tokio runtime while its charge was settled",

@@ -630,6 +630,30 @@ async fn a_slot_held_by_a_body_dropped_outside_a_runtime_is_given_back() {
     body_dropped_elsewhere(cluster, "cluster").await;
 }
 
+/// A body read to its end gives its slot back before the next request of its client is
+/// checked, on every store: a client that sends its next request at once is admitted.
+#[tokio::test]
+async fn the_slot_of_a_body_read_to_its_end_is_free_for_the_next_request() {
+    let (memory, redis, cluster) = stores("next-request").await;
+    next_request_admitted(memory, "memory").await;
+    next_request_admitted(redis, "redis").await;
+    next_request_admitted(cluster, "cluster").await;
+}
+
+/// Reads bodies that hold the one slot of a rule on `store` to their end, each request sent
+/// as soon as the one before ended.
+async fn next_request_admitted<St: Store>(store: St, name: &str) {
+    let rule = Rule::concurrent("next-request", 1).key(Global);
+    let app = replica(store, rule, InFlight::default());
+    for i in 0..20 {
+        assert_eq!(
+            send(&app, "/slow", Reading::Whole).await,
+            200,
+            "{name}: request {i}, sent when the one before ended"
+        );
+    }
+}
+
 /// Holds the one slot of a rule on `store` in a response's body, drops the response on a
 /// thread of its own, and waits for the slot to be free again.
 async fn body_dropped_elsewhere<St: Store>(store: St, name: &str) {

@@ -17,8 +17,9 @@ use super::state::Engine;
 use crate::store::{Adjustment, Store, StoreError, StoreFuture};
 
 /// The Tokio runtime a request was served on, if any: where what it leaves to the store
-/// finishes when it is dropped on a thread that runs none. It holds the runtime's shared state
-/// (not its threads) as long as it lives, as every handle of the runtime does.
+/// finishes when it is dropped on a thread that runs none, or another. It holds the runtime's
+/// shared state (not its threads: its driver, its queues) as long as it lives, as every handle
+/// of the runtime does: a response body kept long after its runtime was dropped keeps that.
 #[derive(Clone, Default)]
 pub(crate) struct Origin(Option<tokio::runtime::Handle>);
 
@@ -32,10 +33,8 @@ impl Origin {
 impl<St: Store> Engine<St> {
     /// Makes `adjustments` for a request that went away, where
     /// [`adjust_where`](Self::adjust_where) makes them: at once when that store never waits
-    /// (the memory store, the fallback limiter); else its future finishes on the runtime this
-    /// thread runs, else on `origin`'s (the future is not polled here: a Redis store refuses a
-    /// call polled where no runtime runs). Each outcome is told to `report`; with no runtime
-    /// at all, what did not finish is said as a failure saying `outside`.
+    /// (the memory store, the fallback limiter), else as [`finish_detached`] finishes its
+    /// future.
     pub(crate) fn finish_adjust(
         &self,
         on_fallback: bool,
@@ -44,60 +43,64 @@ impl<St: Store> Engine<St> {
         outside: &'static str,
         origin: &Origin,
     ) {
-        if let Some(result) = self.try_adjust_now_where(on_fallback, adjustments) {
-            return report(result);
+        match self.try_adjust_now_where(on_fallback, adjustments) {
+            Some(result) => report(result),
+            None => finish_detached(
+                self.adjust_where(on_fallback, adjustments),
+                report,
+                outside,
+                origin,
+            ),
         }
-        let future = self.adjust_where(on_fallback, adjustments);
-        let runtime = tokio::runtime::Handle::try_current()
-            .ok()
-            .or_else(|| origin.0.clone());
-        detach(future, report, outside, runtime);
     }
 }
 
-/// Finishes a store operation a request started on `origin`'s runtime and then left (its
-/// timers are that runtime's: it finishes there, never polled here), as
-/// [`Engine::finish_adjust`] does.
-pub(crate) fn finish_started(
-    future: StoreFuture<()>,
+/// Finishes a store operation nobody waits for; each outcome is told to `report`.
+///
+/// - On the request's own runtime (or on one, when the request had none), it is polled once
+///   here, so that a call leaves at once (and a store that answers at once is done), and what
+///   is left finishes on that runtime.
+/// - Elsewhere, it goes to the request's runtime unpolled: a Redis store refuses a call polled
+///   where no runtime runs, and a call started on one runtime keeps that runtime's timers,
+///   which another runtime must not poll (they may be shut down).
+/// - With no runtime at all, it is polled once here, and what did not finish is said as a
+///   failure saying `outside`.
+pub(crate) fn finish_detached(
+    mut future: StoreFuture<()>,
     report: fn(Result<(), StoreError>),
     outside: &'static str,
     origin: &Origin,
 ) {
-    let runtime = origin
-        .0
-        .clone()
-        .or_else(|| tokio::runtime::Handle::try_current().ok());
-    detach(future, report, outside, runtime);
-}
-
-/// Finishes `future` on `runtime`; with none, polls it once here (a store that needs no
-/// runtime may answer) and says what did not finish as a failure saying `outside`.
-fn detach(
-    mut future: StoreFuture<()>,
-    report: fn(Result<(), StoreError>),
-    outside: &'static str,
-    runtime: Option<tokio::runtime::Handle>,
-) {
-    match runtime {
-        Some(runtime) => {
-            runtime.spawn(Detached {
-                future: Some(future),
-                report,
-            });
+    let current = tokio::runtime::Handle::try_current().ok();
+    let runtime = match (current, &origin.0) {
+        (Some(current), Some(origin)) if current.id() != origin.id() => {
+            return spawn(origin, future, report);
         }
-        None => {
-            let mut context = Context::from_waker(std::task::Waker::noop());
-            match future.as_mut().poll(&mut context) {
-                Poll::Ready(result) => report(result),
-                Poll::Pending => report(Err(StoreError::Unavailable(outside.into()))),
-            }
-        }
+        (None, Some(origin)) => return spawn(origin, future, report),
+        (current, _) => current,
+    };
+    let mut context = Context::from_waker(std::task::Waker::noop());
+    match (future.as_mut().poll(&mut context), runtime) {
+        (Poll::Ready(result), _) => report(result),
+        (Poll::Pending, Some(runtime)) => spawn(&runtime, future, report),
+        (Poll::Pending, None) => report(Err(StoreError::Unavailable(outside.into()))),
     }
 }
 
+/// Leaves `future` to `runtime`.
+fn spawn(
+    runtime: &tokio::runtime::Handle,
+    future: StoreFuture<()>,
+    report: fn(Result<(), StoreError>),
+) {
+    runtime.spawn(Detached {
+        future: Some(future),
+        report,
+    });
+}
+
 /// An operation left to a runtime: its outcome is told to `report` when it ends, or as a
-/// failure when the runtime drops it first (it shut down).
+/// failure when the runtime drops it unfinished (it shut down, or the operation panicked).
 struct Detached {
     future: Option<StoreFuture<()>>,
     report: fn(Result<(), StoreError>),
@@ -121,7 +124,9 @@ impl Drop for Detached {
     fn drop(&mut self) {
         if self.future.take().is_some() {
             (self.report)(Err(StoreError::Unavailable(
-                "the Tokio runtime it was left to shut down first".into(),
+                "dropped unfinished by the Tokio runtime it was left to (it shut down, or the \
+                 operation panicked)"
+                    .into(),
             )));
         }
     }
@@ -146,7 +151,7 @@ mod tests {
     }
 
     /// Each test's reports, by the test's number.
-    static REPORTS: [Mutex<Vec<String>>; 3] = [const { Mutex::new(Vec::new()) }; 3];
+    static REPORTS: [Mutex<Vec<String>>; 4] = [const { Mutex::new(Vec::new()) }; 4];
 
     fn reports(test: usize) -> Vec<String> {
         REPORTS[test].lock().unwrap().clone()
@@ -156,22 +161,27 @@ mod tests {
         REPORTS[test].lock().unwrap().push(format!("{result:?}"));
     }
 
+    /// Turns `runtime` until test `test` has a report (a bounded number of turns).
+    fn until_reported(runtime: &tokio::runtime::Runtime, test: usize) {
+        runtime.block_on(async {
+            for _ in 0..1000 {
+                if !reports(test).is_empty() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+
     #[test]
     fn left_where_no_runtime_runs_it_finishes_on_its_origin() {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         let origin = runtime.block_on(async { Origin::here() });
-        finish_started(needs_runtime(), |r| record(0, r), "outside", &origin);
+        finish_detached(needs_runtime(), |r| record(0, r), "outside", &origin);
         assert!(reports(0).is_empty(), "not polled here");
-        runtime.block_on(async {
-            for _ in 0..1000 {
-                if !reports(0).is_empty() {
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
-        });
+        until_reported(&runtime, 0);
         assert_eq!(reports(0), ["Ok(())"]);
     }
 
@@ -179,13 +189,13 @@ mod tests {
     fn with_no_runtime_at_all_what_did_not_finish_is_said() {
         let none = Origin::default();
         // Refused here: the store's own error.
-        finish_started(needs_runtime(), |r| record(1, r), "outside", &none);
+        finish_detached(needs_runtime(), |r| record(1, r), "outside", &none);
         // Waiting for something that never comes: said as `outside`.
         let pending = Box::pin(std::future::pending());
-        finish_started(pending, |r| record(1, r), "outside", &none);
+        finish_detached(pending, |r| record(1, r), "outside", &none);
         // Answered at once.
         let ready = Box::pin(std::future::ready(Ok(())));
-        finish_started(ready, |r| record(1, r), "outside", &none);
+        finish_detached(ready, |r| record(1, r), "outside", &none);
         assert_eq!(
             reports(1),
             [
@@ -196,22 +206,63 @@ mod tests {
         );
     }
 
+    /// A call started on one runtime (its timer registered there), which then shut down, left
+    /// where another runtime runs: not polled there (its timers would assert that their
+    /// runtime is gone, a panic in a drop), and said.
     #[test]
-    fn left_to_a_runtime_that_shut_down_it_is_said_without_a_panic() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+    fn started_on_a_runtime_that_shut_down_it_is_said_without_a_panic() {
+        let first = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap();
-        let origin = runtime.block_on(async { Origin::here() });
-        drop(runtime);
-        let sleeping: StoreFuture<()> = Box::pin(async {
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let mut sleeping: StoreFuture<()> = Box::pin(async {
+            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
             Ok(())
         });
-        finish_started(sleeping, |r| record(2, r), "outside", &origin);
+        let origin = first.block_on(async {
+            let polled = std::future::poll_fn(|cx| Poll::Ready(sleeping.as_mut().poll(cx))).await;
+            assert!(polled.is_pending());
+            Origin::here()
+        });
+        drop(first);
+        let second = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        second.block_on(async {
+            finish_detached(sleeping, |r| record(2, r), "outside", &origin);
+        });
         assert_eq!(
             reports(2),
-            [r#"Err(Unavailable("the Tokio runtime it was left to shut down first"))"#]
+            [
+                r#"Err(Unavailable("dropped unfinished by the Tokio runtime it was left to (it shut down, or the operation panicked)"))"#
+            ]
         );
+    }
+
+    /// On the request's own runtime, an operation is polled once where it is left (its call
+    /// leaves at once), and what is left finishes on that runtime.
+    #[test]
+    fn on_its_own_runtime_it_is_polled_at_once() {
+        static POLLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let origin = Origin::here();
+            let counted: StoreFuture<()> = Box::pin(async {
+                POLLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                Ok(())
+            });
+            finish_detached(counted, |r| record(3, r), "outside", &origin);
+            assert_eq!(
+                POLLS.load(std::sync::atomic::Ordering::SeqCst),
+                1,
+                "polled here"
+            );
+        });
+        until_reported(&runtime, 3);
+        assert_eq!(reports(3), ["Ok(())"]);
     }
 }

@@ -14,8 +14,8 @@
 //!    and checks again (`delay`); what answers show is decided by pure functions (`verdict`).
 //! 4. After the response: charges settled (`settle`), slots given back (`slots`), a streamed
 //!    response's budget metered and settled (`meter`); what a request that went away leaves
-//!    to the store finishes on a runtime (`detached`); every decision is told to the events
-//!    (`events`).
+//!    to the store is made at once, or finished on a runtime (`detached`); every decision is
+//!    told to the events (`events`).
 //!
 //! Nothing here knows about `Service`: the faces (`service`, `future`, `grpc`) call
 //! [`Engine::decide`] and drive what it could not decide with the [`Driver`].
@@ -39,7 +39,7 @@ mod state;
 mod uses;
 mod verdict;
 
-pub(crate) use detached::{Origin, finish_started};
+pub(crate) use detached::{Origin, finish_detached};
 pub(crate) use driver::Driver;
 pub(crate) use local::Local;
 pub(crate) use meter::SpendFuture;

@@ -13,6 +13,7 @@ use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{Applied, AppliedRules, RuleIndices};
 use crate::store::{Adjustment, Change, Store, StoreError, StoreFuture};
+use crate::throttle::Every;
 
 /// Charges to settle once the response head is there: the rules that charge by the response
 /// or settle their cost, their keys and what they reserved, and when.
@@ -94,10 +95,17 @@ fn poll_once(mut future: StoreFuture<()>) -> Option<StoreFuture<()>> {
     }
 }
 
-/// Says when a settle failed: the reserved units stay charged.
+/// Says when a settle failed (at most once every 10 s: an outage, or a runtime shutting down
+/// with settles left to it, would say it for every request): the reserved units stay charged.
 pub(crate) fn report_settle(result: Result<(), StoreError>) {
-    if let Err(error) = result {
-        tracing::warn!(%error, "tollgate: could not settle a charge; the reserved units stay");
+    static WARNED: Every = Every::new();
+    if let Err(error) = result
+        && WARNED.due(crate::clock::unix_micros(), 10_000_000)
+    {
+        tracing::warn!(
+            %error,
+            "tollgate: could not settle a charge; the reserved units stay (said at most every 10 s)"
+        );
     }
 }
 

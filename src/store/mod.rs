@@ -461,8 +461,13 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// What a request leaves to the store when it goes away (its concurrency slots, a metered
     /// response's unspent chunk) is made here first, on the thread that drops it, which may
-    /// run no Tokio runtime; [`adjust`](Store::adjust)'s future is otherwise finished on a
-    /// runtime: the one that thread runs, else the one the request was served on.
+    /// run no Tokio runtime: it must not block. `Some` is final (the adjustments were made, or
+    /// failed; [`adjust`](Store::adjust) is not tried), `None` means nothing was made.
+    /// Otherwise [`adjust`](Store::adjust)'s future finishes on a Tokio runtime: the one the
+    /// request was served on, when the dropping thread runs none or another. A store whose
+    /// adjustments never wait should answer here, so that they are not left to a runtime that
+    /// may have shut down. (Named apart from [`MemoryStore::adjust_now`], which makes them and
+    /// returns nothing.)
     fn try_adjust_now(&self, adjustments: &[Adjustment<'_>]) -> Option<Result<(), StoreError>> {
         let _ = adjustments;
         None
