@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use metrics::{
@@ -79,11 +80,23 @@ struct Cached {
     handle: Handle,
 }
 
+/// A thread's registered handles, and the one each metric used last.
+struct Handles {
+    by_slot: HashMap<Slot, Rc<Cached>, foldhash::fast::FixedState>,
+    /// By [`Metric`]: the requests of a thread mostly repeat the slot before, found here
+    /// without hashing it.
+    last: [Option<(Slot, Rc<Cached>)>; 4],
+}
+
 thread_local! {
     /// Registered handles, per thread: a request records through a lookup and an atomic add,
     /// never through the recorder's registry (or an allocation).
-    static HANDLES: RefCell<HashMap<Slot, Cached, foldhash::fast::FixedState>> =
-        const { RefCell::new(HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11))) };
+    static HANDLES: RefCell<Handles> = const {
+        RefCell::new(Handles {
+            by_slot: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11)),
+            last: [None, None, None, None],
+        })
+    };
 }
 
 /// The current recorder's address.
@@ -103,14 +116,24 @@ pub(crate) fn record(
         let Ok(mut handles) = handles.try_borrow_mut() else {
             return;
         };
-        if let Some(cached) = handles.get(&slot)
+        let handles = &mut *handles;
+        let last = &mut handles.last[slot.metric as usize];
+        if let Some((at, cached)) = last
+            && *at == slot
             && *cached.route == *route
         {
             use_handle(&cached.handle);
             return;
         }
-        if handles.len() >= MAX_CACHED {
-            handles.clear();
+        if let Some(cached) = handles.by_slot.get(&slot)
+            && *cached.route == *route
+        {
+            use_handle(&cached.handle);
+            *last = Some((slot, cached.clone()));
+            return;
+        }
+        if handles.by_slot.len() >= MAX_CACHED {
+            handles.by_slot.clear();
         }
         let (name, labels) = labels();
         let key = Key::from_parts(name, labels);
@@ -119,13 +142,12 @@ pub(crate) fn record(
             _ => Handle::Counter(recorder.register_counter(&key, &METADATA)),
         });
         use_handle(&handle);
-        handles.insert(
-            slot,
-            Cached {
-                route: route.into(),
-                handle,
-            },
-        );
+        let cached = Rc::new(Cached {
+            route: route.into(),
+            handle,
+        });
+        *last = Some((slot, cached.clone()));
+        handles.by_slot.insert(slot, cached);
     });
 }
 
@@ -342,4 +364,71 @@ pub(crate) fn shed_capacity(capacity: usize, base: u64, recent: u64) {
 pub(crate) fn reloads_start() {
     counter!("tollgate_policy_reloads_total", "result" => "installed").increment(0);
     counter!("tollgate_policy_reloads_total", "result" => "rejected").increment(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+
+    /// The requests counted by route label, as the recorder holds them.
+    fn counted(recorder: &DebuggingRecorder) -> Vec<(String, u64)> {
+        let mut counts: Vec<(String, u64)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(key, _, _, value)| {
+                let route = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "route")?
+                    .value()
+                    .to_owned();
+                match value {
+                    DebugValue::Counter(n) => Some((route, n)),
+                    _ => None,
+                }
+            })
+            .collect();
+        counts.sort();
+        counts
+    }
+
+    /// A handle is found again for the slot and the route's text it was registered with, and
+    /// only for them: a route at the address of another one gone (the same slot) counts apart,
+    /// and a slot in between does not lose the first.
+    #[test]
+    fn a_handle_is_found_again_only_for_its_slot_and_route() {
+        let debugging = DebuggingRecorder::new();
+        metrics::with_local_recorder(&debugging, || {
+            let mut route = String::from("/a");
+            let slot = |route: &str, tier: u16| Slot {
+                recorder: recorder(),
+                snapshot: u64::MAX,
+                metric: Metric::Requests,
+                rule: 0,
+                tier,
+                outcome: OutcomeLabel("allowed"),
+                route: (route.as_ptr() as usize, route.len()),
+            };
+            let labels = |route: &str| {
+                let route = route.to_owned();
+                move || ("test_requests_total", vec![label("route", &route)])
+            };
+            count(slot(&route, 0), &route, labels(&route));
+            count(slot(&route, 0), &route, labels(&route));
+            count(slot("/other", 1), "/other", labels("/other"));
+            count(slot(&route, 0), &route, labels(&route));
+            // Another route's text at the same address, of the same length.
+            route.replace_range(.., "/b");
+            count(slot(&route, 0), &route, labels(&route));
+            count(slot(&route, 0), &route, labels(&route));
+        });
+        assert_eq!(
+            counted(&debugging),
+            [("/a".into(), 3), ("/b".into(), 2), ("/other".into(), 1)]
+        );
+    }
 }
