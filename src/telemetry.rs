@@ -46,6 +46,17 @@ pub(crate) enum Metric {
     StoreErrors,
 }
 
+/// The handles a thread keeps at hand, the last used of each: by metric, and for rule
+/// decisions by the rule's index (the first four rules of a request).
+const AT_HAND: usize = (Metric::StoreErrors as usize + 1) * 4;
+
+impl Slot {
+    /// Where the handle of this slot is kept at hand.
+    fn at_hand(&self) -> usize {
+        self.metric as usize * 4 + usize::from(self.rule % 4)
+    }
+}
+
 /// A static outcome label, compared and hashed by address.
 #[derive(Clone, Copy)]
 pub(crate) struct OutcomeLabel(pub(crate) &'static str);
@@ -80,12 +91,12 @@ struct Cached {
     handle: Handle,
 }
 
-/// A thread's registered handles, and the one each metric used last.
+/// A thread's registered handles, and the last used at each place at hand.
 struct Handles {
     by_slot: HashMap<Slot, Rc<Cached>, foldhash::fast::FixedState>,
-    /// By [`Metric`]: the requests of a thread mostly repeat the slot before, found here
-    /// without hashing it.
-    last: [Option<(Slot, Rc<Cached>)>; 4],
+    /// By [`Slot::at_hand`]: the requests of a thread mostly repeat the slots of the one
+    /// before, found here without hashing them.
+    last: [Option<(Slot, Rc<Cached>)>; AT_HAND],
 }
 
 thread_local! {
@@ -94,7 +105,7 @@ thread_local! {
     static HANDLES: RefCell<Handles> = const {
         RefCell::new(Handles {
             by_slot: HashMap::with_hasher(foldhash::fast::FixedState::with_seed(11)),
-            last: [None, None, None, None],
+            last: [const { None }; AT_HAND],
         })
     };
 }
@@ -117,8 +128,8 @@ pub(crate) fn record(
             return;
         };
         let handles = &mut *handles;
-        let last = &mut handles.last[slot.metric as usize];
-        if let Some((at, cached)) = last
+        let at_hand = slot.at_hand();
+        if let Some((at, cached)) = &handles.last[at_hand]
             && *at == slot
             && *cached.route == *route
         {
@@ -129,11 +140,12 @@ pub(crate) fn record(
             && *cached.route == *route
         {
             use_handle(&cached.handle);
-            *last = Some((slot, cached.clone()));
+            handles.last[at_hand] = Some((slot, cached.clone()));
             return;
         }
         if handles.by_slot.len() >= MAX_CACHED {
             handles.by_slot.clear();
+            handles.last = [const { None }; AT_HAND];
         }
         let (name, labels) = labels();
         let key = Key::from_parts(name, labels);
@@ -146,7 +158,7 @@ pub(crate) fn record(
             route: route.into(),
             handle,
         });
-        *last = Some((slot, cached.clone()));
+        handles.last[at_hand] = Some((slot, cached.clone()));
         handles.by_slot.insert(slot, cached);
     });
 }
@@ -413,9 +425,14 @@ mod tests {
                 outcome: OutcomeLabel("allowed"),
                 route: (route.as_ptr() as usize, route.len()),
             };
+            let registered = std::cell::Cell::new(0);
             let labels = |route: &str| {
                 let route = route.to_owned();
-                move || ("test_requests_total", vec![label("route", &route)])
+                let registered = &registered;
+                move || {
+                    registered.set(registered.get() + 1);
+                    ("test_requests_total", vec![label("route", &route)])
+                }
             };
             count(slot(&route, 0), &route, labels(&route));
             count(slot(&route, 0), &route, labels(&route));
@@ -425,6 +442,8 @@ mod tests {
             route.replace_range(.., "/b");
             count(slot(&route, 0), &route, labels(&route));
             count(slot(&route, 0), &route, labels(&route));
+            // Registered once for each of the three.
+            assert_eq!(registered.get(), 3);
         });
         assert_eq!(
             counted(&debugging),

@@ -1,7 +1,7 @@
 //! Store operations nobody waits for (slots given back, a charge settled, after their request
 //! or its body went away): made at once by a store that never waits, else finished on a Tokio
 //! runtime — the request's own when the thread that drops it runs none (a future or a body
-//! handed to another executor).
+//! handed to another executor), or, for a call already started there, runs another.
 //!
 //! ```text
 //! let origin = Origin::here();   // where the request is served
@@ -17,7 +17,8 @@ use super::state::Engine;
 use crate::store::{Adjustment, Store, StoreError, StoreFuture};
 
 /// The Tokio runtime a request was served on, if any: where what it leaves to the store
-/// finishes when it is dropped on a thread that runs none, or another. It holds the runtime's
+/// finishes when it is dropped on a thread that runs none (and a call it started, when that
+/// thread runs another). It holds the runtime's
 /// shared state (not its threads: its driver, its queues) as long as it lives, as every handle
 /// of the runtime does: a response body kept long after its runtime was dropped keeps that.
 #[derive(Clone, Default)]
@@ -33,8 +34,12 @@ impl Origin {
 impl<St: Store> Engine<St> {
     /// Makes `adjustments` for a request that went away, where
     /// [`adjust_where`](Self::adjust_where) makes them: at once when that store never waits
-    /// (the memory store, the fallback limiter), else as [`finish_detached`] finishes its
-    /// future.
+    /// (the memory store, the fallback limiter). Otherwise its future, made now and bound to no
+    /// runtime yet, is polled once here when this thread runs a runtime (its call leaves at
+    /// once) and finishes there; where none runs, it goes unpolled to `origin`'s (a Redis store
+    /// refuses a call polled where no runtime runs); with neither, it is polled once here and
+    /// what did not finish is said as a failure saying `outside`. Each outcome is told to
+    /// `report`.
     pub(crate) fn finish_adjust(
         &self,
         on_fallback: bool,
@@ -43,42 +48,49 @@ impl<St: Store> Engine<St> {
         outside: &'static str,
         origin: &Origin,
     ) {
-        match self.try_adjust_now_where(on_fallback, adjustments) {
-            Some(result) => report(result),
-            None => finish_detached(
-                self.adjust_where(on_fallback, adjustments),
-                report,
-                outside,
-                origin,
-            ),
+        if let Some(result) = self.try_adjust_now_where(on_fallback, adjustments) {
+            return report(result);
+        }
+        let future = self.adjust_where(on_fallback, adjustments);
+        match (tokio::runtime::Handle::try_current(), &origin.0) {
+            (Ok(current), _) => poll_here(future, report, outside, Some(current)),
+            (Err(_), Some(origin)) => spawn(origin, future, report),
+            (Err(_), None) => poll_here(future, report, outside, None),
         }
     }
 }
 
-/// Finishes a store operation nobody waits for; each outcome is told to `report`.
-///
-/// - On the request's own runtime (or on one, when the request had none), it is polled once
-///   here, so that a call leaves at once (and a store that answers at once is done), and what
-///   is left finishes on that runtime.
-/// - Elsewhere, it goes to the request's runtime unpolled: a Redis store refuses a call polled
-///   where no runtime runs, and a call started on one runtime keeps that runtime's timers,
-///   which another runtime must not poll (they may be shut down).
-/// - With no runtime at all, it is polled once here, and what did not finish is said as a
-///   failure saying `outside`.
+/// Finishes a store operation that a request started on `origin`'s runtime and left: its
+/// timers are that runtime's, which another runtime must not poll (it may have shut down). On
+/// that runtime (or on one, when the request had none) it is polled once here and finishes
+/// there; on another runtime, or where none runs, it goes to `origin`'s unpolled; with no
+/// runtime at all, as [`Engine::finish_adjust`]. Each outcome is told to `report`.
 pub(crate) fn finish_detached(
-    mut future: StoreFuture<()>,
+    future: StoreFuture<()>,
     report: fn(Result<(), StoreError>),
     outside: &'static str,
     origin: &Origin,
 ) {
     let current = tokio::runtime::Handle::try_current().ok();
-    let runtime = match (current, &origin.0) {
+    match (current, &origin.0) {
+        // Ids of runtimes that run are unique (one that ended may leave its id to a new one;
+        // Tokio 1.54 takes them from a counter that does not wrap on 64-bit targets).
         (Some(current), Some(origin)) if current.id() != origin.id() => {
-            return spawn(origin, future, report);
+            spawn(origin, future, report)
         }
-        (None, Some(origin)) => return spawn(origin, future, report),
-        (current, _) => current,
-    };
+        (None, Some(origin)) => spawn(origin, future, report),
+        (current, _) => poll_here(future, report, outside, current),
+    }
+}
+
+/// Polls `future` once here (a call leaves at once; a store that answers at once is done),
+/// and leaves what is left to `runtime`; with none, says it as a failure saying `outside`.
+fn poll_here(
+    mut future: StoreFuture<()>,
+    report: fn(Result<(), StoreError>),
+    outside: &'static str,
+    runtime: Option<tokio::runtime::Handle>,
+) {
     let mut context = Context::from_waker(std::task::Waker::noop());
     match (future.as_mut().poll(&mut context), runtime) {
         (Poll::Ready(result), _) => report(result),
