@@ -21,11 +21,12 @@ const MAX_CACHED: usize = 65_536;
 /// What a cached handle counts: integers, so that a lookup hashes a few words.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Slot {
-    /// The recorder the handle was registered with (a recorder installed later gets its own).
+    /// The recorder the handle was registered with, by address: a recorder installed later
+    /// gets its own, unless it lies where one dropped before lay (a local recorder of the same
+    /// stack frame, say) and this thread records the same snapshot through both.
     pub(crate) recorder: usize,
     /// The snapshot whose rule and tier indices follow, or for store metrics the layer (both
-    /// unique per process, unlike addresses: a handle of a recorder that was dropped is never
-    /// found for a new one at the same address).
+    /// unique per process, unlike addresses).
     pub(crate) snapshot: u64,
     pub(crate) metric: Metric,
     pub(crate) rule: u16,
