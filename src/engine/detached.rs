@@ -18,9 +18,9 @@ use crate::store::{Adjustment, Store, StoreError, StoreFuture};
 
 /// The Tokio runtime a request was served on, if any: where what it leaves to the store
 /// finishes when it is dropped on a thread that runs none (and a call it started, when that
-/// thread runs another). It holds the runtime's
-/// shared state (not its threads: its driver, its queues) as long as it lives, as every handle
-/// of the runtime does: a response body kept long after its runtime was dropped keeps that.
+/// thread runs another). It holds the runtime's shared state (not its threads: its driver, its
+/// queues) as long as it lives, as every handle of the runtime does: a response body kept long
+/// after its runtime was dropped keeps that.
 #[derive(Clone, Default)]
 pub(crate) struct Origin(Option<tokio::runtime::Handle>);
 
