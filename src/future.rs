@@ -311,8 +311,9 @@ fn holding<B>(
 }
 
 /// Lets a settle whose request was dropped finish on the runtime it was started on (a store's
-/// calls have their own time budget), wherever the request is dropped. Without one it is
-/// dropped, and said: the reserved units stay, as for a response that never came.
+/// calls have their own time budget), wherever the request is dropped. With neither that
+/// runtime nor a current one it is dropped, and said: the reserved units stay, as for a
+/// response that never came.
 fn finish_settle(future: StoreFuture<()>, origin: &Origin) {
     finish_detached(
         future,

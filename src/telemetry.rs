@@ -48,13 +48,15 @@ pub(crate) enum Metric {
 }
 
 /// The handles a thread keeps at hand, the last used of each: by metric, and for rule
-/// decisions by the rule's index (the first four rules of a request).
-const AT_HAND: usize = (Metric::StoreErrors as usize + 1) * 4;
+/// decisions by the rule's index in its policy, modulo 4 (rules 0 and 4 of one request share
+/// a place, and find their handles in the map).
+const AT_HAND: usize = 16;
 
 impl Slot {
-    /// Where the handle of this slot is kept at hand.
+    /// Where the handle of this slot is kept at hand (two slots may share a place: a hit is
+    /// checked against the whole slot).
     fn at_hand(&self) -> usize {
-        self.metric as usize * 4 + usize::from(self.rule % 4)
+        (self.metric as usize * 4 + usize::from(self.rule % 4)) % AT_HAND
     }
 }
 

@@ -1,7 +1,7 @@
 //! Store operations nobody waits for (slots given back, a charge settled, after their request
-//! or its body went away): made at once by a store that never waits, else finished on a Tokio
-//! runtime — the request's own when the thread that drops it runs none (a future or a body
-//! handed to another executor), or, for a call already started there, runs another.
+//! or its body went away): made at once by a store that never waits, else finished on the
+//! Tokio runtime the request was served on, wherever it is dropped (a future or a body handed
+//! to another executor, or to another runtime).
 //!
 //! ```text
 //! let origin = Origin::here();   // where the request is served
@@ -17,8 +17,7 @@ use super::state::Engine;
 use crate::store::{Adjustment, Store, StoreError, StoreFuture};
 
 /// The Tokio runtime a request was served on, if any: where what it leaves to the store
-/// finishes when it is dropped on a thread that runs none (and a call it started, when that
-/// thread runs another). It holds the runtime's shared state (not its threads: its driver, its
+/// finishes when it is dropped on a thread that runs none, or another runtime. It holds the runtime's shared state (not its threads: its driver, its
 /// queues) as long as it lives, as every handle of the runtime does: a response body kept long
 /// after its runtime was dropped keeps that.
 #[derive(Clone, Default)]
@@ -34,12 +33,8 @@ impl Origin {
 impl<St: Store> Engine<St> {
     /// Makes `adjustments` for a request that went away, where
     /// [`adjust_where`](Self::adjust_where) makes them: at once when that store never waits
-    /// (the memory store, the fallback limiter). Otherwise its future, made now and bound to no
-    /// runtime yet, is polled once here when this thread runs a runtime (its call leaves at
-    /// once) and finishes there; where none runs, it goes unpolled to `origin`'s (a Redis store
-    /// refuses a call polled where no runtime runs); with neither, it is polled once here and
-    /// what did not finish is said as a failure saying `outside`. Each outcome is told to
-    /// `report`.
+    /// (the memory store, the fallback limiter), else as [`finish_detached`] finishes their
+    /// future: on the request's runtime, where its store's connections and timers are.
     pub(crate) fn finish_adjust(
         &self,
         on_fallback: bool,
@@ -52,19 +47,22 @@ impl<St: Store> Engine<St> {
             return report(result);
         }
         let future = self.adjust_where(on_fallback, adjustments);
-        match (tokio::runtime::Handle::try_current(), &origin.0) {
-            (Ok(current), _) => poll_here(future, report, outside, Some(current)),
-            (Err(_), Some(origin)) => spawn(origin, future, report),
-            (Err(_), None) => poll_here(future, report, outside, None),
-        }
+        finish_detached(future, report, outside, origin);
     }
 }
 
-/// Finishes a store operation that a request started on `origin`'s runtime and left: its
-/// timers are that runtime's, which another runtime must not poll (it may have shut down). On
-/// that runtime (or on one, when the request had none) it is polled once here and finishes
-/// there; on another runtime, or where none runs, it goes to `origin`'s unpolled; with no
-/// runtime at all, as [`Engine::finish_adjust`]. Each outcome is told to `report`.
+/// Finishes a store operation of a request served on `origin`'s runtime, which nobody waits
+/// for; each outcome is told to `report`.
+///
+/// - On that runtime (or on one, when the request had none), it is polled once here (its call
+///   leaves at once) and what is left finishes there.
+/// - On another runtime, or where none runs, it goes to `origin`'s unpolled: a call started
+///   there keeps that runtime's timers, which another must not poll (it may have shut down);
+///   one not started yet would otherwise set its timers and open connections on a runtime that
+///   may have no timers or live shorter; a Redis store refuses a call polled where no runtime
+///   runs.
+/// - With no runtime at all, it is polled once here, and what did not finish is said as a
+///   failure saying `outside`.
 pub(crate) fn finish_detached(
     future: StoreFuture<()>,
     report: fn(Result<(), StoreError>),
@@ -73,8 +71,9 @@ pub(crate) fn finish_detached(
 ) {
     let current = tokio::runtime::Handle::try_current().ok();
     match (current, &origin.0) {
-        // Ids of runtimes that run are unique (one that ended may leave its id to a new one;
-        // Tokio 1.54 takes them from a counter that does not wrap on 64-bit targets).
+        // Ids of runtimes that run are unique; Tokio takes them from a process-wide counter (of
+        // 64 bits where the target has 64-bit atomics), so one that ended is not mistaken for a
+        // new one in practice.
         (Some(current), Some(origin)) if current.id() != origin.id() => {
             spawn(origin, future, report)
         }

@@ -463,8 +463,8 @@ pub trait Store: Send + Sync + 'static {
     /// response's unspent chunk) is made here first, on the thread that drops it, which may
     /// run no Tokio runtime: it must not block. `Some` is final (the adjustments were made, or
     /// failed; [`adjust`](Store::adjust) is not tried), `None` means nothing was made.
-    /// Otherwise [`adjust`](Store::adjust)'s future finishes on a Tokio runtime: the one the
-    /// request was served on, when the dropping thread runs none or another. A store whose
+    /// Otherwise [`adjust`](Store::adjust)'s future finishes on the Tokio runtime the request
+    /// was served on (polled once where it is dropped, when that is on the same runtime). A store whose
     /// adjustments never wait should answer here, so that they are not left to a runtime that
     /// may have shut down. (Named apart from [`MemoryStore::adjust_now`], which makes them and
     /// returns nothing.)
