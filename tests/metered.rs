@@ -4,8 +4,8 @@
 //! was produced; ten streams at once over three replicas sharing Redis, and over a 3-primary
 //! cluster, delivering no more than the budget and settling exactly what they delivered; gRPC
 //! and other bodies ended with trailers; a handler that cannot be changed metered by its
-//! frames, or settled by its usage trailer; a response dropped on a thread without a Tokio
-//! runtime settled all the same.
+//! frames, or settled by its usage trailer; a response read or dropped on a thread without a
+//! Tokio runtime charged and settled all the same.
 
 mod support;
 
@@ -769,5 +769,96 @@ async fn dropped_elsewhere_settles<St: Store>(store: St, name: &str) {
             "{name}: the chunk of a response dropped outside a runtime is still charged"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A metered response whose body is read on a thread with no Tokio runtime (handed to another
+/// executor) takes its next chunks all the same, on the runtime the request was served on: the
+/// store is charged exactly what was delivered, on Redis and a cluster as on the memory store.
+#[tokio::test]
+async fn a_metered_body_read_outside_a_runtime_takes_its_next_chunks() {
+    let redis = RedisStore::builder(support::standalone().url())
+        .prefix(support::unique_prefix("metered-read-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    let cluster = RedisClusterStore::builder(support::cluster().urls())
+        .prefix(support::unique_prefix("metered-read-elsewhere"))
+        .connect()
+        .await
+        .unwrap();
+    read_elsewhere_charges_what_was_delivered(MemoryStore::new(), "memory").await;
+    read_elsewhere_charges_what_was_delivered(redis, "redis").await;
+    read_elsewhere_charges_what_was_delivered(cluster, "cluster").await;
+}
+
+/// Streams `FRAMES` frames of one token each through a rule metered by its frames in chunks of
+/// `CHUNK`, reads them on a thread of its own, and waits for the store to hold what was read.
+async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &str) {
+    const FRAMES: u64 = 1_200;
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_day(BUDGET))
+                .algorithm(tollgate::Algorithm::FixedWindow)
+                .key(FromHeader::new("x-api-key"))
+                .meter(CHUNK)
+                .meter_frames(|frame: &[u8]| frame.len() as u64),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(|| async {
+                let frames =
+                    (0..FRAMES).map(|_| Ok::<_, std::convert::Infallible>(Bytes::from("x")));
+                Body::from_stream(futures_util::stream::iter(frames))
+            }),
+        )
+        .layer(layer);
+    let response = app.oneshot(request("read-elsewhere", 1)).await.unwrap();
+    assert_eq!(response.status(), 200, "{name}");
+    // Waited for without blocking this runtime, which the reading thread's chunks are taken on.
+    let (sender, read) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(block_on(response.into_body().collect()));
+    });
+    let read = read.await.unwrap().unwrap().to_bytes().len() as u64;
+    assert_eq!(read, FRAMES, "{name}: the whole stream read");
+    let key = tollgate::key::Key::text("read-elsewhere");
+    let remaining = || async { limiter.peek("tokens", &key).await.unwrap().remaining };
+    let start = std::time::Instant::now();
+    loop {
+        let left = remaining().await;
+        if left == BUDGET - FRAMES {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "{name}: {} charged for {FRAMES} delivered",
+            BUDGET - left
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `future` to its end on this thread, with no Tokio runtime (as another executor would).
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park_timeout(Duration::from_secs(1));
     }
 }

@@ -28,6 +28,14 @@ impl Origin {
     pub(crate) fn here() -> Origin {
         Origin(tokio::runtime::Handle::try_current().ok())
     }
+
+    /// Where the request's store calls run from wherever it is polled: its own runtime, else
+    /// (it had none) the current thread's.
+    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.0
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())
+    }
 }
 
 impl<St: Store> Engine<St> {

@@ -385,21 +385,32 @@ impl Metered {
                 continue;
             }
             let metered = self.clone();
+            let asked = wanted.clone();
             let fetch = async move {
                 let answer = metered
                     .spender
-                    .take(&metered.snapshot, &wanted, metered.on_fallback)
+                    .take(&metered.snapshot, &asked, metered.on_fallback)
                     .await;
-                metered.granted(&wanted, answer);
+                metered.granted(&asked, answer);
                 drop(fetching);
             };
-            // On the runtime, the fetch finishes (and its chunk is counted) even if this spend
-            // is dropped meanwhile.
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    let _ = runtime.spawn(fetch).await;
+            // On the request's runtime (its store's connections and timers are there, and a
+            // body read by another executor has none), the fetch finishes (and its chunk is
+            // counted) even if this spend is dropped meanwhile.
+            match self.origin.runtime() {
+                Some(runtime) => {
+                    if runtime.spawn(fetch).await.is_err() {
+                        // Dropped unfinished (the runtime shut down): the store is out of
+                        // reach, as for a call that failed.
+                        self.granted(
+                            &wanted,
+                            Err(StoreError::Unavailable(
+                                "the Tokio runtime of a metered response shut down".into(),
+                            )),
+                        );
+                    }
                 }
-                Err(_) => fetch.await,
+                None => fetch.await,
             }
         }
     }
@@ -429,7 +440,7 @@ impl Metered {
         if wanted.is_empty() {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let Some(runtime) = self.origin.runtime() else {
             return;
         };
         let metered = self.clone();
