@@ -792,10 +792,13 @@ async fn a_metered_body_read_outside_a_runtime_takes_its_next_chunks() {
     read_elsewhere_charges_what_was_delivered(cluster, "cluster").await;
 }
 
-/// Streams `FRAMES` frames of one token each through a rule metered by its frames in chunks of
-/// `CHUNK`, reads them on a thread of its own, and waits for the store to hold what was read.
-async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &str) {
-    const FRAMES: u64 = 1_200;
+/// The frames of the stream of [`frames_app`].
+const FRAMES: u64 = 1_200;
+
+/// An app streaming `FRAMES` frames of one token each through a rule metered by its frames in
+/// chunks of `CHUNK` on `store` (a fixed window of a day: nothing comes back by itself), and
+/// its limiter.
+fn frames_app<St: Store>(store: St) -> (Router, tollgate::Limiter<St>) {
     let layer = RateLimitLayer::builder()
         .rule(
             Rule::new("tokens", Quota::per_day(BUDGET))
@@ -818,6 +821,13 @@ async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &
             }),
         )
         .layer(layer);
+    (app, limiter)
+}
+
+/// Reads the stream of [`frames_app`] on a thread of its own, and waits for the store to hold
+/// what was read.
+async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &str) {
+    let (app, limiter) = frames_app(store);
     let response = app.oneshot(request("read-elsewhere", 1)).await.unwrap();
     assert_eq!(response.status(), 200, "{name}");
     // Waited for without blocking this runtime, which the reading thread's chunks are taken on.
@@ -825,7 +835,13 @@ async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &
     std::thread::spawn(move || {
         let _ = sender.send(block_on(response.into_body().collect()));
     });
-    let read = read.await.unwrap().unwrap().to_bytes().len() as u64;
+    let read = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the reading thread is stuck")
+        .unwrap()
+        .unwrap()
+        .to_bytes()
+        .len() as u64;
     assert_eq!(read, FRAMES, "{name}: the whole stream read");
     let key = tollgate::key::Key::text("read-elsewhere");
     let remaining = || async { limiter.peek("tokens", &key).await.unwrap().remaining };
@@ -842,6 +858,34 @@ async fn read_elsewhere_charges_what_was_delivered<St: Store>(store: St, name: &
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// On the memory store, a metered body read where no runtime runs, after the runtime its
+/// request was served on is gone, takes its chunks where it is read, and settles there.
+#[test]
+fn a_metered_body_read_after_its_runtime_is_gone_is_charged_on_the_memory_store() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (limiter, response) = runtime.block_on(async {
+        let (app, limiter) = frames_app(MemoryStore::new());
+        let response = app.oneshot(request("runtime-gone", 1)).await.unwrap();
+        (limiter, response)
+    });
+    drop(runtime);
+    let read = block_on(response.into_body().collect())
+        .unwrap()
+        .to_bytes()
+        .len() as u64;
+    assert_eq!(read, FRAMES);
+    let key = tollgate::key::Key::text("runtime-gone");
+    let left = block_on(limiter.peek("tokens", &key)).unwrap().remaining;
+    assert_eq!(
+        left,
+        BUDGET - FRAMES,
+        "charged and settled where it was read"
+    );
 }
 
 /// Runs `future` to its end on this thread, with no Tokio runtime (as another executor would).

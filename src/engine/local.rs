@@ -42,6 +42,17 @@ impl Local {
         self.with_charges(counted, charges, |charges| store.decide(charges))
     }
 
+    /// Decides `charges` on the limiter at once, if it was made (a metered response's next
+    /// chunk, wherever its body is read).
+    pub(crate) fn decide_if_made(
+        &self,
+        counted: Option<u32>,
+        charges: &[Charge<'_>],
+    ) -> Option<Decision> {
+        let store = self.store.get()?;
+        Some(self.with_charges(counted, charges, |charges| store.decide(charges)))
+    }
+
     /// Checks `charges` on the limiter, if it was made (a metered response's next chunk).
     pub(crate) fn check(
         &self,

@@ -108,6 +108,16 @@ pub(crate) trait Spender: Send + Sync {
         on_fallback: bool,
     ) -> StoreFuture<Decision>;
 
+    /// The same, answered at once where that check never waits (the memory store, the
+    /// fallback limiter), wherever it is asked: `None` when it needs [`take`](Self::take)'s
+    /// future.
+    fn take_now(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: bool,
+    ) -> Option<Result<Decision, StoreError>>;
+
     /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
     /// on the runtime (on `origin`, when this thread runs none).
     fn settle_meter(
@@ -124,8 +134,8 @@ struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
-    /// The runtime the request was served on: the settle finishes there when the meter ends on
-    /// a thread that runs none.
+    /// The runtime the request was served on: chunks a store must wait for are taken there, and
+    /// the settle finishes there, wherever the body is read or the meter ends.
     origin: Origin,
     state: Mutex<State>,
     /// Held while a chunk is fetched: one fetch at a time, which every spend that needs units
@@ -384,6 +394,15 @@ impl Metered {
             if wanted.is_empty() || self.state().exhausted.is_some() {
                 continue;
             }
+            // A store that never waits answers here, runtime or not.
+            if let Some(answer) = self
+                .spender
+                .take_now(&self.snapshot, &wanted, self.on_fallback)
+            {
+                self.granted(&wanted, answer);
+                drop(fetching);
+                continue;
+            }
             let metered = self.clone();
             let asked = wanted.clone();
             let fetch = async move {
@@ -394,14 +413,14 @@ impl Metered {
                 metered.granted(&asked, answer);
                 drop(fetching);
             };
-            // On the request's runtime (its store's connections and timers are there, and a
-            // body read by another executor has none), the fetch finishes (and its chunk is
-            // counted) even if this spend is dropped meanwhile.
+            // On the request's runtime (the store's timers are set where it is polled, and a body
+            // read by another executor has none; that runtime must be running), the fetch
+            // finishes (and its chunk is counted) even if this spend is dropped meanwhile.
             match self.origin.runtime() {
                 Some(runtime) => {
                     if runtime.spawn(fetch).await.is_err() {
-                        // Dropped unfinished (the runtime shut down): the store is out of
-                        // reach, as for a call that failed.
+                        // Dropped unfinished (the runtime shut down, or the check panicked):
+                        // the store is out of reach, as for a call that failed.
                         self.granted(
                             &wanted,
                             Err(StoreError::Unavailable(
@@ -440,6 +459,13 @@ impl Metered {
         if wanted.is_empty() {
             return;
         }
+        if let Some(answer) = self
+            .spender
+            .take_now(&self.snapshot, &wanted, self.on_fallback)
+        {
+            self.ahead_granted(&wanted, answer);
+            return;
+        }
         let Some(runtime) = self.origin.runtime() else {
             return;
         };
@@ -449,17 +475,21 @@ impl Metered {
                 .spender
                 .take(&metered.snapshot, &wanted, metered.on_fallback)
                 .await;
-            let mut state = metered.state();
-            match answer {
-                Ok(decision) if decision.allowed() => {
-                    state.granted(&wanted, &decision);
-                }
-                // Refused, or the store failed: the chunk asked for when needed decides.
-                _ => state.ahead_refused = true,
-            }
-            drop(state);
+            metered.ahead_granted(&wanted, answer);
             drop(fetching);
         });
+    }
+
+    /// Records the store's answer to a chunk taken ahead of need.
+    fn ahead_granted(&self, wanted: &[(u16, Key, u64)], answer: Result<Decision, StoreError>) {
+        let mut state = self.state();
+        match answer {
+            Ok(decision) if decision.allowed() => {
+                state.granted(wanted, &decision);
+            }
+            // Refused, or the store failed: the chunk asked for when needed decides.
+            _ => state.ahead_refused = true,
+        }
     }
 
     /// The units each account needs from the store for what is spent: none when it holds them.
@@ -628,6 +658,21 @@ impl Drop for Metered {
     }
 }
 
+/// A meter's charges (rule index, key, units) as the store checks them.
+fn charges_of<'a>(
+    snapshot: &'a Snapshot,
+    charges: &'a [(u16, Key, u64)],
+) -> SmallVec<[Charge<'a>; 1]> {
+    charges
+        .iter()
+        .map(|(rule, key, cost)| Charge {
+            rule: &snapshot.rules[usize::from(*rule)].spec,
+            key,
+            cost: *cost,
+        })
+        .collect()
+}
+
 impl<St: Store> Spender for Engine<St> {
     fn take(
         &self,
@@ -635,14 +680,7 @@ impl<St: Store> Spender for Engine<St> {
         charges: &[(u16, Key, u64)],
         on_fallback: bool,
     ) -> StoreFuture<Decision> {
-        let charges: SmallVec<[Charge<'_>; 1]> = charges
-            .iter()
-            .map(|(rule, key, cost)| Charge {
-                rule: &snapshot.rules[usize::from(*rule)].spec,
-                key,
-                cost: *cost,
-            })
-            .collect();
+        let charges = charges_of(snapshot, charges);
         let local = on_fallback
             .then(|| self.fallback.check(self.store.replicas(), &charges))
             .flatten();
@@ -650,6 +688,23 @@ impl<St: Store> Spender for Engine<St> {
             Some(future) => Box::pin(future),
             None => Box::pin(self.store.check(&charges)),
         }
+    }
+
+    fn take_now(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: bool,
+    ) -> Option<Result<Decision, StoreError>> {
+        let charges = charges_of(snapshot, charges);
+        if on_fallback
+            && let Some(decision) = self
+                .fallback
+                .decide_if_made(self.store.replicas(), &charges)
+        {
+            return Some(Ok(decision));
+        }
+        self.store.check_now(&charges)
     }
 
     fn settle_meter(
