@@ -38,10 +38,11 @@ use tower_service::Service;
 
 use crate::body::{MeteredStream, ResponseBody};
 use crate::engine::{
-    Admitted, Decide, Driver, Engine, Meter, Origin, Ruling, Slots, finish_detached, report_settle,
+    Admitted, Decide, Driver, Engine, Meter, Ruling, Slots, finish_detached, report_settle,
 };
 use crate::observe::Head;
 use crate::policy::snapshot::Snapshot;
+use crate::runtime::Origin;
 use crate::shed::InFlight;
 use crate::store::{Store, StoreFuture};
 

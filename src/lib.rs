@@ -413,6 +413,7 @@ pub mod policy;
 #[cfg(all(feature = "testing", feature = "axum"))]
 pub mod replay;
 mod response;
+mod runtime;
 mod service;
 mod shed;
 pub mod store;

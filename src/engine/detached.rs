@@ -14,29 +14,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use super::state::Engine;
+use crate::runtime::Origin;
 use crate::store::{Adjustment, Store, StoreError, StoreFuture};
-
-/// The Tokio runtime a request was served on, if any: where what it leaves to the store
-/// finishes when it is dropped on a thread that runs none, or another runtime. It holds the runtime's shared state (not its threads: its driver, its
-/// queues) as long as it lives, as every handle of the runtime does: a response body kept long
-/// after its runtime was dropped keeps that.
-#[derive(Clone, Default)]
-pub(crate) struct Origin(Option<tokio::runtime::Handle>);
-
-impl Origin {
-    /// The current thread's runtime, if it runs one.
-    pub(crate) fn here() -> Origin {
-        Origin(tokio::runtime::Handle::try_current().ok())
-    }
-
-    /// Where the request's store calls run from wherever it is polled: its own runtime, else
-    /// (it had none) the current thread's.
-    pub(crate) fn runtime(&self) -> Option<tokio::runtime::Handle> {
-        self.0
-            .clone()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())
-    }
-}
 
 impl<St: Store> Engine<St> {
     /// Makes `adjustments` for a request that went away, where
@@ -51,11 +30,10 @@ impl<St: Store> Engine<St> {
         outside: &'static str,
         origin: &Origin,
     ) {
-        if let Some(result) = self.try_adjust_now_where(on_fallback, adjustments) {
-            return report(result);
+        match self.try_adjust_now_where(on_fallback, adjustments) {
+            Some(result) => report(result),
+            None => finish_detached(self.store.adjust(adjustments), report, outside, origin),
         }
-        let future = self.adjust_where(on_fallback, adjustments);
-        finish_detached(future, report, outside, origin);
     }
 }
 
@@ -77,16 +55,14 @@ pub(crate) fn finish_detached(
     outside: &'static str,
     origin: &Origin,
 ) {
-    let current = tokio::runtime::Handle::try_current().ok();
-    match (current, &origin.0) {
-        // Ids of runtimes that run are unique; Tokio takes them from a process-wide counter (of
-        // 64 bits where the target has 64-bit atomics), so one that ended is not mistaken for a
-        // new one in practice.
-        (Some(current), Some(origin)) if current.id() != origin.id() => {
-            spawn(origin, future, report)
-        }
-        (None, Some(origin)) => spawn(origin, future, report),
-        (current, _) => poll_here(future, report, outside, current),
+    match origin.elsewhere() {
+        Some(origin) => spawn(origin, future, report),
+        None => poll_here(
+            future,
+            report,
+            outside,
+            tokio::runtime::Handle::try_current().ok(),
+        ),
     }
 }
 

@@ -46,15 +46,15 @@ impl<St: Store> Engine<St> {
         on_fallback: bool,
         adjustments: &[Adjustment<'_>],
     ) -> StoreFuture<()> {
-        on_fallback
-            .then(|| self.fallback.adjust(self.store.replicas(), adjustments))
-            .flatten()
-            .unwrap_or_else(|| self.store.adjust(adjustments))
+        match self.try_adjust_now_where(on_fallback, adjustments) {
+            Some(result) => Box::pin(std::future::ready(result)),
+            None => self.store.adjust(adjustments),
+        }
     }
 
     /// Makes `adjustments` at once where [`adjust_where`](Self::adjust_where) makes them, when
-    /// that never waits (the fallback limiter, the memory store): `None` when they need its
-    /// future.
+    /// that never waits (the fallback limiter, the memory store): `None` when they need the
+    /// store's future.
     pub(super) fn try_adjust_now_where(
         &self,
         on_fallback: bool,

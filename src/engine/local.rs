@@ -6,14 +6,13 @@
 //! settles, slots given back), so that one rule is one budget here at one share.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::{Mutex, OnceLock};
 
 use smallvec::SmallVec;
 
 use crate::Decision;
 use crate::policy::share::{FallbackShare, divided};
-use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec, Store, StoreError, StoreFuture};
+use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
 
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
@@ -53,16 +52,6 @@ impl Local {
         Some(self.with_charges(counted, charges, |charges| store.decide(charges)))
     }
 
-    /// Checks `charges` on the limiter, if it was made (a metered response's next chunk).
-    pub(crate) fn check(
-        &self,
-        counted: Option<u32>,
-        charges: &[Charge<'_>],
-    ) -> Option<impl Future<Output = Result<Decision, StoreError>> + Send + 'static> {
-        let store = self.store.get()?;
-        Some(self.with_charges(counted, charges, |charges| store.check(charges)))
-    }
-
     /// Calls `f` with `charges` as this replica checks them (see [`within`]).
     fn with_charges<R>(
         &self,
@@ -90,17 +79,8 @@ impl Local {
         )
     }
 
-    /// Makes `adjustments` on the limiter, if it was made (settles, slots given back).
-    pub(crate) fn adjust(
-        &self,
-        counted: Option<u32>,
-        adjustments: &[Adjustment<'_>],
-    ) -> Option<StoreFuture<()>> {
-        self.adjust_now(counted, adjustments)?;
-        Some(Box::pin(std::future::ready(Ok(()))))
-    }
-
-    /// Makes `adjustments` on the limiter at once, if it was made: `None` when it was not.
+    /// Makes `adjustments` on the limiter at once, if it was made (settles, slots given back):
+    /// `None` when it was not.
     pub(crate) fn adjust_now(
         &self,
         counted: Option<u32>,

@@ -28,7 +28,6 @@ use http::HeaderName;
 
 use smallvec::SmallVec;
 
-use super::detached::Origin;
 use super::settle::report_settle;
 use super::state::Engine;
 use crate::key::Key;
@@ -36,6 +35,7 @@ use crate::policy::RuleIndices;
 use crate::policy::metering::{FrameUnits, Metering};
 use crate::policy::snapshot::Snapshot;
 use crate::response::Refusal;
+use crate::runtime::Origin;
 use crate::store::{Adjustment, Change, Charge, Store, StoreError, StoreFuture};
 use crate::{Decision, FailureMode};
 
@@ -100,23 +100,10 @@ impl std::fmt::Debug for Meter {
 
 /// Where a meter takes its chunks and settles: the layer's store (or its fallback limiter).
 pub(crate) trait Spender: Send + Sync {
-    /// Takes `charges` (rule index, key, units) in one check.
-    fn take(
-        &self,
-        snapshot: &Snapshot,
-        charges: &[(u16, Key, u64)],
-        on_fallback: bool,
-    ) -> StoreFuture<Decision>;
-
-    /// The same, answered at once where that check never waits (the memory store, the
-    /// fallback limiter), wherever it is asked: `None` when it needs [`take`](Self::take)'s
-    /// future.
-    fn take_now(
-        &self,
-        snapshot: &Snapshot,
-        charges: &[(u16, Key, u64)],
-        on_fallback: bool,
-    ) -> Option<Result<Decision, StoreError>>;
+    /// Takes `charges` (rule index, key, units) in one check: answered at once where that
+    /// check never waits (the memory store, the fallback limiter), wherever it is asked; else
+    /// the store's future, not polled yet.
+    fn take(&self, snapshot: &Snapshot, charges: &[(u16, Key, u64)], on_fallback: bool) -> Taking;
 
     /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
     /// on the runtime (on `origin`, when this thread runs none).
@@ -127,6 +114,12 @@ pub(crate) trait Spender: Send + Sync {
         on_fallback: bool,
         origin: &Origin,
     );
+}
+
+/// A chunk's check: answered, or the store's future to wait for.
+pub(crate) enum Taking {
+    Now(Result<Decision, StoreError>),
+    Later(StoreFuture<Decision>),
 }
 
 /// One layer's budget of one response.
@@ -394,23 +387,19 @@ impl Metered {
             if wanted.is_empty() || self.state().exhausted.is_some() {
                 continue;
             }
-            // A store that never waits answers here, runtime or not.
-            if let Some(answer) = self
-                .spender
-                .take_now(&self.snapshot, &wanted, self.on_fallback)
-            {
-                self.granted(&wanted, answer);
-                drop(fetching);
-                continue;
-            }
+            let taking = match self.spender.take(&self.snapshot, &wanted, self.on_fallback) {
+                // A store that never waits answers here, runtime or not.
+                Taking::Now(answer) => {
+                    self.granted(&wanted, answer);
+                    drop(fetching);
+                    continue;
+                }
+                Taking::Later(taking) => taking,
+            };
             let metered = self.clone();
             let asked = wanted.clone();
             let fetch = async move {
-                let answer = metered
-                    .spender
-                    .take(&metered.snapshot, &asked, metered.on_fallback)
-                    .await;
-                metered.granted(&asked, answer);
+                metered.granted(&asked, taking.await);
                 drop(fetching);
             };
             // On the request's runtime (the store's timers are set where it is polled, and a body
@@ -459,23 +448,16 @@ impl Metered {
         if wanted.is_empty() {
             return;
         }
-        if let Some(answer) = self
-            .spender
-            .take_now(&self.snapshot, &wanted, self.on_fallback)
-        {
-            self.ahead_granted(&wanted, answer);
-            return;
-        }
         let Some(runtime) = self.origin.runtime() else {
             return;
         };
+        let taking = match self.spender.take(&self.snapshot, &wanted, self.on_fallback) {
+            Taking::Now(answer) => return self.ahead_granted(&wanted, answer),
+            Taking::Later(taking) => taking,
+        };
         let metered = self.clone();
         runtime.spawn(async move {
-            let answer = metered
-                .spender
-                .take(&metered.snapshot, &wanted, metered.on_fallback)
-                .await;
-            metered.ahead_granted(&wanted, answer);
+            metered.ahead_granted(&wanted, taking.await);
             drop(fetching);
         });
     }
@@ -658,53 +640,27 @@ impl Drop for Metered {
     }
 }
 
-/// A meter's charges (rule index, key, units) as the store checks them.
-fn charges_of<'a>(
-    snapshot: &'a Snapshot,
-    charges: &'a [(u16, Key, u64)],
-) -> SmallVec<[Charge<'a>; 1]> {
-    charges
-        .iter()
-        .map(|(rule, key, cost)| Charge {
-            rule: &snapshot.rules[usize::from(*rule)].spec,
-            key,
-            cost: *cost,
-        })
-        .collect()
-}
-
 impl<St: Store> Spender for Engine<St> {
-    fn take(
-        &self,
-        snapshot: &Snapshot,
-        charges: &[(u16, Key, u64)],
-        on_fallback: bool,
-    ) -> StoreFuture<Decision> {
-        let charges = charges_of(snapshot, charges);
-        let local = on_fallback
-            .then(|| self.fallback.check(self.store.replicas(), &charges))
-            .flatten();
-        match local {
-            Some(future) => Box::pin(future),
-            None => Box::pin(self.store.check(&charges)),
-        }
-    }
-
-    fn take_now(
-        &self,
-        snapshot: &Snapshot,
-        charges: &[(u16, Key, u64)],
-        on_fallback: bool,
-    ) -> Option<Result<Decision, StoreError>> {
-        let charges = charges_of(snapshot, charges);
+    fn take(&self, snapshot: &Snapshot, charges: &[(u16, Key, u64)], on_fallback: bool) -> Taking {
+        let charges: SmallVec<[Charge<'_>; 1]> = charges
+            .iter()
+            .map(|(rule, key, cost)| Charge {
+                rule: &snapshot.rules[usize::from(*rule)].spec,
+                key,
+                cost: *cost,
+            })
+            .collect();
         if on_fallback
             && let Some(decision) = self
                 .fallback
                 .decide_if_made(self.store.replicas(), &charges)
         {
-            return Some(Ok(decision));
+            return Taking::Now(Ok(decision));
         }
-        self.store.check_now(&charges)
+        match self.store.check_now(&charges) {
+            Some(answer) => Taking::Now(answer),
+            None => Taking::Later(Box::pin(self.store.check(&charges))),
+        }
     }
 
     fn settle_meter(

@@ -39,7 +39,7 @@ mod state;
 mod uses;
 mod verdict;
 
-pub(crate) use detached::{Origin, finish_detached};
+pub(crate) use detached::finish_detached;
 pub(crate) use driver::Driver;
 pub(crate) use local::Local;
 pub(crate) use meter::SpendFuture;

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::check::{Ctx, Phase};
-use super::detached::Origin;
 use super::fallback::WithoutStore;
 use super::meter::Meter;
 use super::ruling::{Admitted, Decide};
@@ -19,6 +18,7 @@ use crate::observe::Verdict;
 use crate::policy::snapshot::Snapshot;
 use crate::policy::{Applied, AppliedRules, RuleIndices};
 use crate::response::Refusal;
+use crate::runtime::Origin;
 use crate::store::{Store, StoreError};
 use crate::{Decision, DecisionSource, FailureMode, RuleMode};
 

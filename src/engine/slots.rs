@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::detached::Origin;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
+use crate::runtime::Origin;
 use crate::store::{Adjustment, Change, Store};
 use crate::throttle::report_give_back;
 

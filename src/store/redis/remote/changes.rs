@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::transport::{Transport, runtime};
 use crate::clock::unix_micros;
 use crate::key::Key;
+use crate::runtime::Origin;
 use crate::store::redis::keys;
 use crate::store::redis::late_reply::GiveBackOrphan;
 use crate::store::redis::script::{self, Mode, Prepared};
@@ -136,13 +137,13 @@ pub(crate) fn peek_refusal(charges: &[Charge<'_>]) -> Option<StoreError> {
 }
 
 /// What gives back the slots of a reply whose request went away, each refund at the time its
-/// slots were taken. Made where the reply came: it gives them back on the current runtime, else
-/// on the one it was made on (a request dropped on a thread without a runtime gives them back
-/// too). With neither, the slots stay held until their longest hold ends.
+/// slots were taken. Made where the reply came: it gives them back on that runtime (where the
+/// connection and its timers are), wherever the request is dropped; made where none runs, on
+/// the current one. With neither, the slots stay held until their longest hold ends.
 pub(crate) fn give_back_orphan<T: Transport>(inner: Arc<T>, now: Option<u64>) -> GiveBackOrphan {
-    let made_on = tokio::runtime::Handle::try_current().ok();
+    let origin = Origin::here();
     Box::new(move |refunds| {
-        let Some(runtime) = tokio::runtime::Handle::try_current().ok().or(made_on) else {
+        let Some(runtime) = origin.runtime() else {
             return;
         };
         runtime.spawn(async move {
