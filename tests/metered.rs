@@ -717,19 +717,25 @@ async fn unspent_units_go_back_to_the_windows_they_were_charged_in() {
 /// runtime the request was served on for Redis and a cluster.
 #[tokio::test]
 async fn a_metered_response_dropped_outside_a_runtime_settles() {
+    let (redis, cluster) = redis_stores("metered-elsewhere").await;
+    dropped_elsewhere_settles(MemoryStore::new(), "memory").await;
+    dropped_elsewhere_settles(redis, "redis").await;
+    dropped_elsewhere_settles(cluster, "cluster").await;
+}
+
+/// A Redis store and a cluster store, each with a prefix of its own.
+async fn redis_stores(name: &str) -> (RedisStore, RedisClusterStore) {
     let redis = RedisStore::builder(support::standalone().url())
-        .prefix(support::unique_prefix("metered-elsewhere"))
+        .prefix(support::unique_prefix(name))
         .connect()
         .await
         .unwrap();
     let cluster = RedisClusterStore::builder(support::cluster().urls())
-        .prefix(support::unique_prefix("metered-elsewhere"))
+        .prefix(support::unique_prefix(name))
         .connect()
         .await
         .unwrap();
-    dropped_elsewhere_settles(MemoryStore::new(), "memory").await;
-    dropped_elsewhere_settles(redis, "redis").await;
-    dropped_elsewhere_settles(cluster, "cluster").await;
+    (redis, cluster)
 }
 
 /// Admits one metered request on `store` (a chunk taken), drops its response unread on a
@@ -777,16 +783,7 @@ async fn dropped_elsewhere_settles<St: Store>(store: St, name: &str) {
 /// store is charged exactly what was delivered, on Redis and a cluster as on the memory store.
 #[tokio::test]
 async fn a_metered_body_read_outside_a_runtime_takes_its_next_chunks() {
-    let redis = RedisStore::builder(support::standalone().url())
-        .prefix(support::unique_prefix("metered-read-elsewhere"))
-        .connect()
-        .await
-        .unwrap();
-    let cluster = RedisClusterStore::builder(support::cluster().urls())
-        .prefix(support::unique_prefix("metered-read-elsewhere"))
-        .connect()
-        .await
-        .unwrap();
+    let (redis, cluster) = redis_stores("metered-read-elsewhere").await;
     read_elsewhere_charges_what_was_delivered(MemoryStore::new(), "memory").await;
     read_elsewhere_charges_what_was_delivered(redis, "redis").await;
     read_elsewhere_charges_what_was_delivered(cluster, "cluster").await;
