@@ -738,25 +738,10 @@ async fn redis_stores(name: &str) -> (RedisStore, RedisClusterStore) {
     (redis, cluster)
 }
 
-/// Admits one metered request on `store` (a chunk taken), drops its response unread on a
-/// thread of its own, and waits for the chunk to be back. A fixed window of a day: nothing
-/// comes back by itself meanwhile.
+/// Admits one metered request of [`frames_app`] on `store` (a chunk taken), drops its response
+/// unread on a thread of its own, and waits for the chunk to be back.
 async fn dropped_elsewhere_settles<St: Store>(store: St, name: &str) {
-    let layer = RateLimitLayer::builder()
-        .rule(
-            Rule::new("tokens", Quota::per_day(BUDGET))
-                .algorithm(tollgate::Algorithm::FixedWindow)
-                .key(FromHeader::new("x-api-key"))
-                .meter(CHUNK)
-                .meter_frames(|frame: &[u8]| frame.len() as u64),
-        )
-        .store(store)
-        .build()
-        .unwrap();
-    let limiter = layer.limiter();
-    let app = Router::new()
-        .route("/v1/completions", post(|| async { "data: tok\n\n" }))
-        .layer(layer);
+    let (app, limiter) = frames_app(store);
     let response = app.oneshot(request("elsewhere", 1)).await.unwrap();
     assert_eq!(response.status(), 200, "{name}");
     let key = tollgate::key::Key::text("elsewhere");
