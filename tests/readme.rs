@@ -207,3 +207,68 @@ fn the_install_lines_match_cargo_toml() {
     }
     assert_eq!(named.len(), 7, "{named:?}");
 }
+
+/// The README's rules file is one the layer reads, with the rule sets its comments name: the
+/// free tier for a client without a tenant, its own rules on `/search`, and the pro tier.
+#[cfg(feature = "toml")]
+#[tokio::test]
+async fn the_readme_rules_file_is_the_policy_it_says() {
+    let readme = include_str!("../README.md");
+    let rules: Vec<&str> = readme
+        .split("```toml\n")
+        .skip(1)
+        .map(|block| &block[..block.find("```").expect("a closed block")])
+        .filter(|block| !block.contains("[dependencies]"))
+        .collect();
+    assert_eq!(rules.len(), 1, "the README shows one rules file");
+    let policy = tollgate::policy::Policy::from_toml(rules[0], "README.md")
+        .unwrap_or_else(|error| panic!("the README's rules file: {error}"));
+    assert_eq!(policy.version(), "1");
+    let limits = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(
+            tollgate::policy::TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+                key.strip_prefix("pro-")
+                    .map(|org| tollgate::policy::Tenant::new(org).with_tier("pro"))
+            }),
+        )
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .route("/search", get(|| async { "found" }))
+        .layer(limits);
+    let policy_of = |path: &str, key: Option<&str>| {
+        let mut request = Request::get(path);
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        let mut request = request.body(Body::empty()).unwrap();
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 50_000))));
+        let app = app.clone();
+        let path = path.to_owned();
+        async move {
+            let response = app.oneshot(request).await.unwrap();
+            assert!(
+                response.status().is_success(),
+                "{path}: {}",
+                response.status()
+            );
+            response.headers()["ratelimit-policy"]
+                .to_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+    assert_eq!(policy_of("/hello", None).await, r#""free";q=5;w=60"#);
+    assert_eq!(
+        policy_of("/search", None).await,
+        r#""free-search";q=2;w=60"#
+    );
+    assert_eq!(
+        policy_of("/hello", Some("pro-acme")).await,
+        r#""pro";q=50;w=60"#
+    );
+}
