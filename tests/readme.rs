@@ -210,7 +210,7 @@ fn the_install_lines_match_cargo_toml() {
 
 /// The README's rules file is one the layer reads, with the rule sets its comments name: the
 /// free tier for a client without a tenant, its own rules on `/search`, and the pro tier.
-#[cfg(feature = "toml")]
+#[cfg(all(feature = "toml", feature = "axum"))]
 #[tokio::test]
 async fn the_readme_rules_file_is_the_policy_it_says() {
     let readme = include_str!("../README.md");
@@ -224,8 +224,13 @@ async fn the_readme_rules_file_is_the_policy_it_says() {
     let policy = tollgate::policy::Policy::from_toml(rules[0], "README.md")
         .unwrap_or_else(|error| panic!("the README's rules file: {error}"));
     assert_eq!(policy.version(), "1");
+    let store = MemoryStore::builder()
+        .clock(ManualClock::default())
+        .build()
+        .unwrap();
     let limits = RateLimitLayer::builder()
         .policy(policy)
+        .store(store)
         .tenant(
             tollgate::policy::TenantFromHeader::new("x-api-key").lookup(|key: &str| {
                 key.strip_prefix("pro-")
@@ -238,7 +243,9 @@ async fn the_readme_rules_file_is_the_policy_it_says() {
         .route("/hello", get(|| async { "hello" }))
         .route("/search", get(|| async { "found" }))
         .layer(limits);
-    let policy_of = |path: &str, key: Option<&str>| {
+    // The status and the `RateLimit-Policy` of a request to `path`, with an API key or not,
+    // from the client at 127.0.0.`client`.
+    let send = |path: &str, key: Option<&str>, client: u8| {
         let mut request = Request::get(path);
         if let Some(key) = key {
             request = request.header("x-api-key", key);
@@ -246,29 +253,30 @@ async fn the_readme_rules_file_is_the_policy_it_says() {
         let mut request = request.body(Body::empty()).unwrap();
         request
             .extensions_mut()
-            .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, 1], 50_000))));
+            .insert(ConnectInfo(SocketAddr::from(([127, 0, 0, client], 50_000))));
         let app = app.clone();
-        let path = path.to_owned();
         async move {
             let response = app.oneshot(request).await.unwrap();
-            assert!(
-                response.status().is_success(),
-                "{path}: {}",
-                response.status()
-            );
-            response.headers()["ratelimit-policy"]
-                .to_str()
-                .unwrap()
-                .to_owned()
+            let policy = response.headers()["ratelimit-policy"].to_str().unwrap();
+            (response.status().as_u16(), policy.to_owned())
         }
     };
-    assert_eq!(policy_of("/hello", None).await, r#""free";q=5;w=60"#);
+    let free = r#""free";q=5;w=60"#.to_owned();
+    for _ in 0..5 {
+        assert_eq!(send("/hello", None, 1).await, (200, free.clone()));
+    }
     assert_eq!(
-        policy_of("/search", None).await,
-        r#""free-search";q=2;w=60"#
+        send("/hello", None, 1).await,
+        (429, free.clone()),
+        "the sixth"
     );
-    assert_eq!(
-        policy_of("/hello", Some("pro-acme")).await,
-        r#""pro";q=50;w=60"#
-    );
+    // Without a tenant, per client IP; a route's own rules count apart.
+    assert_eq!(send("/hello", None, 2).await, (200, free.clone()));
+    let search = r#""free-search";q=2;w=60"#.to_owned();
+    assert_eq!(send("/search", None, 1).await, (200, search.clone()));
+    assert_eq!(send("/search", None, 1).await, (200, search.clone()));
+    assert_eq!(send("/search", None, 1).await, (429, search));
+    // A tenant of the pro tier, from any address.
+    let pro = r#""pro";q=50;w=60"#.to_owned();
+    assert_eq!(send("/hello", Some("pro-acme"), 1).await, (200, pro));
 }
