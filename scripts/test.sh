@@ -119,6 +119,9 @@ done
 say "cargo check --all-targets (default features)"
 cargo check --all-targets
 
+say "cargo test --doc (default features: the README's code blocks as \`cargo test\` builds them)"
+cargo test --doc
+
 say "cargo doc --all-features (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 
