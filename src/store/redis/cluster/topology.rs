@@ -92,7 +92,7 @@ impl Topology {
             let (Some(start), Some(end), Some(port)) = (start, end, port) else {
                 return Err(bad("number"));
             };
-            if start > end || end >= SLOTS as i64 || !(1..=65535).contains(&port) {
+            if start < 0 || start > end || end >= SLOTS as i64 || !(1..=65535).contains(&port) {
                 return Err(bad("slot range"));
             }
             // An empty host is the node that answered; "?" is a node whose address is unknown.
@@ -110,8 +110,9 @@ impl Topology {
                 }
             };
             let index = u16::try_from(index).map_err(|_| bad("number of primaries"))?;
-            for slot in start..=end {
-                slots[slot as usize] = index;
+            // 0 <= start <= end < SLOTS, checked above.
+            for slot in &mut slots[start as usize..=end as usize] {
+                *slot = index;
             }
         }
         if primaries.is_empty() {
@@ -136,5 +137,64 @@ fn text(value: &Value) -> Option<String> {
         Value::SimpleString(text) => Some(text.clone()),
         Value::VerbatimString { text, .. } => Some(text.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use redis::{IntoConnectionInfo, Value};
+
+    use super::*;
+    use crate::CircuitBreaker;
+    use crate::store::redis::connection::Target;
+
+    fn node(addr: &str) -> Result<Arc<Node>, StoreError> {
+        let template = "redis://127.0.0.1:7000".into_connection_info().unwrap();
+        let targets = Target::new(
+            &template,
+            #[cfg(feature = "tls")]
+            None,
+        );
+        let second = Duration::from_secs(1);
+        let breaker = CircuitBreaker::default();
+        Node::new(addr, &template, &targets, second, second, breaker).map(Arc::new)
+    }
+
+    fn range(start: i64, end: i64, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(b"127.0.0.1".to_vec()),
+                Value::Int(port),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn a_map_of_every_slot_gives_each_its_primary() {
+        let reply = Value::Array(vec![range(0, 8191, 7000), range(8192, 16383, 7001)]);
+        let map = Topology::from_cluster_slots(reply, "127.0.0.1", node).unwrap();
+        assert_eq!(map.primary(0).unwrap().addr(), "127.0.0.1:7000");
+        assert_eq!(map.primary(8192).unwrap().addr(), "127.0.0.1:7001");
+        assert_eq!(map.primaries().len(), 2);
+    }
+
+    /// A reply no Redis sends (a negative slot, one past the last) is refused as a protocol
+    /// error: the slot map task never indexes out of the map with it.
+    #[test]
+    fn slots_outside_the_map_are_refused() {
+        for (start, end) in [(-1, 100), (-5, -1), (0, 16384), (i64::MIN, 0), (100, 99)] {
+            let reply = Value::Array(vec![range(start, end, 7000)]);
+            match Topology::from_cluster_slots(reply, "127.0.0.1", node) {
+                Err(StoreError::Protocol(message)) => {
+                    assert!(message.contains("slot range"), "{start}..={end}: {message}")
+                }
+                Err(other) => panic!("{start}..={end}: {other}"),
+                Ok(_) => panic!("{start}..={end}: a map"),
+            }
+        }
     }
 }
