@@ -34,7 +34,7 @@ impl ListSet {
                     // As keys hold them: an IPv4-mapped address is its IPv4 address.
                     set.addresses.insert(crate::key::canonical_ip(net.addr()));
                 }
-                Listed::Network(net) => set.networks.push(*net),
+                Listed::Network(net) => set.networks.push(canonical_net(*net)),
                 Listed::Tenant(id) => {
                     set.tenants.insert(id.clone());
                 }
@@ -58,6 +58,19 @@ impl ListSet {
         }
         self.keys.contains(key)
     }
+}
+
+/// `net` as keys hold its clients: an IPv4-mapped network (`::ffff:10.0.0.0/104`) is its IPv4
+/// network (`10.0.0.0/8`), as an IPv4-mapped address is its IPv4 address.
+fn canonical_net(net: IpNet) -> IpNet {
+    if let IpNet::V6(v6) = net
+        && let Some(v4) = v6.addr().to_ipv4_mapped()
+        && let Some(prefix) = v6.prefix_len().checked_sub(96)
+        && let Ok(v4) = ipnet::Ipv4Net::new(v4, prefix)
+    {
+        return IpNet::V4(v4.trunc());
+    }
+    net
 }
 
 /// What the lists say of a request.
@@ -109,5 +122,32 @@ impl Lists {
         } else {
             Listing::Unlisted
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+
+    fn ip(text: &str) -> Key {
+        Key::ip(text.parse::<IpAddr>().unwrap())
+    }
+
+    /// Keys hold an IPv4 client (IPv4-mapped or not) as its IPv4 address: an IPv4-mapped
+    /// network on a list is its IPv4 network, or it would never match one.
+    #[test]
+    fn an_ipv4_mapped_network_lists_its_ipv4_clients() {
+        let deny: Vec<Listed> = ["::ffff:10.0.0.0/104", "::ffff:192.0.2.7"]
+            .iter()
+            .map(|entry| entry.parse().unwrap())
+            .collect();
+        let lists = Lists::new(&[], &deny);
+        assert_eq!(lists.key(&ip("10.1.2.3")), Listing::Denied);
+        assert_eq!(lists.key(&ip("::ffff:10.1.2.3")), Listing::Denied);
+        assert_eq!(lists.key(&ip("192.0.2.7")), Listing::Denied);
+        assert_eq!(lists.key(&ip("11.0.0.1")), Listing::Unlisted);
+        assert_eq!(lists.key(&ip("2001:db8::1")), Listing::Unlisted);
     }
 }

@@ -138,7 +138,7 @@ pub(crate) async fn beat_within(
             .ignore()
             .cmd("ZADD")
             .arg(&fleet.key)
-            .arg(now + lapse)
+            .arg(now.saturating_add(lapse))
             .arg(&fleet.member)
             .ignore()
             .cmd("PEXPIRE")

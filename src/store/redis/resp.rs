@@ -89,13 +89,16 @@ pub(crate) fn frame(buf: &[u8]) -> Result<Frame, Malformed> {
                 if len >= 0 {
                     let len = usize::try_from(len).map_err(|_| Malformed)?;
                     let end = at.checked_add(len).ok_or(Malformed)?;
-                    if buf.len() < end + 2 {
+                    // The string and its CRLF: a length near the address space's end (a 32-bit
+                    // build) is malformed, not a wrapped index.
+                    let after = end.checked_add(2).ok_or(Malformed)?;
+                    if buf.len() < after {
                         return Ok(Frame::Partial);
                     }
-                    if &buf[end..end + 2] != b"\r\n" {
+                    if &buf[end..after] != b"\r\n" {
                         return Err(Malformed);
                     }
-                    at = end + 2;
+                    at = after;
                 } else if len != -1 {
                     return Err(Malformed);
                 }

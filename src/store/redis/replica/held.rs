@@ -230,8 +230,12 @@ impl Held {
         let mut outcome = aged(self.outcome, now.saturating_sub(self.at), self.algorithm);
         outcome.allowed = true;
         outcome.retry_after = 0;
-        outcome.remaining =
-            (outcome.remaining + self.units.saturating_sub(cost) + self.next).min(outcome.limit);
+        // Saturating: the units come from Redis's replies, which are not trusted to be sane.
+        outcome.remaining = outcome
+            .remaining
+            .saturating_add(self.units.saturating_sub(cost))
+            .saturating_add(self.next)
+            .min(outcome.limit);
         outcome
     }
 }
