@@ -564,7 +564,8 @@ fn check_listed(entry: &Listed) -> Result<(), ConfigError> {
     }
 }
 
-/// Whether an IPv6 network is an IPv4-mapped one (`::ffff:a.b.c.d/128`), listed as its IPv4.
+/// Whether an IPv6 network is an IPv4-mapped one (`::ffff:a.b.c.d/104`, `/128`), listed as its
+/// IPv4 network.
 fn is_mapped(net: &ipnet::Ipv6Net) -> bool {
     net.addr().to_ipv4_mapped().is_some()
 }
