@@ -1166,6 +1166,19 @@ fn ipv6_list_entries_longer_than_the_key_prefix_are_refused() {
         .policy(policy("::ffff:192.0.2.1"))
         .build()
         .unwrap();
+    // Networks whose clients keys hold as IPv4 ones: IPv4-mapped, and NAT64's well-known prefix.
+    for entry in ["::ffff:10.0.0.0/104", "64:ff9b::93.184.216.0/120"] {
+        RateLimitLayer::builder()
+            .policy(policy(entry))
+            .build()
+            .unwrap_or_else(|error| panic!("{entry}: {error}"));
+    }
+    let error = RateLimitLayer::builder()
+        .policy(policy("2001:db8::/96"))
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("2001:db8::/64"), "{error}");
 }
 
 #[tokio::test]
@@ -1177,6 +1190,19 @@ async fn an_ipv4_mapped_entry_matches_its_ipv4_client() {
     let mut app = app(RateLimitLayer::builder().policy(policy).build().unwrap());
     let res = send(&mut app, request("GET", "/", [192, 0, 2, 1], None)).await;
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn an_ipv4_mapped_network_matches_its_ipv4_clients() {
+    let policy = Policy::new("v")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(1))))
+        .default_tier("free")
+        .deny("::ffff:192.0.2.0/120".parse().unwrap());
+    let mut app = app(RateLimitLayer::builder().policy(policy).build().unwrap());
+    let res = send(&mut app, request("GET", "/", [192, 0, 2, 77], None)).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let res = send(&mut app, request("GET", "/", [198, 51, 100, 1], None)).await;
+    assert_eq!(res.status(), StatusCode::OK);
 }
 
 #[tokio::test]

@@ -238,6 +238,26 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// A network as keys hold its clients: a network within the IPv4-mapped range
+/// (`::ffff:10.0.0.0/104`) or the NAT64 well-known prefix (`64:ff9b::93.184.216.0/120`), /96 or
+/// longer, is its IPv4 network (`10.0.0.0/8`, `93.184.216.0/24`), as [`canonical_ip`] makes
+/// their addresses IPv4 ones (for NAT64, the global ones: the others are counted by their IPv6
+/// /64, which no network longer than /64 matches). Any other network is itself, host bits
+/// cleared.
+pub(crate) fn canonical_net(net: ipnet::IpNet) -> ipnet::IpNet {
+    let net = net.trunc();
+    let ipnet::IpNet::V6(v6) = net else {
+        return net;
+    };
+    let bits = v6.network().to_bits();
+    let within = bits >> 32 == 0xffff || bits >> 32 == NAT64_PREFIX >> 32;
+    match v6.prefix_len().checked_sub(96) {
+        Some(prefix) if within => ipnet::Ipv4Net::new(Ipv4Addr::from_bits(bits as u32), prefix)
+            .map_or(net, |v4| ipnet::IpNet::V4(v4.trunc())),
+        _ => net,
+    }
+}
+
 /// Whether an IPv4 address may stand behind the NAT64 well-known prefix: not private, shared,
 /// loopback, link-local, "this network", documentation, benchmarking, reserved, multicast or
 /// broadcast (the ranges of RFC 6890 that are not globally reachable).

@@ -208,6 +208,7 @@ pub(crate) use compose::{CombineShared, FirstOfShared};
 pub use extension::FromExtension;
 pub use global::Global;
 pub use header::FromHeader;
+pub(crate) use identity::canonical_net;
 pub use identity::{Key, MAX_TEXT_KEY_LEN, canonical_ip};
 pub use ipnet::IpNet;
 pub use peer_ip::PeerIp;

@@ -34,7 +34,13 @@ impl ListSet {
                     // As keys hold them: an IPv4-mapped address is its IPv4 address.
                     set.addresses.insert(crate::key::canonical_ip(net.addr()));
                 }
-                Listed::Network(net) => set.networks.push(canonical_net(*net)),
+                // As keys hold their clients: an IPv4-mapped network is its IPv4 network.
+                Listed::Network(net) => match crate::key::canonical_net(*net) {
+                    ipnet::IpNet::V4(v4) if v4.prefix_len() == 32 => {
+                        set.addresses.insert(IpAddr::V4(v4.addr()));
+                    }
+                    net => set.networks.push(net),
+                },
                 Listed::Tenant(id) => {
                     set.tenants.insert(id.clone());
                 }
@@ -58,19 +64,6 @@ impl ListSet {
         }
         self.keys.contains(key)
     }
-}
-
-/// `net` as keys hold its clients: an IPv4-mapped network (`::ffff:10.0.0.0/104`) is its IPv4
-/// network (`10.0.0.0/8`), as an IPv4-mapped address is its IPv4 address.
-fn canonical_net(net: IpNet) -> IpNet {
-    if let IpNet::V6(v6) = net
-        && let Some(v4) = v6.addr().to_ipv4_mapped()
-        && let Some(prefix) = v6.prefix_len().checked_sub(96)
-        && let Ok(v4) = ipnet::Ipv4Net::new(v4, prefix)
-    {
-        return IpNet::V4(v4.trunc());
-    }
-    net
 }
 
 /// What the lists say of a request.
@@ -135,19 +128,32 @@ mod tests {
         Key::ip(text.parse::<IpAddr>().unwrap())
     }
 
-    /// Keys hold an IPv4 client (IPv4-mapped or not) as its IPv4 address: an IPv4-mapped
-    /// network on a list is its IPv4 network, or it would never match one.
+    /// Keys hold an IPv4 client (IPv4-mapped, behind NAT64, or not) as its IPv4 address: an
+    /// IPv4-mapped or NAT64 network on a list is its IPv4 network, or it would never match one.
     #[test]
-    fn an_ipv4_mapped_network_lists_its_ipv4_clients() {
-        let deny: Vec<Listed> = ["::ffff:10.0.0.0/104", "::ffff:192.0.2.7"]
-            .iter()
-            .map(|entry| entry.parse().unwrap())
-            .collect();
-        let lists = Lists::new(&[], &deny);
+    fn an_ipv4_mapped_or_nat64_network_lists_its_ipv4_clients() {
+        let parse = |entries: &[&str]| -> Vec<Listed> {
+            entries.iter().map(|entry| entry.parse().unwrap()).collect()
+        };
+        let deny = parse(&[
+            "::ffff:10.0.0.0/104",
+            "::ffff:192.0.2.7",
+            "64:ff9b::93.184.216.0/120",
+        ]);
+        let allow = parse(&["::ffff:172.16.0.0/108"]);
+        let lists = Lists::new(&allow, &deny);
         assert_eq!(lists.key(&ip("10.1.2.3")), Listing::Denied);
         assert_eq!(lists.key(&ip("::ffff:10.1.2.3")), Listing::Denied);
         assert_eq!(lists.key(&ip("192.0.2.7")), Listing::Denied);
+        assert_eq!(lists.key(&ip("93.184.216.34")), Listing::Denied);
+        assert_eq!(lists.key(&ip("64:ff9b::93.184.216.34")), Listing::Denied);
+        assert_eq!(lists.key(&ip("172.17.0.1")), Listing::Allowed);
         assert_eq!(lists.key(&ip("11.0.0.1")), Listing::Unlisted);
         assert_eq!(lists.key(&ip("2001:db8::1")), Listing::Unlisted);
+
+        // The whole IPv4-mapped range is every IPv4 client, and no IPv6 one.
+        let every_ipv4 = Lists::new(&[], &parse(&["::ffff:0:0/96"]));
+        assert_eq!(every_ipv4.key(&ip("198.51.100.1")), Listing::Denied);
+        assert_eq!(every_ipv4.key(&ip("2001:db8::1")), Listing::Unlisted);
     }
 }

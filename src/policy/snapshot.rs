@@ -550,24 +550,20 @@ fn scale(quota: Quota, share: f64) -> Quota {
 }
 
 /// Lists are matched against the layer's key, which counts an IPv6 client by its /64: a longer
-/// IPv6 entry could never match.
+/// IPv6 entry could never match, unless keys hold its clients as IPv4 ones (an IPv4-mapped or
+/// NAT64 network, /96 or longer: see [`canonical_net`](crate::key::canonical_net)).
 fn check_listed(entry: &Listed) -> Result<(), ConfigError> {
     match entry {
-        Listed::Network(IpNet::V6(net)) if net.prefix_len() > 64 && !is_mapped(net) => {
-            Err(ConfigError::new(format!(
+        Listed::Network(net) => match crate::key::canonical_net(*net) {
+            IpNet::V6(net) if net.prefix_len() > 64 => Err(ConfigError::new(format!(
                 "list entry {net}: IPv6 clients are counted by their /64 (one host can use all \
                  of it), so list /64 networks or shorter ({})",
-                ipnet::Ipv6Net::new(net.addr(), 64).map_or(*net, |n| n.trunc())
-            )))
-        }
+                ipnet::Ipv6Net::new(net.addr(), 64).map_or(net, |n| n.trunc())
+            ))),
+            _ => Ok(()),
+        },
         _ => Ok(()),
     }
-}
-
-/// Whether an IPv6 network is an IPv4-mapped one (`::ffff:a.b.c.d/104`, `/128`), listed as its
-/// IPv4 network.
-fn is_mapped(net: &ipnet::Ipv6Net) -> bool {
-    net.addr().to_ipv4_mapped().is_some()
 }
 
 fn check_region(region: &Region) -> Result<(), ConfigError> {

@@ -55,8 +55,11 @@ impl Topology {
             }
         };
         let mut slots = self.slots.clone();
-        if let Some(entry) = slots.get_mut(usize::from(slot)) {
-            *entry = u16::try_from(index).unwrap_or(NONE);
+        // An index is a u16 below NONE; past that many primaries, the slot keeps its node.
+        if let (Some(entry), Ok(index)) = (slots.get_mut(usize::from(slot)), u16::try_from(index))
+            && index != NONE
+        {
+            *entry = index;
         }
         Topology { slots, primaries }
     }
@@ -104,6 +107,11 @@ impl Topology {
             let addr = format!("{host}:{port}");
             let index = match primaries.iter().position(|p| p.addr() == addr) {
                 Some(index) => index,
+                // An index is a u16 below NONE: no more primaries than that (a real cluster has
+                // at most about a thousand).
+                None if primaries.len() >= usize::from(NONE) => {
+                    return Err(bad("number of primaries"));
+                }
                 None => {
                     primaries.push(node(&addr)?);
                     primaries.len() - 1
