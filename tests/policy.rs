@@ -1166,19 +1166,34 @@ fn ipv6_list_entries_longer_than_the_key_prefix_are_refused() {
         .policy(policy("::ffff:192.0.2.1"))
         .build()
         .unwrap();
-    // Networks whose clients keys hold as IPv4 ones: IPv4-mapped, and NAT64's well-known prefix.
-    for entry in ["::ffff:10.0.0.0/104", "64:ff9b::93.184.216.0/120"] {
-        RateLimitLayer::builder()
-            .policy(policy(entry))
-            .build()
-            .unwrap_or_else(|error| panic!("{entry}: {error}"));
-    }
+    // A network whose clients keys hold as IPv4 ones: IPv4-mapped.
+    RateLimitLayer::builder()
+        .policy(policy("::ffff:10.0.0.0/104"))
+        .build()
+        .unwrap();
     let error = RateLimitLayer::builder()
         .policy(policy("2001:db8::/96"))
         .build()
         .unwrap_err()
         .to_string();
     assert!(error.contains("2001:db8::/64"), "{error}");
+    // A client behind NAT64 is counted by its IPv4 address (if global), never by a /96: the
+    // error names the IPv4 network to list.
+    for (entry, v4) in [
+        ("64:ff9b::93.184.216.0/120", "93.184.216.0/24"),
+        ("64:ff9b::93.184.216.34", "93.184.216.34/32"),
+        ("64:ff9b::/96", "0.0.0.0/0"),
+    ] {
+        let error = RateLimitLayer::builder()
+            .policy(policy(entry))
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("NAT64") && error.contains(v4),
+            "{entry}: {error}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -238,24 +238,33 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// A network as keys hold its clients: a network within the IPv4-mapped range
-/// (`::ffff:10.0.0.0/104`) or the NAT64 well-known prefix (`64:ff9b::93.184.216.0/120`), /96 or
-/// longer, is its IPv4 network (`10.0.0.0/8`, `93.184.216.0/24`), as [`canonical_ip`] makes
-/// their addresses IPv4 ones (for NAT64, the global ones: the others are counted by their IPv6
-/// /64, which no network longer than /64 matches). Any other network is itself, host bits
-/// cleared.
+/// A network as keys hold its clients: a network within the IPv4-mapped range, /96 or longer
+/// (`::ffff:10.0.0.0/104`), is its IPv4 network (`10.0.0.0/8`), as [`canonical_ip`] makes its
+/// addresses IPv4 ones. Any other network is itself, host bits cleared. (A NAT64 network is not
+/// made an IPv4 one: only its global addresses are counted as IPv4 ones.)
 pub(crate) fn canonical_net(net: ipnet::IpNet) -> ipnet::IpNet {
     let net = net.trunc();
-    let ipnet::IpNet::V6(v6) = net else {
-        return net;
+    if let ipnet::IpNet::V6(v6) = net
+        && let Some(v4) = v6.network().to_ipv4_mapped()
+        && let Some(prefix) = v6.prefix_len().checked_sub(96)
+        && let Ok(v4) = ipnet::Ipv4Net::new(v4, prefix)
+    {
+        return ipnet::IpNet::V4(v4);
+    }
+    net
+}
+
+/// The IPv4 network a network within the NAT64 well-known prefix (`64:ff9b::/96`), /96 or
+/// longer, stands for.
+pub(crate) fn nat64_net(net: ipnet::IpNet) -> Option<ipnet::Ipv4Net> {
+    let ipnet::IpNet::V6(v6) = net.trunc() else {
+        return None;
     };
     let bits = v6.network().to_bits();
-    let within = bits >> 32 == 0xffff || bits >> 32 == NAT64_PREFIX >> 32;
-    match v6.prefix_len().checked_sub(96) {
-        Some(prefix) if within => ipnet::Ipv4Net::new(Ipv4Addr::from_bits(bits as u32), prefix)
-            .map_or(net, |v4| ipnet::IpNet::V4(v4.trunc())),
-        _ => net,
-    }
+    let prefix = v6.prefix_len().checked_sub(96)?;
+    (bits >> 32 == NAT64_PREFIX >> 32)
+        .then(|| ipnet::Ipv4Net::new(Ipv4Addr::from_bits(bits as u32), prefix).ok())
+        .flatten()
 }
 
 /// Whether an IPv4 address may stand behind the NAT64 well-known prefix: not private, shared,

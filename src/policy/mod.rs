@@ -198,9 +198,10 @@
 //!   problem body (gRPC `PERMISSION_DENIED`); deny wins (a denied tenant from an allowed network
 //!   is refused). Entries are addresses and networks (matched against the layer's key: the
 //!   peer, or `ClientIp` behind proxies; IPv6 clients by their /64, so IPv6 entries are /64 or
-//!   shorter), `tenant:<id>`, and `key:<text>` (a text key of the layer's extractor). Lists
-//!   reload with the policy. Never allow-list your own proxies' networks: a request whose client
-//!   IP cannot be found is keyed by the proxy's address.
+//!   shorter, or IPv4-mapped networks, which stand for their IPv4 network), `tenant:<id>`, and
+//!   `key:<text>` (a text key of the layer's extractor). Lists reload with the policy. Never
+//!   allow-list your own proxies' networks: a request whose client IP cannot be found is keyed
+//!   by the proxy's address.
 //! * **Regions**: a fleet that spans regions should not pay a cross-region round trip per
 //!   request. With `[region] name = "eu-west", share = 0.5`, every quota of the policy is scaled
 //!   by the share (rounded down, at least 1), and each region enforces its share in its own

@@ -336,10 +336,11 @@ impl TenantRules {
 #[derive(Clone, PartialEq, Eq)]
 pub enum Listed {
     /// Clients whose IP (the IP of the layer's key: the peer, or [`ClientIp`](crate::key::ClientIp)
-    /// behind proxies) is in this network. An IPv4 client, IPv4-mapped (`::ffff:192.0.2.7`) or
-    /// behind NAT64 (`64:ff9b::93.184.216.34`) included, is held as its IPv4 address: IPv4
-    /// networks list it, and so do IPv4-mapped and NAT64 networks of /96 or longer (as their IPv4
-    /// network); a wider IPv6 network (`::/0`) does not.
+    /// behind proxies) is in this network. An IPv4 client, IPv4-mapped (`::ffff:192.0.2.7`)
+    /// included, is held as its IPv4 address: IPv4 networks list it, and so do IPv4-mapped
+    /// networks of /96 or longer (as their IPv4 network); a wider IPv6 network (`::/0`) does not.
+    /// A client behind NAT64 (`64:ff9b::93.184.216.34`) is held as its IPv4 address when that
+    /// address is global: list the IPv4 network (an entry of `64:ff9b::/96` is refused).
     Network(IpNet),
     /// A tenant, by id.
     Tenant(Arc<str>),

@@ -550,18 +550,27 @@ fn scale(quota: Quota, share: f64) -> Quota {
 }
 
 /// Lists are matched against the layer's key, which counts an IPv6 client by its /64: a longer
-/// IPv6 entry could never match, unless keys hold its clients as IPv4 ones (an IPv4-mapped or
-/// NAT64 network, /96 or longer: see [`canonical_net`](crate::key::canonical_net)).
+/// IPv6 entry could never match, unless keys hold its clients as IPv4 ones (an IPv4-mapped
+/// network, /96 or longer: see [`canonical_net`](crate::key::canonical_net)). A client behind
+/// NAT64 is counted by its IPv4 address when that address is global, by its /64 otherwise: its
+/// entry is the IPv4 network.
 fn check_listed(entry: &Listed) -> Result<(), ConfigError> {
-    match entry {
-        Listed::Network(net) => match crate::key::canonical_net(*net) {
-            IpNet::V6(net) if net.prefix_len() > 64 => Err(ConfigError::new(format!(
-                "list entry {net}: IPv6 clients are counted by their /64 (one host can use all \
-                 of it), so list /64 networks or shorter ({})",
-                ipnet::Ipv6Net::new(net.addr(), 64).map_or(net, |n| n.trunc())
-            ))),
-            _ => Ok(()),
-        },
+    let Listed::Network(net) = entry else {
+        return Ok(());
+    };
+    if let Some(v4) = crate::key::nat64_net(*net) {
+        return Err(ConfigError::new(format!(
+            "list entry {net}: a client behind NAT64 is counted by its IPv4 address (by its IPv6 \
+             /64 when that address is not global), so list the IPv4 network ({})",
+            v4.trunc()
+        )));
+    }
+    match crate::key::canonical_net(*net) {
+        IpNet::V6(net) if net.prefix_len() > 64 => Err(ConfigError::new(format!(
+            "list entry {net}: IPv6 clients are counted by their /64 (one host can use all of \
+             it), so list /64 networks or shorter ({})",
+            ipnet::Ipv6Net::new(net.addr(), 64).map_or(net, |n| n.trunc())
+        ))),
         _ => Ok(()),
     }
 }
