@@ -74,6 +74,9 @@ struct Networks {
 
 impl Networks {
     fn add(&mut self, net: IpNet) {
+        // An IPv4-mapped network (::ffff:a.b.c.d/96+) is an IPv4 network. A NAT64 network
+        // stays an IPv6 one: its addresses are IPv4 clients only when global.
+        let net = super::identity::canonical_net(net);
         let bits = u32::from(net.prefix_len());
         match net {
             IpNet::V4(v4) => {
@@ -81,15 +84,8 @@ impl Networks {
                 self.v4.push((u32::from(v4.addr()) & mask, mask));
             }
             IpNet::V6(v6) => {
-                // An IPv4-mapped network (::ffff:a.b.c.d/96+) is an IPv4 network. A NAT64
-                // network stays an IPv6 one: its addresses are IPv4 clients only when global.
-                if let (Some(v4), true) = (v6.addr().to_ipv4_mapped(), bits >= 96) {
-                    let mask = u32::MAX.checked_shl(128 - bits).unwrap_or(0);
-                    self.v4.push((u32::from(v4) & mask, mask));
-                } else {
-                    let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-                    self.v6.push((u128::from(v6.addr()) & mask, mask));
-                }
+                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
+                self.v6.push((u128::from(v6.addr()) & mask, mask));
             }
         }
     }

@@ -238,31 +238,32 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// The IPv4-mapped range `::ffff:0:0/96`, as the top 96 bits of an address.
+const MAPPED_PREFIX: u128 = 0xffff << 32;
+
 /// A network as keys hold its clients: a network within the IPv4-mapped range, /96 or longer
 /// (`::ffff:10.0.0.0/104`), is its IPv4 network (`10.0.0.0/8`), as [`canonical_ip`] makes its
 /// addresses IPv4 ones. Any other network is itself, host bits cleared. (A NAT64 network is not
 /// made an IPv4 one: only its global addresses are counted as IPv4 ones.)
 pub(crate) fn canonical_net(net: ipnet::IpNet) -> ipnet::IpNet {
-    let net = net.trunc();
-    if let ipnet::IpNet::V6(v6) = net
-        && let Some(v4) = v6.network().to_ipv4_mapped()
-        && let Some(prefix) = v6.prefix_len().checked_sub(96)
-        && let Ok(v4) = ipnet::Ipv4Net::new(v4, prefix)
-    {
-        return ipnet::IpNet::V4(v4);
-    }
-    net
+    ipv4_within(net, MAPPED_PREFIX).map_or(net.trunc(), ipnet::IpNet::V4)
 }
 
 /// The IPv4 network a network within the NAT64 well-known prefix (`64:ff9b::/96`), /96 or
 /// longer, stands for.
 pub(crate) fn nat64_net(net: ipnet::IpNet) -> Option<ipnet::Ipv4Net> {
+    ipv4_within(net, NAT64_PREFIX)
+}
+
+/// The IPv4 network that an IPv6 network within the /96 `range` (its top 96 bits), /96 or
+/// longer, carries in its last 32 bits.
+fn ipv4_within(net: ipnet::IpNet, range: u128) -> Option<ipnet::Ipv4Net> {
     let ipnet::IpNet::V6(v6) = net.trunc() else {
         return None;
     };
-    let bits = v6.network().to_bits();
     let prefix = v6.prefix_len().checked_sub(96)?;
-    (bits >> 32 == NAT64_PREFIX >> 32)
+    let bits = v6.network().to_bits();
+    (bits >> 32 == range >> 32)
         .then(|| ipnet::Ipv4Net::new(Ipv4Addr::from_bits(bits as u32), prefix).ok())
         .flatten()
 }
