@@ -416,6 +416,8 @@ mod response;
 mod runtime;
 mod service;
 mod shed;
+#[cfg(all(test, feature = "redis"))]
+mod sim;
 pub mod store;
 #[cfg(feature = "metrics")]
 mod telemetry;

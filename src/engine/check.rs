@@ -5,7 +5,9 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use pin_project_lite::pin_project;
 use smallvec::SmallVec;

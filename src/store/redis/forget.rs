@@ -84,6 +84,101 @@ const WAITING: usize = 4096;
 /// next (a server that drops subscribers at once is not asked in a loop).
 const SETTLED: Duration = Duration::from_secs(10);
 
+/// What a listening connection hears.
+#[derive(Debug)]
+pub(crate) enum Push {
+    /// A message on the channel: the Redis name of a key forgotten.
+    Message(Vec<u8>),
+    /// The connection dropped.
+    Disconnected,
+    /// Anything else (the subscription's own confirmations).
+    Other,
+}
+
+/// A way to subscribe to the channel: redis-rs's pub/sub (or, in tests, a simulated network).
+pub(crate) trait Subscriber: Send + Sync + 'static {
+    /// A subscribed connection.
+    type Link: Send;
+
+    /// Subscribes to `channel` through the `attempt`-th way there is (they are tried in turn),
+    /// within `timeout`: the link, the pushes it hears, and a flag set when some were lost
+    /// (more waited than the receiver holds).
+    fn subscribe(
+        &self,
+        attempt: usize,
+        channel: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Option<(Self::Link, Heard)>> + Send;
+
+    /// Whether `link` still answers, within `timeout`.
+    fn ping(&self, link: &mut Self::Link, timeout: Duration) -> impl Future<Output = bool> + Send;
+}
+
+/// The pushes a subscribed link hears, and whether some were lost.
+pub(crate) struct Heard {
+    pub(crate) pushes: tokio::sync::mpsc::Receiver<Push>,
+    pub(crate) overflowed: Arc<AtomicBool>,
+}
+
+/// redis-rs's pub/sub, through each of its clients in turn.
+struct Clients(Vec<Client>);
+
+impl Subscriber for Clients {
+    type Link = redis::aio::MultiplexedConnection;
+
+    async fn subscribe(
+        &self,
+        attempt: usize,
+        channel: &str,
+        timeout: Duration,
+    ) -> Option<(Self::Link, Heard)> {
+        let client = self.0.get(attempt % self.0.len().max(1))?;
+        let (pushes, heard) = tokio::sync::mpsc::channel(WAITING);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        let full = overflowed.clone();
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_push_sender(move |push: PushInfo| -> Result<(), Infallible> {
+                let push = match push.kind {
+                    PushKind::Message => match push.data.get(1) {
+                        // [channel, name]
+                        Some(redis::Value::BulkString(name)) => Push::Message(name.clone()),
+                        _ => Push::Other,
+                    },
+                    PushKind::Disconnection => Push::Disconnected,
+                    _ => Push::Other,
+                };
+                if pushes.try_send(push).is_err() {
+                    full.store(true, Ordering::Relaxed);
+                }
+                Ok(())
+            });
+        let subscribed = async {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            conn.subscribe(channel).await?;
+            Ok::<_, redis::RedisError>(conn)
+        };
+        match tokio::time::timeout(timeout, subscribed).await {
+            Ok(Ok(conn)) => Some((
+                conn,
+                Heard {
+                    pushes: heard,
+                    overflowed,
+                },
+            )),
+            _ => None,
+        }
+    }
+
+    async fn ping(&self, link: &mut Self::Link, timeout: Duration) -> bool {
+        let ping = redis::cmd("PING");
+        let pong = ping.query_async::<redis::Value>(link);
+        matches!(tokio::time::timeout(timeout, pong).await, Ok(Ok(_)))
+    }
+}
+
 /// Listens on `channel` for as long as `replica` lives, through the first of `clients` that
 /// answers (the next one when it goes away), and tells `replica` each name it hears. The
 /// connection is pinged every 5 s (a link that vanished without a reset tells nothing else);
@@ -94,35 +189,30 @@ pub(crate) fn listen(
     channel: String,
     connect_timeout: Duration,
 ) {
+    listen_through(replica, Clients(clients), channel, connect_timeout);
+}
+
+/// [`listen`], through `subscriber`.
+pub(crate) fn listen_through<S: Subscriber>(
+    replica: Weak<Replica>,
+    subscriber: S,
+    channel: String,
+    connect_timeout: Duration,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
         let mut delay = FIRST_RETRY_DELAY;
         let mut heard_before = false;
-        for client in clients.iter().cycle() {
+        for attempt in 0.. {
             if replica.strong_count() == 0 {
                 return;
             }
-            let (pushes, mut heard) = tokio::sync::mpsc::channel(WAITING);
-            let overflowed = Arc::new(AtomicBool::new(false));
-            let full = overflowed.clone();
-            let config = AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(connect_timeout))
-                .set_push_sender(move |push: PushInfo| -> Result<(), Infallible> {
-                    if pushes.try_send(push).is_err() {
-                        full.store(true, Ordering::Relaxed);
-                    }
-                    Ok(())
-                });
-            let subscribed = async {
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                conn.subscribe(&channel).await?;
-                Ok::<_, redis::RedisError>(conn)
-            };
-            let Ok(Ok(mut conn)) = tokio::time::timeout(connect_timeout, subscribed).await else {
+            let Some((mut link, mut heard)) = subscriber
+                .subscribe(attempt, &channel, connect_timeout)
+                .await
+            else {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_RETRY_DELAY);
                 continue;
@@ -137,38 +227,32 @@ pub(crate) fn listen(
             }
             heard_before = true;
             loop {
-                let Ok(push) = tokio::time::timeout(Duration::from_secs(5), heard.recv()).await
+                let Ok(push) =
+                    tokio::time::timeout(Duration::from_secs(5), heard.pushes.recv()).await
                 else {
                     // Quiet for 5 s: the store still there, and the link still answering?
                     if replica.strong_count() == 0 {
                         return;
                     }
-                    let ping = redis::cmd("PING");
-                    let pong = ping.query_async::<redis::Value>(&mut conn);
-                    match tokio::time::timeout(connect_timeout, pong).await {
-                        Ok(Ok(_)) => continue,
-                        _ => break,
+                    if subscriber.ping(&mut link, connect_timeout).await {
+                        continue;
                     }
+                    break;
                 };
                 let Some(push) = push else { break };
                 let Some(replica) = replica.upgrade() else {
                     return;
                 };
-                if overflowed.swap(false, Ordering::Relaxed) {
+                if heard.overflowed.swap(false, Ordering::Relaxed) {
                     replica.forget_everything();
                 }
-                match push.kind {
-                    PushKind::Message => {
-                        // [channel, name]
-                        if let Some(redis::Value::BulkString(name)) = push.data.get(1) {
-                            replica.forgotten(name.as_slice());
-                        }
-                    }
-                    PushKind::Disconnection => break,
-                    _ => {}
+                match push {
+                    Push::Message(name) => replica.forgotten(name.as_slice()),
+                    Push::Disconnected => break,
+                    Push::Other => {}
                 }
             }
-            drop(conn);
+            drop(link);
             if since.elapsed() < SETTLED {
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(MAX_RETRY_DELAY);

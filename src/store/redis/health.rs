@@ -7,7 +7,9 @@
 //! time-out, a failover) is retired the moment its stream ends, before a check is sent on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The shortest silence after which a time-out replaces a connection.
 pub(crate) const MIN_SILENCE: Duration = Duration::from_secs(1);

@@ -17,6 +17,8 @@ mod replica;
 mod resp;
 mod script;
 mod settings;
+#[cfg(test)]
+pub(crate) mod simulated;
 mod standalone;
 mod startup;
 

@@ -117,6 +117,17 @@ macro_rules! settings_setters {
             self.settings.clock = Some(Arc::new(clock));
             self
         }
+
+        /// Reaches the servers through a simulated network, the replica on its own clock
+        /// (tests only: the fleet simulation).
+        #[cfg(test)]
+        pub(crate) fn simulated(
+            mut self,
+            simulated: crate::store::redis::simulated::Simulated,
+        ) -> Self {
+            self.settings.simulated = Some(simulated);
+            self
+        }
     };
 }
 pub(crate) use settings_setters;
@@ -158,6 +169,9 @@ pub(crate) struct Settings {
     pub(crate) deny_cache_max_age: Duration,
     /// How often the replica counts itself (zero: never).
     pub(crate) heartbeat: Duration,
+    /// The simulated network and the replica's clock, in the fleet simulation.
+    #[cfg(test)]
+    pub(crate) simulated: Option<super::simulated::Simulated>,
 }
 
 impl Default for Settings {
@@ -171,6 +185,8 @@ impl Default for Settings {
             deny_cache: DEFAULT_DENY_CACHE,
             deny_cache_max_age: DEFAULT_DENY_CACHE_MAX_AGE,
             heartbeat: fleet::DEFAULT_HEARTBEAT,
+            #[cfg(test)]
+            simulated: None,
         }
     }
 }
@@ -218,9 +234,14 @@ impl Settings {
     /// The replica-side decisions of a store: on the injected clock when there is one, else on
     /// this machine's monotonic clock.
     pub(crate) fn replica(&self) -> Arc<replica::Replica> {
-        let clock: Arc<dyn Clock> = match &self.clock {
-            Some(clock) => clock.clone(),
-            None => Arc::new(crate::clock::SystemClock::new()),
+        #[cfg(test)]
+        let simulated = self.simulated.as_ref().map(|s| s.clock.clone());
+        #[cfg(not(test))]
+        let simulated = None;
+        let clock: Arc<dyn Clock> = match (&self.clock, simulated) {
+            (Some(clock), _) => clock.clone(),
+            (None, Some(clock)) => clock,
+            (None, None) => Arc::new(crate::clock::SystemClock::new()),
         };
         Arc::new(replica::Replica::new(
             clock,
@@ -229,6 +250,12 @@ impl Settings {
             self.deny_cache_max_age,
             MAX_LEASED_KEYS,
         ))
+    }
+
+    /// The simulated network connections go through, if any (tests only).
+    #[cfg(test)]
+    pub(crate) fn network(&self) -> Option<Arc<dyn super::simulated::Network>> {
+        self.simulated.as_ref().map(|s| s.network.clone())
     }
 
     /// The time to pass to the script: only with an injected clock.

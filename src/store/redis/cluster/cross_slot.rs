@@ -1,7 +1,7 @@
 //! Checks whose charges live in several slots: check all, charge all, refund on a lost race;
 //! and the calls outside the batches, one per slot.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 use futures_util::future::join_all;
 use smallvec::SmallVec;

@@ -1,6 +1,6 @@
 //! [`Deadline`]: when a call gives up, on its answer and on sending anything more.
 
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// When a call gives up: `late` for its answer; `budget`, the check's own time, for sending
 /// anything (a first call, a redirection, a second phase) and for the breaker (an answer after

@@ -12,7 +12,9 @@ mod topology;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures_util::future::try_join_all;
 use redis::{ConnectionAddr, ConnectionInfo};
@@ -164,6 +166,8 @@ impl RedisClusterStoreBuilder {
         let first = &self.nodes[0];
         let template = self.access.connection_info("Redis Cluster store", first)?;
         let targets = self.access.target(&template)?;
+        #[cfg(test)]
+        let targets = targets.through(self.settings.network());
         for url in &self.nodes {
             if access::is_tls(url) != access::is_tls(first) {
                 return Err(ConfigError::new(format!(

@@ -2,7 +2,9 @@
 //! script did not run (`MOVED`, `ASK`, `TRYAGAIN`, `NOSCRIPT`), within its [`Deadline`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 

@@ -30,6 +30,9 @@ pub(crate) struct Target {
     /// URL before): never opened in the clear.
     #[cfg(not(feature = "tls"))]
     wants_tls: bool,
+    /// The simulated network that carries the connection instead of TCP (tests only).
+    #[cfg(test)]
+    network: Option<std::sync::Arc<dyn crate::store::redis::simulated::Network>>,
 }
 
 impl Target {
@@ -55,7 +58,19 @@ impl Target {
             tls: tls.filter(|_| over_tls),
             #[cfg(not(feature = "tls"))]
             wants_tls: over_tls,
+            #[cfg(test)]
+            network: None,
         }
+    }
+
+    /// The same target, reached through `network` when one is given (tests only).
+    #[cfg(test)]
+    pub(crate) fn through(
+        mut self,
+        network: Option<std::sync::Arc<dyn crate::store::redis::simulated::Network>>,
+    ) -> Self {
+        self.network = network;
+        self
     }
 
     /// The same target at another `host` and `port` (a node of a cluster).
@@ -81,16 +96,26 @@ impl Target {
                 "a rediss:// URL needs tollgate's feature `tls`",
             )));
         }
+        #[cfg(test)]
+        if let Some(network) = &self.network {
+            let stream = Stream::Simulated(network.dial(&self.host, self.port).await?);
+            return self.sign_in(stream).await;
+        }
         let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
         // Checks are small writes that must leave at once.
         tcp.set_nodelay(true)?;
         #[cfg(feature = "tls")]
-        let mut stream = match &self.tls {
+        let stream = match &self.tls {
             Some(tls) => Stream::Tls(Box::new(tls.connect(&self.host, tcp).await?)),
             None => Stream::Tcp(tcp),
         };
         #[cfg(not(feature = "tls"))]
-        let mut stream = Stream::Tcp(tcp);
+        let stream = Stream::Tcp(tcp);
+        self.sign_in(stream).await
+    }
+
+    /// Signs in on `stream`, selects the database and pings.
+    async fn sign_in(&self, mut stream: Stream) -> RedisResult<Stream> {
         let mut hello = Vec::new();
         let mut replies = 0;
         if let Some(password) = &self.password {
@@ -158,6 +183,9 @@ pub(crate) enum Stream {
     Tcp(TcpStream),
     #[cfg(feature = "tls")]
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+    /// A simulated server's end of an in-memory pipe (tests only).
+    #[cfg(test)]
+    Simulated(tokio::io::DuplexStream),
 }
 
 impl AsyncRead for Stream {
@@ -170,6 +198,8 @@ impl AsyncRead for Stream {
             Stream::Tcp(tcp) => Pin::new(tcp).poll_read(cx, buf),
             #[cfg(feature = "tls")]
             Stream::Tls(tls) => Pin::new(tls).poll_read(cx, buf),
+            #[cfg(test)]
+            Stream::Simulated(pipe) => Pin::new(pipe).poll_read(cx, buf),
         }
     }
 }
@@ -184,6 +214,8 @@ impl AsyncWrite for Stream {
             Stream::Tcp(tcp) => Pin::new(tcp).poll_write(cx, buf),
             #[cfg(feature = "tls")]
             Stream::Tls(tls) => Pin::new(tls).poll_write(cx, buf),
+            #[cfg(test)]
+            Stream::Simulated(pipe) => Pin::new(pipe).poll_write(cx, buf),
         }
     }
 
@@ -192,6 +224,8 @@ impl AsyncWrite for Stream {
             Stream::Tcp(tcp) => Pin::new(tcp).poll_flush(cx),
             #[cfg(feature = "tls")]
             Stream::Tls(tls) => Pin::new(tls).poll_flush(cx),
+            #[cfg(test)]
+            Stream::Simulated(pipe) => Pin::new(pipe).poll_flush(cx),
         }
     }
 
@@ -200,6 +234,8 @@ impl AsyncWrite for Stream {
             Stream::Tcp(tcp) => Pin::new(tcp).poll_shutdown(cx),
             #[cfg(feature = "tls")]
             Stream::Tls(tls) => Pin::new(tls).poll_shutdown(cx),
+            #[cfg(test)]
+            Stream::Simulated(pipe) => Pin::new(pipe).poll_shutdown(cx),
         }
     }
 }

@@ -105,6 +105,22 @@ impl Parts {
     pub(crate) fn listen(&self, clients: Vec<redis::Client>) {
         let replica = Arc::downgrade(&self.replica);
         let channel = self.channel.clone();
+        #[cfg(test)]
+        if let Some(simulated) = &self.settings.simulated {
+            let servers = clients
+                .iter()
+                .filter_map(|client| match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::Tcp(host, port) => Some((host.clone(), *port)),
+                    _ => None,
+                })
+                .collect();
+            let subscriber = crate::store::redis::simulated::Subscribing {
+                network: simulated.network.clone(),
+                servers,
+            };
+            forget::listen_through(replica, subscriber, channel, self.settings.connect_timeout);
+            return;
+        }
         forget::listen(replica, clients, channel, self.settings.connect_timeout);
     }
 

@@ -150,8 +150,11 @@ pub(crate) struct Standalone {
     connections: Mutex<Vec<Connection>>,
     /// A connection is being opened in the background to fill the pool.
     filling: AtomicBool,
-    /// When the background's last attempt to open one failed (Unix microseconds; 0: never).
+    /// When the background's last attempt to open one failed (microseconds after `origin`, plus
+    /// one; 0: never).
     fill_failed_at: AtomicU64,
+    /// When the store was built, on the runtime's clock: what `fill_failed_at` counts from.
+    origin: tokio::time::Instant,
     /// When it last said so.
     fill_warned: Every,
     /// The connection being opened for checks (when the pool has none), if any.
@@ -289,6 +292,8 @@ impl RedisStoreBuilder {
         let server: Arc<str> = self.access.shown(&self.url).into();
         let info = self.access.connection_info("Redis store", &self.url)?;
         let target = self.access.target(&info)?;
+        #[cfg(test)]
+        let target = target.through(self.settings.network());
         let breaker = Breaker::new(self.settings.breaker, "redis", server.clone());
         let transport = Arc::new_cyclic(|me| Standalone {
             me: me.clone(),
@@ -308,6 +313,7 @@ impl RedisStoreBuilder {
             connections: Mutex::new(Vec::new()),
             filling: AtomicBool::new(false),
             fill_failed_at: AtomicU64::new(0),
+            origin: tokio::time::Instant::now(),
             fill_warned: Every::default(),
             breaker,
             parts: Parts::new(self.settings),

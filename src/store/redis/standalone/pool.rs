@@ -93,13 +93,18 @@ impl Standalone {
         picked
     }
 
+    /// Microseconds since the store was built, on the runtime's clock.
+    fn since_origin(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
     /// Opens a connection in the background for the pool, unless one is being opened, the last
     /// attempt failed less than a second ago, or the store has not connected yet (its first
     /// connection comes first). A failure is logged at most once a minute.
     fn fill(&self) {
+        let failed_at = self.fill_failed_at.load(Ordering::Relaxed);
         if !self.parts.startup.is_connected()
-            || unix_micros().saturating_sub(self.fill_failed_at.load(Ordering::Relaxed))
-                < FILL_RETRY_MICROS
+            || (failed_at != 0 && self.since_origin().saturating_sub(failed_at) < FILL_RETRY_MICROS)
             || self.filling.swap(true, Ordering::AcqRel)
         {
             return;
@@ -113,9 +118,9 @@ impl Standalone {
             match me.open_connection().await {
                 Ok(conn) => me.add(conn),
                 Err(error) => {
-                    let now = unix_micros();
-                    me.fill_failed_at.store(now, Ordering::Relaxed);
-                    if me.fill_warned.due(now, 60_000_000) {
+                    me.fill_failed_at
+                        .store(me.since_origin().saturating_add(1), Ordering::Relaxed);
+                    if me.fill_warned.due(unix_micros(), 60_000_000) {
                         tracing::warn!(
                             server = &*me.server,
                             error = %access::explained(&error),

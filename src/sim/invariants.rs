@@ -1,0 +1,325 @@
+//! The guarantees of tollgate, written once: each invariant judges an [`Outcome`] by its
+//! [`Plan`], with the bound the docs state for each mechanism in play.
+//!
+//! - **Budget** (per rule and key, from the run's start to each moment): the units the fleet
+//!   admitted (a request's cost) or delivered (a metered rule's units, as the clients read
+//!   them) are at most what the algorithm allows over that span (below, [`allowance`]), plus:
+//!   - **the local fallback** (`FailureMode::Local`, [`FallbackShare`](crate::FallbackShare)):
+//!     each replica's own allowance at its share — the quota and burst divided by the fewest
+//!     replicas it counted (by `until_counted` when it fell back before counting), at least 1
+//!     unit — over its life; a request that costs more than a share is admitted only when the
+//!     share is whole, as a debt: one such request per window (or per burst refilled);
+//!     only while the store can fail (a fault, and 10 s after it);
+//!   - **a node restarted without its data**: the state it lost, a burst per restart;
+//!   - **frames** (`meter_frames`): the frame that crosses the budget, one unit per stream;
+//!   - **usage trailers** (`meter_usage_trailer`): a stream's units past its first chunk until
+//!     its trailer is settled (two seconds after its end), for good when it ends without one
+//!     (the chunks it took are its charge);
+//!   - **leases and split keys**: nothing (every unit is charged to Redis before it is spent,
+//!     and the sub-keys' shares add up to at most the quota);
+//!   - rules that fail open, and shadow rules, have no budget.
+//! - **Slots**: a concurrency rule's requests in flight per key are at most its slots (plus
+//!   the fallback's shares of them, as above).
+//! - **No panic**, **no script error**, **every request answered** within 75 s.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::fleet::{Happened, Outcome};
+use std::time::Duration;
+
+use super::plan::{Fault, Kind, Metered, OnError, Plan, RulePlan};
+
+/// How long after its stream's end a trailer's settle is given to land (microseconds).
+const SETTLE_LANDS: u64 = 2_000_000;
+
+/// How long after a fault a replica may still fall back (microseconds): the breaker's
+/// probe, and calls that started before the fault's end.
+const RECOVERY: u64 = 10_000_000;
+
+/// How long a replica may take to count the fleet after it starts before the fallback is
+/// taken to have used `until_counted` (microseconds).
+const FIRST_COUNT: u64 = 1_000_000;
+
+/// An invariant that did not hold.
+#[derive(Clone, Debug)]
+pub(crate) struct Violation {
+    /// The invariant's name.
+    pub(crate) invariant: &'static str,
+    pub(crate) detail: String,
+}
+
+/// Checks every invariant of `outcome`: the violations, first of each.
+pub(crate) fn check(plan: &Plan, outcome: &Outcome) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    if let Some(panic) = outcome.panics.first() {
+        violations.push(Violation {
+            invariant: "no panic",
+            detail: panic.clone(),
+        });
+    }
+    if let Some(error) = outcome.script_errors.first() {
+        violations.push(Violation {
+            invariant: "no script error",
+            detail: error.clone(),
+        });
+    }
+    if outcome.stuck > 0 {
+        violations.push(Violation {
+            invariant: "every request answered",
+            detail: format!("{} requests waited more than 75 s", outcome.stuck),
+        });
+    }
+    for rule in &plan.rules {
+        if rule.shadow || rule.on_error == OnError::Open {
+            continue;
+        }
+        for key in 0..plan.keys {
+            let found = match rule.kind {
+                Kind::Concurrency => slots(plan, outcome, rule, key),
+                _ => budget(plan, outcome, rule, key),
+            };
+            if let Some(violation) = found {
+                violations.push(violation);
+                break;
+            }
+        }
+    }
+    violations
+}
+
+/// The units `kind` allows from `from` to `to` (microseconds) at `limit` per `period` with
+/// `burst`: a token bucket or GCRA its burst and its rate over the span; a fixed window or a
+/// sliding counter (whose aligned window never counts more than the limit) the limit for each
+/// window the span touches; a sliding log the limit for each period the span covers.
+pub(crate) fn allowance(kind: Kind, limit: u64, burst: u64, period: u64, from: u64, to: u64) -> f64 {
+    let span = to.saturating_sub(from);
+    match kind {
+        Kind::TokenBucket | Kind::Gcra => burst as f64 + limit as f64 * span as f64 / period as f64,
+        Kind::FixedWindow | Kind::SlidingWindowCounter => {
+            (limit * (to / period - from / period + 1)) as f64
+        }
+        Kind::SlidingWindowLog | Kind::Concurrency => (limit * (span / period + 1)) as f64,
+    }
+}
+
+/// The share of `units` a replica that counted `replicas` takes: at least one unit.
+fn share(units: u64, replicas: u32) -> u64 {
+    (units / u64::from(replicas.max(1))).max(1)
+}
+
+/// The replicas each replica's fallback divides by, by the docs: the fewest it counted, or
+/// `until_counted` when it could have fallen back before it counted.
+fn divisors(plan: &Plan, outcome: &Outcome) -> BTreeMap<u32, (u64, u64, u32)> {
+    outcome
+        .lives
+        .iter()
+        .map(|(id, &(from, until))| {
+            let counted = outcome.counted.get(id).copied().flatten();
+            let first = outcome.first_counted.get(id).copied();
+            let late = first.is_none_or(|at| at > from + FIRST_COUNT);
+            let replicas = match (counted, late) {
+                (Some(count), false) => count,
+                (Some(count), true) => count.min(plan.until_counted),
+                (None, _) => plan.until_counted,
+            };
+            (*id, (from, until.min(outcome.end), replicas.max(1)))
+        })
+        .collect()
+}
+
+/// The spans (server times) when the store may fail a replica: each fault that can fail a
+/// call, from its start to [`RECOVERY`] past its end (the breaker's probe, the connections
+/// made again).
+pub(crate) fn troubled(plan: &Plan, outcome: &Outcome) -> Vec<(u64, u64)> {
+    let start = outcome.start;
+    let mut spans: Vec<(u64, u64)> = plan
+        .faults
+        .iter()
+        .filter_map(|(at, fault)| {
+            let lasting = match fault {
+                Fault::Outage { lasting, .. } | Fault::Weather { lasting, .. } => *lasting,
+                Fault::Restart { .. } | Fault::DropConnections | Fault::Migrate { .. } => {
+                    Duration::ZERO
+                }
+                Fault::DropSubscriptions | Fault::Crash { .. } | Fault::Leave { .. } | Fault::Join { .. } => {
+                    return None;
+                }
+            };
+            let from = start + at.as_micros() as u64;
+            Some((from, from + lasting.as_micros() as u64 + RECOVERY))
+        })
+        .collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::new();
+    for (from, until) in spans {
+        match merged.last_mut() {
+            Some(last) if from <= last.1 => last.1 = last.1.max(until),
+            _ => merged.push((from, until)),
+        }
+    }
+    merged
+}
+
+/// The units of what the fallback allows the fleet by `at`: each replica's allowance at its
+/// share over each troubled span of its life (its local budget starts full in each).
+fn fallback(
+    rule: &RulePlan,
+    divisors: &BTreeMap<u32, (u64, u64, u32)>,
+    troubled: &[(u64, u64)],
+    at: u64,
+) -> f64 {
+    let period = rule.period.as_micros() as u64;
+    let costliest = rule.meter.map_or(rule.cost, |(chunk, _)| chunk).max(1);
+    let mut units = 0.0;
+    for &(from, until, replicas) in divisors.values() {
+        let limit = share(rule.limit, replicas).max(costliest);
+        let burst = share(rule.burst(), replicas).max(costliest);
+        for &(trouble, calm) in troubled {
+            let begin = from.max(trouble);
+            let end = until.min(calm).min(at);
+            if begin <= end {
+                // The replica's clock is off the servers' by its skew: a window more.
+                units += allowance(rule.kind, limit, burst, period, begin.saturating_sub(period), end);
+            }
+        }
+    }
+    units
+}
+
+/// Checks the budget of `rule` for `key`.
+fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<Violation> {
+    let period = rule.period.as_micros() as u64;
+    let divisors = divisors(plan, outcome);
+    let troubled = troubled(plan, outcome);
+    let wipe = match rule.kind {
+        Kind::TokenBucket | Kind::Gcra => rule.burst(),
+        _ => rule.limit,
+    } as f64;
+    let chunk = rule.meter.map_or(0, |(chunk, _)| chunk);
+    let how = rule.meter.map(|(_, how)| how);
+    let mut delivered = 0u64;
+    let mut streams = 0u64;
+    // Usage-trailer streams: units read, and whether their trailer was sent.
+    let mut open: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    let mut unsettled = 0u64;
+    let mut landing: VecDeque<(u64, u64)> = VecDeque::new();
+    for fact in outcome.facts.iter().filter(|f| f.key == key) {
+        while landing.front().is_some_and(|(at, _)| *at <= fact.at) {
+            let (_, excess) = landing.pop_front().expect("a settle");
+            unsettled -= excess;
+        }
+        match fact.happened {
+            Happened::Admitted { .. } => {
+                if rule.meter.is_none() {
+                    delivered += rule.cost;
+                } else {
+                    streams += 1;
+                    if how == Some(Metered::Trailer) {
+                        open.insert(fact.request, (0, false));
+                    }
+                }
+            }
+            Happened::Unit => {
+                if rule.meter.is_none() {
+                    continue;
+                }
+                delivered += 1;
+                if let Some((units, _)) = open.get_mut(&fact.request) {
+                    *units += 1;
+                    if *units > chunk {
+                        unsettled += 1;
+                    }
+                }
+            }
+            Happened::Reported => {
+                if let Some((_, reported)) = open.get_mut(&fact.request) {
+                    *reported = true;
+                }
+            }
+            Happened::Released => {
+                if let Some((units, true)) = open.remove(&fact.request) {
+                    landing.push_back((fact.at + SETTLE_LANDS, units.saturating_sub(chunk)));
+                }
+            }
+        }
+        if !matches!(fact.happened, Happened::Admitted { .. } | Happened::Unit) {
+            continue;
+        }
+        let at = fact.at;
+        let own = allowance(rule.kind, rule.limit, rule.burst(), period, outcome.start, at);
+        let local = if rule.on_error == OnError::Local {
+            fallback(rule, &divisors, &troubled, at)
+        } else {
+            0.0
+        };
+        let wiped = outcome.wiped.iter().filter(|w| **w <= at).count() as f64 * wipe;
+        let frames = if how == Some(Metered::Frames) {
+            streams as f64
+        } else {
+            0.0
+        };
+        let bound = own + local + wiped + frames + unsettled as f64;
+        if delivered as f64 > bound {
+            return Some(Violation {
+                invariant: "budget",
+                detail: format!(
+                    "rule {} ({:?}, {} per {:?}, burst {}, cost {}, meter {:?}, on error {:?}) key k{key}: \
+                     {delivered} units by {:.3} s, bound {bound:.0} = algorithm {own:.0} + fallback {local:.0} \
+                     + wiped {wiped:.0} + frames {frames:.0} + trailers unsettled {unsettled}",
+                    rule.name,
+                    rule.kind,
+                    rule.limit,
+                    rule.period,
+                    rule.burst(),
+                    rule.cost,
+                    rule.meter,
+                    rule.on_error,
+                    (at - outcome.start) as f64 / 1e6,
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// Checks the slots of concurrency rule `rule` for `key`.
+fn slots(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<Violation> {
+    let divisors = divisors(plan, outcome);
+    let mut in_flight: BTreeMap<u64, ()> = BTreeMap::new();
+    for fact in outcome.facts.iter().filter(|f| f.key == key) {
+        match fact.happened {
+            Happened::Admitted { .. } => {
+                in_flight.insert(fact.request, ());
+            }
+            Happened::Released => {
+                in_flight.remove(&fact.request);
+                continue;
+            }
+            _ => continue,
+        }
+        let local: u64 = if rule.on_error == OnError::Local {
+            divisors
+                .values()
+                .filter(|(from, _, _)| *from <= fact.at)
+                .map(|&(_, _, replicas)| share(rule.limit, replicas))
+                .sum()
+        } else {
+            0
+        };
+        let bound = rule.limit + local;
+        if in_flight.len() as u64 > bound {
+            return Some(Violation {
+                invariant: "slots",
+                detail: format!(
+                    "rule {} ({} slots, on error {:?}) key k{key}: {} in flight at {:.3} s, bound {bound}",
+                    rule.name,
+                    rule.limit,
+                    rule.on_error,
+                    in_flight.len(),
+                    (fact.at - outcome.start) as f64 / 1e6
+                ),
+            });
+        }
+    }
+    None
+}
