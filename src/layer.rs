@@ -410,6 +410,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             on_denied: self.on_denied,
             name: self.name.map(Arc::from),
         };
+        self.fallback_share
+            .warn_of_chunks_past_shares(&self.rules, self.on_store_error);
         let (policy, source) = match (self.policy, self.rules.is_empty()) {
             (Some(_), false) => {
                 return Err(ConfigError::new(

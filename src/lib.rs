@@ -448,7 +448,7 @@ pub use policy::mode::RuleMode;
 pub use policy::outcome::{ActualCost, ChargeWhen};
 pub use policy::quota::Quota;
 pub use policy::rule::{DEFAULT_LEASE_TTL, DEFAULT_MAX_HOLD, Rule};
-pub use policy::share::FallbackShare;
+pub use policy::share::{DEFAULT_UNTIL_COUNTED, FallbackShare};
 pub use response::{Headers, RateLimited, ResetFormat};
 pub use service::RateLimit;
 pub use shed::{Adaptive, Priority, Shedding};

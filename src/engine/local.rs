@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::Decision;
 use crate::policy::share::{FallbackShare, divided};
-use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
+use crate::store::{Adjustment, Change, Charge, MemoryStore, RuleSpec};
 
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
@@ -34,11 +34,18 @@ impl Local {
         }
     }
 
+    /// Makes `store` the limiter (the fleet simulation's, on its replica's clock): ignored
+    /// once one was made.
+    #[cfg(test)]
+    pub(crate) fn use_store(&self, store: MemoryStore) {
+        let _ = self.store.set(store);
+    }
+
     /// Decides `charges` here, each rule at this replica's share given the store's last count
     /// of replicas (`counted`); makes the limiter when first needed.
     pub(crate) fn decide(&self, counted: Option<u32>, charges: &[Charge<'_>]) -> Decision {
         let store = self.store.get_or_init(MemoryStore::new);
-        self.with_charges(counted, charges, |charges| store.decide(charges))
+        self.decide_on(store, counted, charges)
     }
 
     /// Decides `charges` on the limiter at once, if it was made (a metered response's next
@@ -49,31 +56,53 @@ impl Local {
         charges: &[Charge<'_>],
     ) -> Option<Decision> {
         let store = self.store.get()?;
-        Some(self.with_charges(counted, charges, |charges| store.decide(charges)))
+        Some(self.decide_on(store, counted, charges))
     }
 
-    /// Calls `f` with `charges` as this replica checks them (see [`within`]).
-    fn with_charges<R>(
+    /// Decides `charges` on `store`, each at its share: a charge costlier than the share's
+    /// burst (a fixed cost, a metered chunk) is checked for the whole burst, so it passes only
+    /// when the share is whole, and the rest of its cost is charged as a debt the next
+    /// requests wait for. Every charge and every adjustment of a rule is made at the same
+    /// limits (its share), so that units given back never refill a share past what was taken.
+    fn decide_on(
         &self,
+        store: &MemoryStore,
         counted: Option<u32>,
         charges: &[Charge<'_>],
-        f: impl FnOnce(&[Charge<'_>]) -> R,
-    ) -> R {
+    ) -> Decision {
         self.with_divided(
             counted,
             charges.iter().map(|c| c.rule),
             |specs| match specs {
-                None => f(charges),
+                None => store.decide(charges),
                 Some(specs) => {
-                    let charges: SmallVec<[Charge<'_>; 2]> = charges
+                    let within: SmallVec<[Charge<'_>; 2]> = charges
                         .iter()
                         .zip(specs)
                         .map(|(c, rule)| Charge {
-                            rule: within(c, rule),
+                            rule,
+                            cost: c.cost.min(rule.limits().burst),
                             ..*c
                         })
                         .collect();
-                    f(&charges)
+                    let decision = store.decide(&within);
+                    if decision.allowed() {
+                        let debts: SmallVec<[Adjustment<'_>; 2]> = charges
+                            .iter()
+                            .zip(&within)
+                            .filter(|(charge, checked)| charge.cost > checked.cost)
+                            .map(|(charge, checked)| Adjustment {
+                                rule: checked.rule,
+                                key: charge.key,
+                                change: Change::Charge(charge.cost - checked.cost),
+                                charged_at: 0,
+                            })
+                            .collect();
+                        if !debts.is_empty() {
+                            store.adjust_now(&debts);
+                        }
+                    }
+                    decision
                 }
             },
         )
@@ -136,17 +165,6 @@ impl Local {
     }
 }
 
-/// The rule a charge is checked at: its share, unless the charge costs more than the share
-/// holds (a fixed cost or a chunk sized for the whole rule), which the whole rule checks
-/// rather than refuse it for the whole outage.
-fn within<'a>(charge: &Charge<'a>, divided: &'a RuleSpec) -> &'a RuleSpec {
-    if charge.cost > divided.limits().burst {
-        charge.rule
-    } else {
-        divided
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,16 +172,20 @@ mod tests {
     use crate::algorithm::Limits;
     use crate::key::Key;
 
-    #[test]
-    fn a_share_is_checked_and_a_charge_costlier_than_it_at_the_whole_rule() {
-        let local = Local::new(FallbackShare::per_replica());
-        // 30 a minute, a burst of 30: 10 each on 3 replicas.
-        let rule = RuleSpec::new(
+    fn bucket(limit: u64) -> RuleSpec {
+        RuleSpec::new(
             "api",
             Algorithm::TokenBucket,
-            Limits::new(30, 60_000_000, 30).unwrap(),
+            Limits::new(limit, 60_000_000, limit).unwrap(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn a_share_is_checked_and_a_charge_costlier_than_it_only_when_the_share_is_whole() {
+        let local = Local::new(FallbackShare::per_replica());
+        // 30 a minute, a burst of 30: 10 each on 3 replicas.
+        let rule = bucket(30);
         let key = Key::text("client");
         let one = [Charge {
             rule: &rule,
@@ -174,8 +196,8 @@ mod tests {
             .filter(|_| local.decide(Some(3), &one).allowed())
             .count();
         assert_eq!(admitted, 10, "a third of the burst");
-        // A cost of 12 is more than a share holds: the whole rule decides (its 20 units left
-        // admit it), where the share would refuse it for the whole outage.
+        // A cost of 12 is more than a share holds: admitted when the share is whole, as a
+        // debt, then nothing more until the debt is paid.
         let other = Key::text("other");
         let twelve = [Charge {
             rule: &rule,
@@ -183,5 +205,83 @@ mod tests {
             cost: 12,
         }];
         assert!(local.decide(Some(3), &twelve).allowed());
+        assert!(!local.decide(Some(3), &twelve).allowed(), "once a share");
+        let one_more = [Charge {
+            rule: &rule,
+            key: &other,
+            cost: 1,
+        }];
+        assert!(!local.decide(Some(3), &one_more).allowed(), "in debt");
+    }
+
+    /// Ten replicas, 100 a minute, cost 20: each replica's share is 10, so the fleet admits
+    /// one request of 20 per replica (200 units: the share's bound), not 100 per replica.
+    #[test]
+    fn a_fleet_of_costly_charges_stays_within_one_charge_per_replica() {
+        let rule = bucket(100);
+        let key = Key::text("client");
+        let twenty = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 20,
+        }];
+        let units: u64 = (0..10)
+            .map(|_| {
+                let local = Local::new(FallbackShare::per_replica());
+                (0..10)
+                    .filter(|_| local.decide(Some(10), &twenty).allowed())
+                    .count() as u64
+                    * 20
+            })
+            .sum();
+        assert_eq!(units, 200);
+    }
+
+    /// A metered chunk larger than the share, given back unspent, never refills the share
+    /// past what it held: 25 replicas, 10,000 a minute, chunks of 500.
+    #[test]
+    fn units_given_back_refill_no_more_than_was_taken() {
+        let rule = bucket(10_000);
+        let key = Key::text("client");
+        let chunk = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 500,
+        }];
+        let local = Local::new(FallbackShare::per_replica());
+        let mut streams = 0;
+        for _ in 0..1_000 {
+            if !local.decide(Some(25), &chunk).allowed() {
+                continue;
+            }
+            streams += 1;
+            // The stream spends 100 of its 500 and gives the rest back.
+            let back = [Adjustment {
+                rule: &rule,
+                key: &key,
+                change: Change::Refund(400),
+                charged_at: 0,
+            }];
+            local.adjust_now(Some(25), &back);
+        }
+        // The share is 400: one stream of 100 fits at 500 taken when whole, then 100 of debt
+        // paid back only by time (none passes here), so the replica delivers about its share.
+        assert!(streams * 100 <= 400 + 100, "{streams} streams of 100 units");
+    }
+
+    #[test]
+    fn a_replica_that_never_counted_takes_an_eighth() {
+        let local = Local::new(FallbackShare::per_replica());
+        let rule = bucket(80);
+        let key = Key::text("client");
+        let one = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let admitted = (0..100)
+            .filter(|_| local.decide(None, &one).allowed())
+            .count();
+        assert_eq!(admitted, 10);
     }
 }

@@ -14,9 +14,20 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
-use crate::ConfigError;
+use crate::{ConfigError, FailureMode};
 use crate::algorithm::Limits;
 use crate::store::RuleSpec;
+
+/// The replicas a replica's fallback assumes before its store counted any: 8.
+///
+/// A replica that starts while the store is away has counted nobody. Assuming it is alone (1)
+/// gave each replica restarted during an outage the whole quota, so K restarted replicas
+/// admitted K quotas. Assuming 8 bounds a fleet of up to 8 uncounted replicas to the quota (K
+/// of them admit K/8 of it), at the price of under-admitting on a fleet smaller than 8 in that
+/// case only (2 replicas restarted in an outage admit a quarter of the quota between them):
+/// an outage after a cold start is where a limiter should err on the safe side. Set it to
+/// the size your deployment runs at.
+pub const DEFAULT_UNTIL_COUNTED: u32 = 8;
 
 /// How much of each rule's quota a replica's local fallback
 /// ([`FailureMode::Local`](crate::FailureMode::Local)) enforces while the shared store is away:
@@ -33,8 +44,8 @@ use crate::store::RuleSpec;
 ///
 /// * **Before any count** (a replica that starts while Redis is down, or a store that counts
 ///   nothing, such as a custom one): the fleet is assumed to be
-///   [`until_counted`](Self::until_counted) replicas, 1 by default (the whole quota): set it to
-///   the size your deployment usually runs at.
+///   [`until_counted`](Self::until_counted) replicas, [8 by default](DEFAULT_UNTIL_COUNTED):
+///   set it to the size your deployment usually runs at.
 /// * **Bounds**: the count used is kept within [`replicas_between`](Self::replicas_between)
 ///   (default 1 to 1,024). Members no replica could have written (lapsing later than a
 ///   heartbeat can set) are dropped; whoever may write the key can still add members, so keep
@@ -45,12 +56,20 @@ use crate::store::RuleSpec;
 ///   heartbeat intervals before the outage. A replica that stopped is counted for up to three
 ///   intervals (the others' shares are smaller meanwhile); one started during the outage is
 ///   not counted by the others, and has counted none itself: it takes `1 / until_counted`
-///   (the whole quota by default), so set `until_counted` where autoscaling adds replicas
-///   when latency rises.
-/// * **Small quotas**: a share is at least 1 unit, so a quota smaller than the replicas (1 a
-///   minute over 10) admits up to one per replica; a request that costs more than a share
-///   holds (a fixed cost, a metered chunk) is checked at the whole rule rather than refused
-///   for the whole outage.
+///   (an eighth by default), so set `until_counted` where autoscaling adds replicas when
+///   latency rises.
+/// * **Small quotas and costly requests**: a share is at least 1 unit, so a quota smaller
+///   than the replicas (1 a minute over 10) admits up to one per replica. A request that costs
+///   more than a share holds (a fixed cost, a metered chunk) is admitted only when the share
+///   is whole, and the rest of its cost is a debt the share's next requests wait for: each
+///   replica admits at most one such request per window (per burst refilled), so the fleet
+///   stays within `Σ max(share, cost)` per window (10 replicas, 100 a minute, cost 20: 200,
+///   not 1,000). Every charge and every unit given back of a rule is made at the share's
+///   limits, so a metered stream's unspent units refill no more than it took.
+/// * **The bound**: while the store is away, the fleet admits per key and window at most
+///   `Σ_replicas max(share_i, cost)` with `share_i` the quota (and burst) divided by what
+///   replica `i` counted (by `until_counted` before it counted), on top of what the shared
+///   store admitted before the outage. The fleet simulation checks this bound.
 /// * **Even traffic**: the split assumes a client's requests are spread over the replicas (a
 ///   round-robin load balancer); a client pinned to one replica (sticky sessions, IP hash) gets
 ///   only that replica's share. Local budgets
@@ -77,10 +96,10 @@ impl Default for FallbackShare {
 
 impl FallbackShare {
     /// `1 / replicas` of each quota, with `replicas` the count the store last read (the
-    /// default): 1 assumed before any count, the count kept between 1 and 1,024.
+    /// default): 8 assumed before any count, the count kept between 1 and 1,024.
     pub const fn per_replica() -> Self {
         FallbackShare {
-            until_counted: 1,
+            until_counted: DEFAULT_UNTIL_COUNTED,
             min: 1,
             max: 1024,
         }
@@ -96,7 +115,8 @@ impl FallbackShare {
         }
     }
 
-    /// The replicas assumed before the store counted any (default 1: the whole quota).
+    /// The replicas assumed before the store counted any (default [`DEFAULT_UNTIL_COUNTED`],
+    /// 8: an eighth of the quota; 1 is the whole quota).
     pub const fn until_counted(mut self, replicas: u32) -> Self {
         self.until_counted = replicas;
         self
@@ -114,6 +134,37 @@ impl FallbackShare {
         counted
             .unwrap_or(self.until_counted)
             .clamp(self.min, self.max)
+    }
+
+    /// Warns, once at build time, of each metered rule that falls back to the local limiter
+    /// with a chunk larger than a replica's share at the most replicas counted: while the
+    /// store is away, such a stream starts only when the share is whole, and its chunk past
+    /// the share is a debt.
+    pub(crate) fn warn_of_chunks_past_shares(&self, rules: &[crate::Rule], layer: FailureMode) {
+        for rule in rules {
+            let Some(metering) = &rule.meter else {
+                continue;
+            };
+            if rule.on_store_error.unwrap_or(layer) != FailureMode::Local {
+                continue;
+            }
+            let quota = rule.quota();
+            let burst = quota.burst_size().unwrap_or(quota.limit());
+            let share = (burst / u64::from(self.max)).max(1);
+            if metering.chunk > share {
+                tracing::warn!(
+                    rule = rule.name(),
+                    chunk = metering.chunk,
+                    share,
+                    replicas = self.max,
+                    "the rule's metered chunk is larger than a replica's share of the local \
+                     fallback at the most replicas counted: while the store is away, a stream \
+                     starts there only when the share is whole, its chunk past the share a \
+                     debt; use a smaller chunk, or FallbackShare::replicas_between with the \
+                     most replicas you run"
+                );
+            }
+        }
     }
 
     /// Checks the settings.
