@@ -109,6 +109,7 @@
 //! teaches the client again.
 
 mod body;
+mod fields;
 mod pacing;
 mod retry;
 mod signals;
@@ -274,6 +275,7 @@ impl Waits {
         sent: u64,
         status: http::StatusCode,
         headers: &http::HeaderMap,
+        ratelimit: &[fields::Policy<'_>],
         policies: &mut [(&str, Word)],
     ) {
         let Some(paces) = &self.pace else {
@@ -282,28 +284,24 @@ impl Waits {
         // Refused by a limit: a 429, or gRPC RESOURCE_EXHAUSTED (a 503 may be an outage).
         let refused = status == http::StatusCode::TOO_MANY_REQUESTS
             || headers.get("grpc-status").is_some_and(|s| s == "8");
-        let mut budgets: SmallVec<[(&str, signals::Numbers); 2]> = SmallVec::new();
-        for (field, budget) in [("ratelimit-policy", false), ("ratelimit", true)] {
-            for value in headers
-                .get_all(field)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-            {
-                for (name, numbers) in signals::items(value) {
-                    let at = match budgets.iter().position(|(n, _)| *n == name) {
-                        Some(at) => at,
-                        None if budgets.len() < MAX_NAMES => {
-                            budgets.push((name, signals::Numbers::default()));
-                            budgets.len() - 1
-                        }
-                        None => continue,
-                    };
-                    let known = &mut budgets[at].1;
-                    if budget {
-                        (known.r, known.t) = (numbers.r, numbers.t);
-                    } else {
-                        (known.q, known.w) = (numbers.q, numbers.w);
+        let quotas = fields::read(headers, "ratelimit-policy");
+        let mut budgets: SmallVec<[(&str, fields::Numbers); 2]> = SmallVec::new();
+        for (field, budget) in [(&quotas[..], false), (ratelimit, true)] {
+            for policy in field {
+                let name = policy.name.as_ref();
+                let at = match budgets.iter().position(|(n, _)| *n == name) {
+                    Some(at) => at,
+                    None if budgets.len() < MAX_NAMES => {
+                        budgets.push((name, fields::Numbers::default()));
+                        budgets.len() - 1
                     }
+                    None => continue,
+                };
+                let known = &mut budgets[at].1;
+                if budget {
+                    (known.r, known.t) = (policy.numbers.r, policy.numbers.t);
+                } else {
+                    (known.q, known.w) = (policy.numbers.q, policy.numbers.w);
                 }
             }
         }
@@ -661,9 +659,19 @@ impl Watch {
     /// Learns what the answer's head says; what it says of the call's target.
     pub(crate) fn head<B>(&self, response: &Response<B>) -> Word {
         let (status, headers) = (response.status(), response.headers());
-        let (word, mut policies) = signals::said_by_head(status, headers);
-        self.waits
-            .learn_budgets(self.target, self.sent, status, headers, &mut policies);
+        let word = signals::said_of_target(status, headers);
+        // Any answer may say a policy is spent (r=0) for the next t seconds, or has budget; a
+        // malformed field says nothing.
+        let ratelimit = fields::read(headers, "ratelimit");
+        let mut policies: SmallVec<[(&str, Word); 2]> = signals::policies(&ratelimit).collect();
+        self.waits.learn_budgets(
+            self.target,
+            self.sent,
+            status,
+            headers,
+            &ratelimit,
+            &mut policies,
+        );
         self.waits.learn(self.target, self.sent, word, &policies);
         word
     }
