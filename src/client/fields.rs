@@ -195,6 +195,9 @@ impl<'de> ParameterVisitor<'de> for Parameters<'_, 'de> {
 }
 
 #[cfg(test)]
+mod vectors;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
