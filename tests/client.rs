@@ -967,3 +967,49 @@ async fn a_malformed_ratelimit_field_is_ignored_whole() {
         );
     }
 }
+
+// ----- What a retrying client retried -----
+
+#[tokio::test]
+async fn a_retrying_client_counts_and_reports_the_refusals_it_retried() {
+    let script = Script::default();
+    script.answer(
+        "/",
+        vec![
+            (429, vec![("retry-after", "0".to_owned())]),
+            (503, vec![("retry-after", "0".to_owned())]),
+            (200, vec![]),
+        ],
+    );
+    let (addr, _) = serve(script.router(&["/"])).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let reported = seen.clone();
+    let retry = Retry::new()
+        .jitter(0.0, Duration::from_millis(1))
+        .budget(1.0, 1.0);
+    let layer = RetryAfterLayer::new(retry).on_retry(move |retried| {
+        reported
+            .lock()
+            .unwrap()
+            .push((retried.status(), retried.attempt(), retried.wait()));
+    });
+    assert_eq!(layer.retries(), 0);
+    let mut client = layer
+        .clone()
+        .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
+    assert_eq!(call_of(&mut client, get_path(addr, "/")).await, Ok(200));
+    // Seen by the layer, its clones and the services it made alike.
+    assert_eq!(layer.retries(), 2);
+    assert_eq!(client.retries(), 2);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (StatusCode::TOO_MANY_REQUESTS, 1, Duration::ZERO),
+            (StatusCode::SERVICE_UNAVAILABLE, 2, Duration::ZERO)
+        ]
+    );
+    // A call served at once retries nothing.
+    assert_eq!(call_of(&mut client, get_path(addr, "/")).await, Ok(200));
+    assert_eq!(layer.retries(), 2);
+    assert_eq!(script.seen().len(), 4);
+}

@@ -136,7 +136,7 @@ use tower_service::Service;
 pub use body::ClientBody;
 use pacing::Paces;
 pub use pacing::Pacing;
-pub use retry::{Retry, RetryAfter, RetryAfterLayer};
+pub use retry::{Retried, Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
 use signals::Word;
 
