@@ -27,9 +27,41 @@
 //! after the server's delay plus a random jitter (so that clients told the same delay do not
 //! come back at the same instant), a few times at most, within a retry budget shared by the
 //! layer's calls (so that retries cannot multiply the load). It needs requests whose body can
-//! be cloned.
+//! be cloned. The refusals it retries are not hidden: [`RetryAfterLayer::retries`] counts them
+//! (one count for the layer, its clones and the services it made), and
+//! [`RetryAfterLayer::on_retry`] is called with each ([`Retried`]: its status, which retry of
+//! the call it is, the wait asked), for a log line or a metric of the 429s a paced client
+//! still met:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use tollgate::client::{Retry, RetryAfterLayer};
+//!
+//! let refused = Arc::new(AtomicU64::new(0));
+//! let counted = refused.clone();
+//! let layer = RetryAfterLayer::new(Retry::new()).on_retry(move |retried| {
+//!     counted.fetch_add(1, Ordering::Relaxed);
+//!     eprintln!("retrying a {} in {:?}", retried.status(), retried.wait());
+//! });
+//! assert_eq!(layer.retries(), 0);
+//! ```
 //!
 //! Both work against any server that sends these fields, not only tollgate's.
+//!
+//! # Malformed fields
+//!
+//! `RateLimit` and `RateLimit-Policy` are read as the Structured Field Lists they are (RFC 9651,
+//! with the `sfv` crate's parser): a field's lines joined with `", "`, then parsed whole. A
+//! field that does not parse in any of its parts (a trailing comma or semicolon, an empty
+//! member, an unterminated string or inner list, a bad escape, `?2`, an Integer of 16 digits, a
+//! Decimal of 4 fractional digits, an empty or upper-case parameter key, a character that is
+//! not ASCII) is ignored whole, as draft-11 says a malformed field must be: a spent policy it
+//! names holds nothing back. What parses and names no policy (a member that is neither a
+//! String nor a Token, an inner list) is skipped, and a number that is not a non-negative
+//! Integer (`r=-1`, `t=1.5`) is taken as absent; the rest of the field is kept. The first 16
+//! policies of a field are read. The HTTP working group's Structured Field test vectors of
+//! Lists and Items are run against this parsing (`src/client/fields/vectors.rs`).
 //!
 //! # Pacing
 //!
