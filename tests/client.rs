@@ -900,3 +900,116 @@ async fn ten_paced_clients_sharing_a_key_get_far_fewer_429s_than_unpaced_ones() 
     eprintln!("10 clients × 100 calls on one key: {unpaced} 429s unpaced, {paced} paced");
     assert!(paced * 4 < unpaced, "{paced} 429s paced, {unpaced} unpaced");
 }
+
+// ----- Malformed fields -----
+
+/// A spent policy followed by a rest that RFC 9651 does not parse, each form once; the last
+/// two put the spent policy and the malformed rest on two lines of one field.
+const MALFORMED: [&[&str]; 13] = [
+    &[r#""p";r=0;t=60,"#],                  // a trailing comma
+    &[r#""p";r=0;t=60;"#],                  // a trailing semicolon
+    &[r#""p";r=0;t=60, , "q";r=1"#],        // an empty member
+    &[r#""p";r=0;t=60, "q"#],               // an unterminated string
+    &[r#""p";r=0;t=60, ("q" "r""#],         // an unterminated inner list
+    &[r#""p";r=0;t=60, "q\x""#],            // a bad escape
+    &[r#""p";r=0;t=60, ?2"#],               // a Boolean neither ?0 nor ?1
+    &[r#""p";r=0;t=60, 1234567890123456"#], // an Integer of 16 digits
+    &[r#""p";r=0;t=60, 1.2345"#],           // a Decimal of 4 fractional digits
+    &[r#""p";r=0;t=60, "q";=1"#],           // an empty parameter key
+    &[r#""p";r=0;t=60, "q";r="#],           // a parameter with `=` and no value
+    &[r#""p";r=0;t=60"#, r#""q";r=1;"#],    // a second line, malformed
+    &[r#""p";r=0;t=60"#, ""],               // an empty second line: a trailing comma joined
+];
+
+#[tokio::test]
+async fn a_malformed_ratelimit_field_is_ignored_whole() {
+    for (form, lines) in MALFORMED.iter().enumerate() {
+        let path = format!("/{form}");
+        let script = Script::default();
+        let headers = lines
+            .iter()
+            .map(|line| ("ratelimit", (*line).to_owned()))
+            .collect();
+        script.answer(&path, vec![(200, headers)]);
+        let (addr, _) = serve(script.router(&[&path])).await;
+        let mut client = HonourLimitsLayer::new().layer(
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>(),
+        );
+        for _ in 0..2 {
+            assert_eq!(
+                call_of(&mut client, get_path(addr, &path)).await,
+                Ok(200),
+                "the malformed field {lines:?} was obeyed"
+            );
+        }
+        assert_eq!(script.seen().len(), 2);
+    }
+    // The same spent policy, well-formed, is obeyed: on one line and joined from two.
+    for lines in [
+        &[r#""p";r=0;t=60, "q";r=1"#][..],
+        &[r#""q";r=1"#, r#""p";r=0;t=60"#],
+    ] {
+        let script = Script::default();
+        let headers = lines
+            .iter()
+            .map(|line| ("ratelimit", (*line).to_owned()))
+            .collect();
+        script.answer("/ok", vec![(200, headers)]);
+        let (addr, _) = serve(script.router(&["/ok"])).await;
+        let mut client = HonourLimitsLayer::new().layer(
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>(),
+        );
+        assert_eq!(call_of(&mut client, get_path(addr, "/ok")).await, Ok(200));
+        let wait = call_of(&mut client, get_path(addr, "/ok")).await;
+        assert!(
+            wait.is_err_and(|wait| wait > Duration::from_secs(59)),
+            "{lines:?}: {wait:?}"
+        );
+    }
+}
+
+// ----- What a retrying client retried -----
+
+#[tokio::test]
+async fn a_retrying_client_counts_and_reports_the_refusals_it_retried() {
+    let script = Script::default();
+    script.answer(
+        "/",
+        vec![
+            (429, vec![("retry-after", "0".to_owned())]),
+            (503, vec![("retry-after", "0".to_owned())]),
+            (200, vec![]),
+        ],
+    );
+    let (addr, _) = serve(script.router(&["/"])).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let reported = seen.clone();
+    let retry = Retry::new()
+        .jitter(0.0, Duration::from_millis(1))
+        .budget(1.0, 1.0);
+    let layer = RetryAfterLayer::new(retry).on_retry(move |retried| {
+        reported
+            .lock()
+            .unwrap()
+            .push((retried.status(), retried.attempt(), retried.wait()));
+    });
+    assert_eq!(layer.retries(), 0);
+    let mut client = layer
+        .clone()
+        .layer(Client::builder(hyper_util::rt::TokioExecutor::new()).build_http::<Empty<Bytes>>());
+    assert_eq!(call_of(&mut client, get_path(addr, "/")).await, Ok(200));
+    // Seen by the layer, its clones and the services it made alike.
+    assert_eq!(layer.retries(), 2);
+    assert_eq!(client.retries(), 2);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (StatusCode::TOO_MANY_REQUESTS, 1, Duration::ZERO),
+            (StatusCode::SERVICE_UNAVAILABLE, 2, Duration::ZERO)
+        ]
+    );
+    // A call served at once retries nothing.
+    assert_eq!(call_of(&mut client, get_path(addr, "/")).await, Ok(200));
+    assert_eq!(layer.retries(), 2);
+    assert_eq!(script.seen().len(), 4);
+}

@@ -27,9 +27,41 @@
 //! after the server's delay plus a random jitter (so that clients told the same delay do not
 //! come back at the same instant), a few times at most, within a retry budget shared by the
 //! layer's calls (so that retries cannot multiply the load). It needs requests whose body can
-//! be cloned.
+//! be cloned. The refusals it retries are not hidden: [`RetryAfterLayer::retries`] counts them
+//! (one count for the layer, its clones and the services it made), and
+//! [`RetryAfterLayer::on_retry`] is called with each ([`Retried`]: its status, which retry of
+//! the call it is, the wait asked), for a log line or a metric of the 429s a paced client
+//! still met:
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use tollgate::client::{Retry, RetryAfterLayer};
+//!
+//! let refused = Arc::new(AtomicU64::new(0));
+//! let counted = refused.clone();
+//! let layer = RetryAfterLayer::new(Retry::new()).on_retry(move |retried| {
+//!     counted.fetch_add(1, Ordering::Relaxed);
+//!     eprintln!("retrying a {} in {:?}", retried.status(), retried.wait());
+//! });
+//! assert_eq!(layer.retries(), 0);
+//! ```
 //!
 //! Both work against any server that sends these fields, not only tollgate's.
+//!
+//! # Malformed fields
+//!
+//! `RateLimit` and `RateLimit-Policy` are read as the Structured Field Lists they are (RFC 9651,
+//! with the `sfv` crate's parser): a field's lines joined with `", "`, then parsed whole. A
+//! field that does not parse in any of its parts (a trailing comma or semicolon, an empty
+//! member, an unterminated string or inner list, a bad escape, `?2`, an Integer of 16 digits, a
+//! Decimal of 4 fractional digits, an empty or upper-case parameter key, a character that is
+//! not ASCII) is ignored whole, as draft-11 says a malformed field must be: a spent policy it
+//! names holds nothing back. What parses and names no policy (a member that is neither a
+//! String nor a Token, an inner list) is skipped, and a number that is not a non-negative
+//! Integer (`r=-1`, `t=1.5`) is taken as absent; the rest of the field is kept. The first 16
+//! policies of a field are read. The HTTP working group's Structured Field test vectors of
+//! Lists and Items are run against this parsing (`src/client/fields/vectors.rs`).
 //!
 //! # Pacing
 //!
@@ -109,6 +141,7 @@
 //! teaches the client again.
 
 mod body;
+mod fields;
 mod pacing;
 mod retry;
 mod signals;
@@ -135,7 +168,7 @@ use tower_service::Service;
 pub use body::ClientBody;
 use pacing::Paces;
 pub use pacing::Pacing;
-pub use retry::{Retry, RetryAfter, RetryAfterLayer};
+pub use retry::{Retried, Retry, RetryAfter, RetryAfterLayer};
 pub use signals::MAX_ANNOUNCED_WAIT;
 use signals::Word;
 
@@ -274,6 +307,7 @@ impl Waits {
         sent: u64,
         status: http::StatusCode,
         headers: &http::HeaderMap,
+        ratelimit: &[fields::Policy<'_>],
         policies: &mut [(&str, Word)],
     ) {
         let Some(paces) = &self.pace else {
@@ -282,28 +316,24 @@ impl Waits {
         // Refused by a limit: a 429, or gRPC RESOURCE_EXHAUSTED (a 503 may be an outage).
         let refused = status == http::StatusCode::TOO_MANY_REQUESTS
             || headers.get("grpc-status").is_some_and(|s| s == "8");
-        let mut budgets: SmallVec<[(&str, signals::Numbers); 2]> = SmallVec::new();
-        for (field, budget) in [("ratelimit-policy", false), ("ratelimit", true)] {
-            for value in headers
-                .get_all(field)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-            {
-                for (name, numbers) in signals::items(value) {
-                    let at = match budgets.iter().position(|(n, _)| *n == name) {
-                        Some(at) => at,
-                        None if budgets.len() < MAX_NAMES => {
-                            budgets.push((name, signals::Numbers::default()));
-                            budgets.len() - 1
-                        }
-                        None => continue,
-                    };
-                    let known = &mut budgets[at].1;
-                    if budget {
-                        (known.r, known.t) = (numbers.r, numbers.t);
-                    } else {
-                        (known.q, known.w) = (numbers.q, numbers.w);
+        let quotas = fields::read(headers, "ratelimit-policy");
+        let mut budgets: SmallVec<[(&str, fields::Numbers); 2]> = SmallVec::new();
+        for (field, budget) in [(&quotas[..], false), (ratelimit, true)] {
+            for policy in field {
+                let name = policy.name.as_ref();
+                let at = match budgets.iter().position(|(n, _)| *n == name) {
+                    Some(at) => at,
+                    None if budgets.len() < MAX_NAMES => {
+                        budgets.push((name, fields::Numbers::default()));
+                        budgets.len() - 1
                     }
+                    None => continue,
+                };
+                let known = &mut budgets[at].1;
+                if budget {
+                    (known.r, known.t) = (policy.numbers.r, policy.numbers.t);
+                } else {
+                    (known.q, known.w) = (policy.numbers.q, policy.numbers.w);
                 }
             }
         }
@@ -661,9 +691,19 @@ impl Watch {
     /// Learns what the answer's head says; what it says of the call's target.
     pub(crate) fn head<B>(&self, response: &Response<B>) -> Word {
         let (status, headers) = (response.status(), response.headers());
-        let (word, mut policies) = signals::said_by_head(status, headers);
-        self.waits
-            .learn_budgets(self.target, self.sent, status, headers, &mut policies);
+        let word = signals::said_of_target(status, headers);
+        // Any answer may say a policy is spent (r=0) for the next t seconds, or has budget; a
+        // malformed field says nothing.
+        let ratelimit = fields::read(headers, "ratelimit");
+        let mut policies: SmallVec<[(&str, Word); 2]> = signals::policies(&ratelimit).collect();
+        self.waits.learn_budgets(
+            self.target,
+            self.sent,
+            status,
+            headers,
+            &ratelimit,
+            &mut policies,
+        );
         self.waits.learn(self.target, self.sent, word, &policies);
         word
     }

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use smallvec::SmallVec;
 
-use super::signals::Numbers;
+use super::fields::Numbers;
 
 /// The least rate a budget is paced at: a unit a day, the longest wait a server may announce
 /// (a larger window is a server's mistake, or a hostile one's).

@@ -1,8 +1,10 @@
 //! [`RetryAfterLayer`]: wait what the server asked, plus jitter, and try again, within a
 //! budget.
 
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -120,18 +122,69 @@ struct Budget {
 }
 
 /// Waits what the server asked, plus jitter, and retries (see the [module](crate::client)).
+///
+/// The refusals it retries are not hidden: [`retries`](RetryAfterLayer::retries) counts them,
+/// and [`on_retry`](RetryAfterLayer::on_retry) is told of each.
 #[derive(Clone, Debug)]
 pub struct RetryAfterLayer {
     shared: Arc<RetryState>,
 }
 
-#[derive(Debug)]
+/// What is told of each retry.
+type OnRetry = Arc<dyn Fn(&Retried) + Send + Sync>;
+
 struct RetryState {
     retry: Retry,
     waits: Arc<Waits>,
     budget: Mutex<Budget>,
     /// Jitter draws.
     draws: Draws,
+    /// The retries made, by every service of the layer.
+    retries: AtomicU64,
+    on_retry: Option<OnRetry>,
+}
+
+impl fmt::Debug for RetryState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryState")
+            .field("retry", &self.retry)
+            .field("retries", &self.retries)
+            .field("on_retry", &self.on_retry.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A refusal a [`RetryAfterLayer`] retries, as told to its
+/// [`on_retry`](RetryAfterLayer::on_retry) before it waits.
+#[derive(Clone, Debug)]
+pub struct Retried {
+    status: http::StatusCode,
+    grpc_status: Option<http::HeaderValue>,
+    attempt: u32,
+    wait: Duration,
+}
+
+impl Retried {
+    /// Returns the HTTP status of the refusal (a 429 or a 503; a gRPC refusal is served 200).
+    pub fn status(&self) -> http::StatusCode {
+        self.status
+    }
+
+    /// Returns the `grpc-status` of a gRPC refusal (`8`, RESOURCE_EXHAUSTED, or `14`,
+    /// UNAVAILABLE), `None` for an HTTP one.
+    pub fn grpc_status(&self) -> Option<&http::HeaderValue> {
+        self.grpc_status.as_ref()
+    }
+
+    /// Returns which retry of the call this is: 1 for the first.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Returns the wait the server asked for, which the retry waits plus its jitter.
+    pub fn wait(&self) -> Duration {
+        self.wait
+    }
 }
 
 impl RetryAfterLayer {
@@ -146,8 +199,39 @@ impl RetryAfterLayer {
                     refilled: Instant::now(),
                 }),
                 draws: Draws::default(),
+                retries: AtomicU64::new(0),
+                on_retry: None,
             }),
         }
+    }
+
+    /// Calls `report` with each refusal the layer's services retry, before they wait: a
+    /// counter, a log line or a metric of the 429s a paced client still met. It runs on the
+    /// request's task, so it must be quick and must not block.
+    ///
+    /// A layer has one: a second call replaces the first. Call it before the layer makes
+    /// services: those made before keep what they had.
+    pub fn on_retry(self, report: impl Fn(&Retried) + Send + Sync + 'static) -> Self {
+        let shared = &self.shared;
+        RetryAfterLayer {
+            shared: Arc::new(RetryState {
+                retry: shared.retry,
+                waits: shared.waits.clone(),
+                budget: Mutex::new(Budget {
+                    tokens: shared.retry.budget_per_second,
+                    refilled: Instant::now(),
+                }),
+                draws: Draws::default(),
+                retries: AtomicU64::new(shared.retries.load(Ordering::Relaxed)),
+                on_retry: Some(Arc::new(report)),
+            }),
+        }
+    }
+
+    /// Returns how many refusals the layer's services have retried, all of them together
+    /// (the layer's clones and the services it made share the count).
+    pub fn retries(&self) -> u64 {
+        self.shared.retries.load(Ordering::Relaxed)
     }
 }
 
@@ -162,7 +246,34 @@ impl<S> Layer<S> for RetryAfterLayer {
     }
 }
 
+impl<S> RetryAfter<S> {
+    /// Returns how many refusals the services of this one's layer have retried (see
+    /// [`RetryAfterLayer::retries`]).
+    pub fn retries(&self) -> u64 {
+        self.shared.retries.load(Ordering::Relaxed)
+    }
+}
+
 impl RetryState {
+    /// A refusal is retried: counted, and told.
+    fn retried(
+        &self,
+        status: http::StatusCode,
+        headers: &http::HeaderMap,
+        attempt: u32,
+        wait: Duration,
+    ) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if let Some(report) = &self.on_retry {
+            report(&Retried {
+                status,
+                grpc_status: headers.get("grpc-status").cloned(),
+                attempt,
+                wait,
+            });
+        }
+    }
+
     /// A call is sent: the budget grows.
     fn sent(&self) {
         let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
@@ -304,9 +415,10 @@ where
                 if retries >= retry.max_retries || wait > retry.max_wait || !shared.take_retry() {
                     return Ok(watch.answered(response));
                 }
+                retries += 1;
+                shared.retried(response.status(), response.headers(), retries, wait);
                 drop(response);
                 tokio::time::sleep(shared.jittered(wait)).await;
-                retries += 1;
             }
         })
     }

@@ -1,12 +1,14 @@
 //! What a server says about when to come back, read from a response's head or trailers:
 //! `Retry-After` (RFC 9110 §10.2.3, on a 429 or a 503), the `RateLimit` field of
-//! draft-ietf-httpapi-ratelimit-headers-11 (each policy's `r` and `t`), gRPC's
+//! draft-ietf-httpapi-ratelimit-headers-11 (each policy's `r` and `t`, as [`fields`](super::fields)
+//! reads them), gRPC's
 //! `grpc-retry-pushback-ms`, and a `google.rpc.RetryInfo` in `grpc-status-details-bin`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::{HeaderMap, StatusCode};
 
+use super::fields::{Numbers, Policy};
 use crate::clock::{MONTHS, unix_seconds};
 
 /// The longest wait a server may announce and be believed: a day. A longer one (a
@@ -41,9 +43,9 @@ impl Word {
     }
 }
 
-/// What an answer's head says: about the call's target (`Retry-After` of a 429 or a 503, the
-/// status of a trailers-only gRPC answer) and about each `RateLimit` policy it names.
-pub(crate) fn said_by_head(status: StatusCode, headers: &HeaderMap) -> (Word, Vec<(&str, Word)>) {
+/// What an answer's head says of the call's target: `Retry-After` of a 429 or a 503, or the
+/// status of a trailers-only gRPC answer.
+pub(crate) fn said_of_target(status: StatusCode, headers: &HeaderMap) -> Word {
     let http =
         if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
             Word::wait(
@@ -58,18 +60,10 @@ pub(crate) fn said_by_head(status: StatusCode, headers: &HeaderMap) -> (Word, Ve
         } else {
             Word::Go
         };
-    let target = match said_by_grpc(headers) {
+    match said_by_grpc(headers) {
         Some(grpc) => http.and(grpc),
         None => http,
-    };
-    // Any answer may say a policy is spent (r=0) for the next t seconds, or has budget.
-    let policies = headers
-        .get_all("ratelimit")
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(policies)
-        .collect();
-    (target, policies)
+    }
 }
 
 /// What a gRPC status says (in a trailers-only answer's head, or in trailers), `None` without
@@ -137,98 +131,19 @@ fn imf_fixdate(value: &str) -> Option<Duration> {
     unix_seconds(year, month, day, hour, minute, second).map(Duration::from_secs)
 }
 
-/// The numbers of one item of a `RateLimit` or `RateLimit-Policy` field (draft-11): `r` and `t`,
-/// or `q` and `w`; `None` where absent or not a whole number.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Numbers {
-    pub(crate) r: Option<u64>,
-    pub(crate) t: Option<u64>,
-    pub(crate) q: Option<u64>,
-    pub(crate) w: Option<u64>,
-}
-
-/// The named items of a `RateLimit` or `RateLimit-Policy` field, with their numbers.
-///
-/// A name is an sf-string (its text between the quotes, escapes kept as sent) or a bare token;
-/// an item with no name is skipped.
-pub(crate) fn items(field: &str) -> impl Iterator<Item = (&str, Numbers)> {
-    split_list(field).into_iter().filter_map(|item| {
-        let item = item.trim_start();
-        // Parameters follow the item's name (an sf-string, which may hold `;`).
-        let (name, params) = match item.strip_prefix('"') {
-            Some(rest) => {
-                let end = string_end(rest)?;
-                (&rest[..end], &rest[end + 1..])
-            }
-            None => item.split_once(';').unwrap_or((item, "")),
-        };
-        let name = name.trim_end();
-        if name.is_empty() {
-            return None;
-        }
-        let mut numbers = Numbers::default();
-        for param in params.split(';') {
-            let (key, value) = param.split_once('=').unwrap_or((param, ""));
-            let value = value.trim().parse::<u64>().ok();
-            match key.trim() {
-                "r" => numbers.r = value,
-                "t" => numbers.t = value,
-                "q" => numbers.q = value,
-                "w" => numbers.w = value,
-                _ => {}
-            }
-        }
-        Some((name, numbers))
-    })
-}
-
-/// The policies of a `RateLimit` field, each with what it says: `r=0` and a `t` waits `t`
-/// seconds, `r` above 0 (or `t=0`) has budget now, `r=0` without a `t` says nothing.
-pub(crate) fn policies(field: &str) -> impl Iterator<Item = (&str, Word)> {
-    items(field).map(|(name, Numbers { r, t, .. })| {
+/// What each policy of a `RateLimit` field says (any answer may say it): `r=0` and a `t` waits
+/// `t` seconds, `r` above 0 (or `t=0`) has budget now, `r=0` without a `t` says nothing.
+pub(crate) fn policies<'a>(field: &'a [Policy<'_>]) -> impl Iterator<Item = (&'a str, Word)> {
+    field.iter().map(|policy| {
+        let Numbers { r, t, .. } = policy.numbers;
         let word = match (r, t) {
             (Some(0), Some(0)) => Word::Go,
             (Some(0), Some(t)) => Word::wait(Some(Duration::from_secs(t))),
             (Some(0), None) | (None, _) => Word::Nothing,
             (Some(_), _) => Word::Go,
         };
-        (name, word)
+        (policy.name.as_ref(), word)
     })
-}
-
-/// The items of a Structured Field list, split at the commas outside strings.
-fn split_list(field: &str) -> Vec<&str> {
-    let mut items = Vec::new();
-    let (mut start, mut quoted, mut escaped) = (0, false, false);
-    for (i, c) in field.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            ',' if !quoted => {
-                items.push(&field[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    items.push(&field[start..]);
-    items
-}
-
-/// Where the sf-string that `rest` continues (after its opening quote) ends: the index of
-/// its closing quote.
-fn string_end(rest: &str) -> Option<usize> {
-    let mut escaped = false;
-    for (i, c) in rest.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            '"' => return Some(i),
-            _ => {}
-        }
-    }
-    None
 }
 
 /// One protobuf field: its number and its value (a varint, or length-delimited bytes).
@@ -329,32 +244,41 @@ mod tests {
         assert_eq!(imf_fixdate("Sun, 36 Nov 1994 08:49:37 GMT"), None);
     }
 
-    fn said(field: &str) -> Vec<(&str, Word)> {
-        policies(field).collect()
+    fn said(field: &str) -> Vec<(String, Word)> {
+        let read = super::super::fields::list([field.as_bytes()]).unwrap_or_default();
+        policies(&read)
+            .map(|(name, word)| (name.to_owned(), word))
+            .collect()
+    }
+
+    fn named(said: &[(&str, Word)]) -> Vec<(String, Word)> {
+        said.iter().map(|(n, w)| ((*n).to_owned(), *w)).collect()
     }
 
     #[test]
     fn the_policies_of_the_ratelimit_field_and_what_each_says() {
         let wait = |s| Word::Wait(Duration::from_secs(s));
-        assert_eq!(said(r#""a";r=0;t=12"#), [("a", wait(12))]);
+        assert_eq!(said(r#""a";r=0;t=12"#), named(&[("a", wait(12))]));
         assert_eq!(
             said(r#""a";r=3;t=12, "b";r=0;t=5"#),
-            [("a", Word::Go), ("b", wait(5))]
+            named(&[("a", Word::Go), ("b", wait(5))])
         );
-        // A `;` inside a name is the name's.
-        assert_eq!(said(r#""a;r=0";r=4;t=9"#), [("a;r=0", Word::Go)]);
         assert_eq!(
             said(r#""slots";r=0"#),
-            [("slots", Word::Nothing)],
+            named(&[("slots", Word::Nothing)]),
             "no window: no time to wait"
         );
-        assert_eq!(said(r#""x";r=0;t=0"#), [("x", Word::Go)]);
-        assert_eq!(said("token;r=0;t=7"), [("token", wait(7))]);
-        assert_eq!(said("garbage"), [("garbage", Word::Nothing)]);
-        assert_eq!(said(r#""";r=0;t=5, "unclosed;r=0;t=5"#), []);
+        assert_eq!(said(r#""x";r=0;t=0"#), named(&[("x", Word::Go)]));
+        assert_eq!(said("token;r=0;t=7"), named(&[("token", wait(7))]));
+        assert_eq!(said("garbage"), named(&[("garbage", Word::Nothing)]));
+        assert_eq!(
+            said(r#""a";r=0;t=5, "unclosed;r=0;t=5"#),
+            named(&[]),
+            "malformed"
+        );
         assert_eq!(
             said(r#""big";r=0;t=99999999999"#),
-            [("big", Word::Wait(MAX_ANNOUNCED_WAIT))]
+            named(&[("big", Word::Wait(MAX_ANNOUNCED_WAIT))])
         );
     }
 
@@ -364,31 +288,31 @@ mod tests {
         headers.insert("retry-after", "7".parse().unwrap());
         let seven = Word::Wait(Duration::from_secs(7));
         assert_eq!(
-            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            said_of_target(StatusCode::TOO_MANY_REQUESTS, &headers),
             seven
         );
         assert_eq!(
-            said_by_head(StatusCode::SERVICE_UNAVAILABLE, &headers).0,
+            said_of_target(StatusCode::SERVICE_UNAVAILABLE, &headers),
             seven
         );
         assert_eq!(
-            said_by_head(StatusCode::OK, &headers).0,
+            said_of_target(StatusCode::OK, &headers),
             Word::Go,
             "Retry-After of a 200 asks no wait"
         );
         headers.remove("retry-after");
         assert_eq!(
-            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            said_of_target(StatusCode::TOO_MANY_REQUESTS, &headers),
             Word::Nothing
         );
         // A gRPC answer's status is in its head (trailers-only) or to come in its trailers.
         headers.insert("content-type", "application/grpc".parse().unwrap());
-        assert_eq!(said_by_head(StatusCode::OK, &headers).0, Word::Nothing);
+        assert_eq!(said_of_target(StatusCode::OK, &headers), Word::Nothing);
         headers.insert("grpc-status", "0".parse().unwrap());
-        assert_eq!(said_by_head(StatusCode::OK, &headers).0, Word::Go);
+        assert_eq!(said_of_target(StatusCode::OK, &headers), Word::Go);
         headers.insert("grpc-status", "8".parse().unwrap());
         headers.insert("grpc-retry-pushback-ms", "7000".parse().unwrap());
-        assert_eq!(said_by_head(StatusCode::OK, &headers).0, seven);
+        assert_eq!(said_of_target(StatusCode::OK, &headers), seven);
     }
 
     #[test]
@@ -448,7 +372,7 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("retry-after", "99999999999".parse().unwrap());
         assert_eq!(
-            said_by_head(StatusCode::TOO_MANY_REQUESTS, &headers).0,
+            said_of_target(StatusCode::TOO_MANY_REQUESTS, &headers),
             Word::Wait(MAX_ANNOUNCED_WAIT)
         );
         headers.insert("grpc-status", "8".parse().unwrap());
