@@ -132,6 +132,44 @@ impl<St> RateLimitLayer<St> {
             .map(|rule| rule.spec.shared_name().to_string())
             .collect()
     }
+
+    /// The policy's rules whose outcome depends on what a replay does not record: metered
+    /// rules (what a stream spends, and when) and concurrency rules (how long each request is
+    /// in flight), each with what it is.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn unpredicted_rules(&self) -> Vec<(String, &'static str)> {
+        let snapshot = self.engine.snapshot();
+        snapshot
+            .rules
+            .iter()
+            .filter_map(|rule| {
+                let what = if rule.meter.is_some() {
+                    "metered"
+                } else if rule.spec.algorithm() == crate::Algorithm::Concurrency {
+                    "concurrency"
+                } else {
+                    return None;
+                };
+                Some((rule.spec.shared_name().to_string(), what))
+            })
+            .collect()
+    }
+
+    /// The policy's [`settle`](Rule::settle) rules, each with the response header it reads
+    /// its cost from ([`Rule::settle_from_header`]), if it reads one.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn settle_rules(&self) -> Vec<(String, Option<http::HeaderName>)> {
+        let snapshot = self.engine.snapshot();
+        snapshot
+            .rules
+            .iter()
+            .filter_map(|rule| {
+                let after = rule.after.as_ref()?;
+                after.settle.as_ref()?;
+                Some((rule.spec.shared_name().to_string(), after.header().cloned()))
+            })
+            .collect()
+    }
 }
 
 impl<St> Clone for RateLimitLayer<St> {
