@@ -344,7 +344,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// Sheds load: at most so many requests in flight in this process, the lowest priority
-    /// classes refused first with a 503 (see [`Shedding`]). Off by default.
+    /// classes refused first with a 503 (see [`Shedding`]). Off by default. A layer that sheds
+    /// needs no rules: one given none limits nothing else.
     pub fn shed(mut self, shedding: Shedding) -> Self {
         self.shed = Some(shedding);
         self
@@ -454,7 +455,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                     "both rules and a policy; put the rules in the policy's default tier",
                 ));
             }
-            (None, _) => (rules_policy(self.rules)?, None),
+            (None, _) => (rules_policy(self.rules, self.shed.is_some())?, None),
             (Some(PolicyChoice::Fixed(policy)), true) => (*policy, None),
             (Some(PolicyChoice::Source(mut source)), true) => {
                 let policy = source.load().map_err(|e| {
@@ -516,11 +517,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 }
 
-/// The rules of [`RateLimitLayerBuilder::rule`] as a policy of one tier.
-fn rules_policy(rules: Vec<Rule>) -> Result<Policy, ConfigError> {
-    if rules.is_empty() {
+/// The rules of [`RateLimitLayerBuilder::rule`] as a policy of one tier: none only for a
+/// layer that sheds load (`sheds`), which then limits nothing else.
+fn rules_policy(rules: Vec<Rule>, sheds: bool) -> Result<Policy, ConfigError> {
+    if rules.is_empty() && !sheds {
         return Err(ConfigError::new(
-            "no rules; add one with .rule(Rule::new(name, quota)), or give a policy",
+            "no rules and no load shedding, so the layer would limit nothing; add a rule with \
+             .rule(Rule::new(name, quota)), give a policy, or shed load with \
+             .shed(Shedding::new(capacity))",
         ));
     }
     if rules.len() > MAX_RULES {
