@@ -25,7 +25,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use tokio::sync::Semaphore;
-use tollgate::{Adaptive, Quota, RateLimitLayer, Rule, Shedding};
+use tollgate::{Adaptive, RateLimitLayer, Rule, Shedding};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,10 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // At most 64 in flight on /work; below that, as many as keep latency near its no-load level
     // (measured at the start, and again every 30 s).
     let shedding = Shedding::new(64).adaptive(Adaptive::new());
-    let shed = RateLimitLayer::builder()
-        .rule(Rule::new("work", Quota::per_second(1000)))
-        .shed(shedding.clone())
-        .build()?;
+    // A layer of its own that only sheds: no rule.
+    let shed = RateLimitLayer::builder().shed(shedding.clone()).build()?;
     let workers = Arc::new(Semaphore::new(8));
 
     let app = Router::new()

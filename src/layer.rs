@@ -132,6 +132,44 @@ impl<St> RateLimitLayer<St> {
             .map(|rule| rule.spec.shared_name().to_string())
             .collect()
     }
+
+    /// The policy's rules whose outcome depends on what a replay does not record: metered
+    /// rules (what a stream spends, and when) and concurrency rules (how long each request is
+    /// in flight), each with what it is.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn unpredicted_rules(&self) -> Vec<(String, &'static str)> {
+        let snapshot = self.engine.snapshot();
+        snapshot
+            .rules
+            .iter()
+            .filter_map(|rule| {
+                let what = if rule.meter.is_some() {
+                    "metered"
+                } else if rule.spec.algorithm() == crate::Algorithm::Concurrency {
+                    "concurrency"
+                } else {
+                    return None;
+                };
+                Some((rule.spec.shared_name().to_string(), what))
+            })
+            .collect()
+    }
+
+    /// The policy's [`settle`](Rule::settle) rules, each with the response header it reads
+    /// its cost from ([`Rule::settle_from_header`]), if it reads one.
+    #[cfg(all(feature = "testing", feature = "axum"))]
+    pub(crate) fn settle_rules(&self) -> Vec<(String, Option<http::HeaderName>)> {
+        let snapshot = self.engine.snapshot();
+        snapshot
+            .rules
+            .iter()
+            .filter_map(|rule| {
+                let after = rule.after.as_ref()?;
+                after.settle.as_ref()?;
+                Some((rule.spec.shared_name().to_string(), after.header().cloned()))
+            })
+            .collect()
+    }
 }
 
 impl<St> Clone for RateLimitLayer<St> {
@@ -306,7 +344,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// Sheds load: at most so many requests in flight in this process, the lowest priority
-    /// classes refused first with a 503 (see [`Shedding`]). Off by default.
+    /// classes refused first with a 503 (see [`Shedding`]). Off by default. A layer that sheds
+    /// needs no rules: one given none limits nothing else.
     pub fn shed(mut self, shedding: Shedding) -> Self {
         self.shed = Some(shedding);
         self
@@ -418,7 +457,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                     "both rules and a policy; put the rules in the policy's default tier",
                 ));
             }
-            (None, _) => (rules_policy(self.rules)?, None),
+            (None, _) => (rules_policy(self.rules, self.shed.is_some())?, None),
             (Some(PolicyChoice::Fixed(policy)), true) => (*policy, None),
             (Some(PolicyChoice::Source(mut source)), true) => {
                 let policy = source.load().map_err(|e| {
@@ -480,11 +519,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 }
 
-/// The rules of [`RateLimitLayerBuilder::rule`] as a policy of one tier.
-fn rules_policy(rules: Vec<Rule>) -> Result<Policy, ConfigError> {
-    if rules.is_empty() {
+/// The rules of [`RateLimitLayerBuilder::rule`] as a policy of one tier: none only for a
+/// layer that sheds load (`sheds`), which then limits nothing else.
+fn rules_policy(rules: Vec<Rule>, sheds: bool) -> Result<Policy, ConfigError> {
+    if rules.is_empty() && !sheds {
         return Err(ConfigError::new(
-            "no rules; add one with .rule(Rule::new(name, quota)), or give a policy",
+            "no rules and no load shedding, so the layer would limit nothing; add a rule with \
+             .rule(Rule::new(name, quota)), give a policy, or shed load with \
+             .shed(Shedding::new(capacity))",
         ));
     }
     if rules.len() > MAX_RULES {

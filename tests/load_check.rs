@@ -129,6 +129,54 @@ async fn three_replicas_each_on_its_own_memory_fail_the_check() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_login_rule_is_predicted_with_the_answers_the_endpoint_gave() {
+    // 20 failed logins a minute per key: the key `wrong` is answered 401 and charged, `right`
+    // is answered 200 and given its unit back.
+    let failed_logins = || {
+        Rule::new("failed-logins", Quota::per_minute(20))
+            .key(FromHeader::new("x-api-key"))
+            .charge_on_status([401])
+    };
+    let login = |headers: http::HeaderMap| async move {
+        match headers.get("x-api-key").map(|v| v.as_bytes()) {
+            Some(b"right") => http::StatusCode::OK,
+            _ => http::StatusCode::UNAUTHORIZED,
+        }
+    };
+    let app = Router::new().route("/login", get(login)).layer(
+        RateLimitLayer::builder()
+            .rule(failed_logins())
+            .build()
+            .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    let outcome = LoadCheck::new([format!("http://{addr}/login").parse().unwrap()])
+        .rate(200)
+        .duration(Duration::from_secs(1))
+        .connections(2)
+        .keys(["right", "wrong"])
+        .run(expected(failed_logins()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // 100 right (all admitted), 100 wrong: 20 answered 401, 80 refused.
+    assert_eq!(outcome.predicted.total.admitted, 120, "{outcome}");
+    assert_eq!(
+        outcome.predicted.rule("failed-logins").denied,
+        80,
+        "{outcome}"
+    );
+    assert_eq!((outcome.admitted, outcome.denied), (120, 80), "{outcome}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_the_server_closes_are_opened_again() {
     // Every answer closes its connection (`Connection: close`), as some proxies do.
     let app = Router::new()

@@ -382,3 +382,167 @@ async fn an_access_log_out_of_order_within_the_window_replays_in_time_order() {
         "{error}"
     );
 }
+
+/// A replay of `rule` alone, on a memory store of its own and a clock it moves.
+fn replay_of(rule: tollgate::Rule) -> Replay<MemoryStore> {
+    let clock = ManualClock::default();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("store");
+    let builder = RateLimitLayer::builder().rule(rule).store(store);
+    Replay::new(builder).clock(clock)
+}
+
+#[tokio::test]
+async fn a_login_rule_is_predicted_with_the_statuses_the_service_answered() {
+    // 10 logins from one address within a second, recorded as the service answered them with 5
+    // failed logins allowed a minute: 5 wrong passwords (401), then 5 refused (429).
+    let start = 1_796_292_000_000u64;
+    let mut log = String::new();
+    for n in 0..10u64 {
+        let status = if n < 5 { 401 } else { 429 };
+        log.push_str(&format!(
+            "{{\"time\": {}.{:03}, \"ip\": \"203.0.113.7\", \"method\": \"POST\", \"path\": \"/login\", \"status\": {status}}}\n",
+            (start + n * 100) / 1000,
+            (start + n * 100) % 1000,
+        ));
+    }
+    let failed_logins = tollgate::Rule::new("failed-logins", tollgate::Quota::per_minute(5))
+        .algorithm(tollgate::Algorithm::FixedWindow)
+        .charge_on_status([401]);
+    let report = replay_of(failed_logins)
+        .keep_decisions(true)
+        .run_traffic(Traffic::new(log.as_bytes(), Format::JsonLines))
+        .await
+        .expect("replay");
+    assert_eq!(report.rule("failed-logins").denied, 5, "{report}");
+    assert_eq!(report.total.admitted, 5, "{report}");
+    // Each request answered as it was in service.
+    let statuses: Vec<u16> = report.decisions.iter().map(|d| d.status.as_u16()).collect();
+    assert_eq!(statuses, [401, 401, 401, 401, 401, 429, 429, 429, 429, 429]);
+}
+
+#[tokio::test]
+async fn an_arrival_recorded_as_refused_is_answered_ok_when_the_new_rules_admit_it() {
+    // Recorded as refused by the limits of the day, admitted by looser rules: what the service
+    // would have answered is not in the record, so it is answered 200 and its charge kept.
+    let logins =
+        tollgate::Rule::new("logins", tollgate::Quota::per_minute(100)).charge_on_status([200]);
+    let report = replay_of(logins)
+        .keep_decisions(true)
+        .run((0..3u64).map(|n| {
+            Arrival::get(Duration::from_millis(n), "/login")
+                .ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
+                .status(429)
+        }))
+        .await
+        .expect("replay");
+    let statuses: Vec<u16> = report.decisions.iter().map(|d| d.status.as_u16()).collect();
+    assert_eq!(statuses, [200, 200, 200]);
+    assert_eq!(report.total.admitted, 3);
+}
+
+#[tokio::test]
+async fn a_settle_rule_is_charged_the_recorded_cost() {
+    // An estimate of 10 per request, 100 a minute; each request really cost 40. In service the
+    // third leaves the key 20 in debt, and the next two are refused. At the estimate, all five
+    // would pass.
+    let arrivals = || {
+        (0..5u64).map(|n| {
+            Arrival::get(Duration::from_millis(1_796_292_000_000 + n), "/complete")
+                .ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
+                .actual_cost(40)
+        })
+    };
+    let quota = || tollgate::Quota::per_minute(100).burst(100);
+    let by_extension = tollgate::Rule::new("tokens", quota()).cost(10).settle();
+    let report = replay_of(by_extension)
+        .run(arrivals())
+        .await
+        .expect("replay");
+    assert_eq!(
+        (report.total.admitted, report.total.denied),
+        (3, 2),
+        "{report}"
+    );
+
+    let by_header = tollgate::Rule::new("tokens", quota())
+        .cost(10)
+        .settle_from_header(http::HeaderName::from_static("x-tokens-used"));
+    let report = replay_of(by_header).run(arrivals()).await.expect("replay");
+    assert_eq!(
+        (report.total.admitted, report.total.denied),
+        (3, 2),
+        "{report}"
+    );
+
+    // The cost read from a file's `actual_cost` field.
+    let lines = "{\"time\": 1796292000, \"path\": \"/\", \"ip\": \"192.0.2.1\", \"actual_cost\": 60}\n\
+                 {\"time\": 1796292001, \"path\": \"/\", \"ip\": \"192.0.2.1\", \"actual_cost\": 60}\n\
+                 {\"time\": 1796292002, \"path\": \"/\", \"ip\": \"192.0.2.1\"}\n";
+    let rule = tollgate::Rule::new("tokens", quota()).cost(10).settle();
+    let report = replay_of(rule)
+        .run_traffic(Traffic::new(lines.as_bytes(), Format::JsonLines))
+        .await
+        .expect("replay");
+    assert_eq!(
+        (report.total.admitted, report.total.denied),
+        (2, 1),
+        "{report}"
+    );
+    assert_eq!(report.at_estimate, 0);
+
+    // Admitted without a recorded cost: at the estimate, and counted as such.
+    let rule = tollgate::Rule::new("tokens", quota()).cost(10).settle();
+    let report = replay_of(rule)
+        .run([Arrival::get(Duration::ZERO, "/").ip(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))])
+        .await
+        .expect("replay");
+    assert_eq!(
+        (report.total.admitted, report.at_estimate),
+        (1, 1),
+        "{report}"
+    );
+    assert!(
+        report.to_string().contains("charged at the estimate"),
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn metered_and_concurrency_rules_are_refused_as_not_predicted() {
+    for (rule, name) in [
+        (
+            tollgate::Rule::new("tokens", tollgate::Quota::per_minute(10_000)).meter(500),
+            "\"tokens\"",
+        ),
+        (tollgate::Rule::concurrent("in-flight", 5), "\"in-flight\""),
+    ] {
+        let error = replay_of(rule)
+            .run([Arrival::get(Duration::ZERO, "/")])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, ReplayError::Config(_))
+                && error.to_string().contains(name)
+                && error.to_string().contains("not predicted by a replay"),
+            "{error}"
+        );
+    }
+
+    // Let in, they are named in the report.
+    let rule = tollgate::Rule::new("tokens", tollgate::Quota::per_minute(10_000)).meter(500);
+    let report = replay_of(rule)
+        .allow_unpredicted(true)
+        .run([Arrival::get(Duration::ZERO, "/")])
+        .await
+        .expect("replay");
+    assert_eq!(report.unpredicted, ["\"tokens\" (metered)"]);
+    assert!(
+        report
+            .to_string()
+            .contains("not predicted by a replay: \"tokens\" (metered)"),
+        "{report}"
+    );
+}

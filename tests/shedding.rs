@@ -52,13 +52,9 @@ fn app(shedding: Shedding, gate: watch::Receiver<bool>, inside: Arc<AtomicUsize>
         .layer(unlimited(shedding))
 }
 
-/// A layer whose only limit is `shedding` (its rate rule admits everything).
+/// A layer whose only limit is `shedding`: it has no rules.
 fn unlimited(shedding: Shedding) -> RateLimitLayer {
-    RateLimitLayer::builder()
-        .rule(Rule::new("api", Quota::per_second(1_000_000)).key(Global))
-        .shed(shedding)
-        .build()
-        .unwrap()
+    RateLimitLayer::builder().shed(shedding).build().unwrap()
 }
 
 /// Waits until `n` requests are in the handler.
@@ -274,6 +270,33 @@ async fn a_request_is_in_flight_until_its_body_ends_or_is_dropped() {
     drop(read);
     let after = app.clone().oneshot(request("low")).await.unwrap();
     assert_eq!(after.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_layer_that_only_sheds_builds_and_sheds() {
+    // A route of its own for streams, shed apart from the rest: no rule, only a capacity.
+    let (open, gate) = watch::channel(false);
+    let inside = Arc::new(AtomicUsize::new(0));
+    let app = app(Shedding::new(2).priority(priority), gate, inside.clone());
+    let first = tokio::spawn(app.clone().oneshot(request("low")));
+    until_inside(&inside, 1).await;
+    let shed = app.clone().oneshot(request("low")).await.unwrap();
+    assert_eq!(shed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    open.send(true).unwrap();
+    let served = first.await.unwrap().unwrap();
+    assert_eq!(served.status(), StatusCode::OK);
+    // No rule, so no budget to advertise.
+    assert!(!served.headers().contains_key("ratelimit"), "{served:?}");
+
+    // Neither rules nor shedding: a layer that would do nothing does not build.
+    let Err(error) = RateLimitLayer::builder().build() else {
+        panic!("a layer with no rules and no shedding built");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("no rules") && message.contains(".shed("),
+        "{message}"
+    );
 }
 
 #[test]

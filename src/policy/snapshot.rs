@@ -146,7 +146,11 @@ impl Snapshot {
                  another"
             ))));
         };
-        if tiers[usize::from(default_tier)].defaults.is_empty() && policy.all_tiers.is_empty() {
+        // A layer's own rules were counted where they were given: none only when it sheds.
+        if tiers[usize::from(default_tier)].defaults.is_empty()
+            && policy.all_tiers.is_empty()
+            && !policy.untiered
+        {
             return Err(at(Subject::Tier(default_name.clone()))(ConfigError::new(
                 format!(
                     "the default tier \"{default_name}\" has no rules of its own, so requests on \

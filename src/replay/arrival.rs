@@ -35,9 +35,16 @@ pub struct Arrival {
     /// Its cost, sent in the replay's cost header when one is set
     /// ([`Replay::cost_header`](super::Replay::cost_header)).
     pub cost: Option<u64>,
+    /// What it really cost, as its handler reported it when it was recorded (an
+    /// [`ActualCost`](crate::ActualCost), a usage header): a [`settle`](crate::Rule::settle)
+    /// rule is settled at it. None (the default, and what older records have): the rule keeps
+    /// its estimate, as for a response that reports no cost.
+    pub actual_cost: Option<u64>,
     /// Other request headers.
     pub headers: Vec<(HeaderName, HeaderValue)>,
-    /// The status it was answered with when it was recorded (from an access log), if known.
+    /// The status it was answered with when it was recorded, if known: a replay that admits
+    /// it answers with it (`200 OK` when unknown, or when it is `429`, a refusal by the limits
+    /// of the day, which hides what the service would have answered).
     pub status: Option<u16>,
     /// The line of the file it was read from (none for arrivals made in code).
     pub line: Option<u64>,
@@ -53,6 +60,7 @@ impl Arrival {
             path: path.into(),
             key: None,
             cost: None,
+            actual_cost: None,
             headers: Vec::new(),
             status: None,
             line: None,
@@ -79,6 +87,12 @@ impl Arrival {
     /// Sets the cost.
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = Some(cost);
+        self
+    }
+
+    /// Sets what it really cost when it was recorded.
+    pub fn actual_cost(mut self, units: u64) -> Self {
+        self.actual_cost = Some(units);
         self
     }
 

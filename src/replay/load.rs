@@ -29,7 +29,8 @@ const MAX_REQUESTS: u64 = 1_000_000;
 /// A load check of a running endpoint (staging, or a test's own servers): requests sent at a
 /// fixed rate for a bounded time over a few connections, round-robin over one or more
 /// addresses, each answer read; then the same arrivals (their send times, client address, path
-/// and key) replayed through the rules you expect in force. The check fails, with both
+/// and key, and the status each was answered with, as [`Replay`] answers it) replayed through
+/// the rules you expect in force. The check fails, with both
 /// figures, when the endpoint admitted more or fewer requests than the rules predict beyond
 /// the tolerance, or when a request got no answer.
 ///
@@ -383,6 +384,9 @@ impl LoadCheck {
                 .unwrap_or_default();
             let mut arrival = Arrival::get(at, request.path).ip(request.peer);
             arrival.key = request.key;
+            // What the endpoint answered is what the replay answers: a rule charged by the
+            // status is predicted as it was charged.
+            arrival.status = request.status.map(|status| status.as_u16());
             arrival
         });
         outcome.predicted = expected

@@ -53,7 +53,8 @@
 //! ```
 //!
 //! * [`Replay`]: the layer your builder builds, the routes it serves, how time moves.
-//! * [`Arrival`]: one recorded request (time, client IP, method, path, key, cost, headers).
+//! * [`Arrival`]: one recorded request (time, client IP, method, path, key, cost, headers) and
+//!   what the service answered (its status and what it really cost), which the replay answers.
 //! * [`Traffic`]: arrivals read from a file, in one of three [`Format`]s: JSON lines, CSV with
 //!   a header, or the common access log; a line that cannot be read ends the traffic with a
 //!   [`TrafficError`] that names it, never skipped.

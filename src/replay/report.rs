@@ -90,6 +90,13 @@ pub struct Report {
     /// Requests of a replay in real time sent more than 5 ms after their time (the store did
     /// not keep up): their decisions may differ from those at their recorded times.
     pub late: u64,
+    /// Requests admitted under a [`settle`](crate::Rule::settle) rule without a recorded
+    /// [`Arrival::actual_cost`](super::Arrival::actual_cost): charged at the estimate.
+    pub at_estimate: u64,
+    /// The rules replayed though a replay does not predict them, each with what it is
+    /// (`"tokens" (metered)`): empty unless
+    /// [`Replay::allow_unpredicted`](super::Replay::allow_unpredicted) let them in.
+    pub unpredicted: Vec<String>,
 }
 
 impl Report {
@@ -183,6 +190,21 @@ impl fmt::Display for Report {
             f,
             "  tenants: {}, {denied} of them denied at least once",
             self.tenants.len()
-        )
+        )?;
+        if self.at_estimate > 0 {
+            writeln!(
+                f,
+                "  {} admitted under a settle rule with no recorded cost: charged at the estimate",
+                self.at_estimate
+            )?;
+        }
+        if !self.unpredicted.is_empty() {
+            writeln!(
+                f,
+                "  not predicted by a replay: {}",
+                self.unpredicted.join(", ")
+            )?;
+        }
+        Ok(())
     }
 }

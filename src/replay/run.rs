@@ -14,6 +14,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
+use axum::response::Response;
 use axum::routing::any;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use tower_service::Service;
@@ -24,7 +25,7 @@ use super::traffic::TrafficError;
 use crate::clock::ManualClock;
 use crate::observe::{DecisionHook, DecisionReceiver};
 use crate::store::Store;
-use crate::{ConfigError, RateLimitLayerBuilder};
+use crate::{ActualCost, ConfigError, RateLimitLayerBuilder};
 
 /// Why a replay stopped.
 #[derive(Debug)]
@@ -115,12 +116,31 @@ impl From<ConfigError> for ReplayError {
 /// your builder, with a report of what it admitted and denied.
 ///
 /// The layer is applied with `Router::layer` to an axum `Router` that serves every route the
-/// policy names (and those of [`routes`](Replay::routes)) with `200 OK`, and every other path
-/// with the same answer as a fallback: rules by route see the route pattern, as in your
-/// service. Each request carries its arrival's address as the socket peer (axum's
-/// `ConnectInfo`), its key in [`key_header`](Replay::key_header), its cost in
-/// [`cost_header`](Replay::cost_header) if one is set, and its other headers, each answered
-/// and its body read to the end before the next is sent.
+/// policy names (and those of [`routes`](Replay::routes)), and every other path as a fallback:
+/// rules by route see the route pattern, as in your service. Each request carries its
+/// arrival's address as the socket peer (axum's `ConnectInfo`), its key in
+/// [`key_header`](Replay::key_header), its cost in [`cost_header`](Replay::cost_header) if one
+/// is set, and its other headers, each answered and its body read to the end before the next
+/// is sent.
+///
+/// What the service answered is what the replay answers, so that rules that charge by the
+/// response are predicted as they were charged:
+///
+/// * An admitted request is answered with its recorded [`status`](Arrival::status), so that a
+///   [`charge_on_status`](crate::Rule::charge_on_status) rule counts the failed logins it
+///   counted in service; `200 OK` when none is recorded, or when the recorded one is `429`
+///   (the limits of the day refused it, and what the service would have answered is not in the
+///   record). A [`charge_when`](crate::Rule::charge_when) rule that reads more of the response
+///   than its status sees an empty one.
+/// * Its recorded [`actual_cost`](Arrival::actual_cost) is on the response as an
+///   [`ActualCost`] and in the header of each [`settle_from_header`](crate::Rule::settle_from_header)
+///   rule, so that [`settle`](crate::Rule::settle) rules are charged what it cost; without one
+///   they keep their estimate, as in service, and the report counts such requests
+///   ([`Report::at_estimate`]).
+/// * Metered rules ([`Rule::meter`](crate::Rule::meter)) are charged what their stream spends
+///   as it streams, and concurrency rules decide by what is in flight at once: a record holds
+///   neither, so a replay refuses them as not predicted, by name, unless
+///   [`allow_unpredicted`](Replay::allow_unpredicted) lets them in.
 ///
 /// Time: with [`clock`](Replay::clock), the store's [`ManualClock`] is set to each arrival's
 /// time ([`Arrival::at`], since the Unix epoch), so a day of traffic replays in seconds, fixed
@@ -129,9 +149,6 @@ impl From<ConfigError> for ReplayError {
 /// own). Without one, requests are sent at their times from the first, in real time (for a
 /// store on its own clock, such as Redis's); those sent more than 5 ms late, because the store
 /// could not keep up, are counted ([`Report::late`]).
-///
-/// Requests are replayed one at a time: a concurrency rule sees at most one in flight and
-/// never denies.
 ///
 /// Delay rules ([`RuleMode::Delay`](crate::policy::RuleMode::Delay)) wait on tokio's timer,
 /// in real time: a replay on a clock refuses them (replay without a clock, or with the rules
@@ -148,6 +165,7 @@ pub struct Replay<St> {
     cost_header: Option<HeaderName>,
     keep_decisions: bool,
     reorder_within: Duration,
+    allow_unpredicted: bool,
 }
 
 /// Sent this much after its time, a request of a replay in real time is counted as late.
@@ -162,6 +180,7 @@ impl<St> fmt::Debug for Replay<St> {
             .field("cost_header", &self.cost_header)
             .field("keep_decisions", &self.keep_decisions)
             .field("reorder_within", &self.reorder_within)
+            .field("allow_unpredicted", &self.allow_unpredicted)
             .finish_non_exhaustive()
     }
 }
@@ -177,6 +196,7 @@ impl<St: Store> Replay<St> {
             cost_header: None,
             keep_decisions: false,
             reorder_within: Duration::ZERO,
+            allow_unpredicted: false,
         }
     }
 
@@ -226,6 +246,16 @@ impl<St: Store> Replay<St> {
         self
     }
 
+    /// Replays rules whose outcome a replay does not predict, metered and concurrency rules,
+    /// instead of refusing them (default off): their names are in [`Report::unpredicted`], and
+    /// the report's figures for them are not what the service would do: a metered rule is
+    /// charged nothing (its response spends nothing, and its chunk goes back when it ends), a
+    /// concurrency rule never denies (requests are replayed one at a time).
+    pub fn allow_unpredicted(mut self, allow: bool) -> Self {
+        self.allow_unpredicted = allow;
+        self
+    }
+
     /// Replays arrivals made in code.
     pub async fn run<I>(self, arrivals: I) -> Result<Report, ReplayError>
     where
@@ -251,6 +281,30 @@ impl<St: Store> Replay<St> {
                  clock (in real time), or as enforced rules"
             ))));
         }
+        let unpredicted: Vec<String> = layer
+            .unpredicted_rules()
+            .into_iter()
+            .map(|(name, what)| format!("{name:?} ({what})"))
+            .collect();
+        if !unpredicted.is_empty() && !self.allow_unpredicted {
+            // What they decide depends on what no record holds: what a stream spends and when,
+            // how long a request is in flight.
+            return Err(ReplayError::Config(ConfigError::new(format!(
+                "the rules {} are not predicted by a replay: a metered rule's charge is what its \
+                 stream spends as it streams, a concurrency rule's what is in flight at once, \
+                 and a replay records neither; replay a policy without them, or \
+                 .allow_unpredicted(true) to replay them anyway (named in Report::unpredicted)",
+                unpredicted.join(", ")
+            ))));
+        }
+        let settle_rules = layer.settle_rules();
+        let mut settle_headers: Vec<HeaderName> = settle_rules
+            .iter()
+            .filter_map(|(_, header)| header.clone())
+            .collect();
+        settle_headers.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        settle_headers.dedup();
+        let settle_headers: Arc<[HeaderName]> = settle_headers.into();
         let mut routes = layer.routes();
         routes.extend(self.routes);
         routes.sort();
@@ -259,9 +313,15 @@ impl<St: Store> Replay<St> {
         let served = Arc::new(AtomicU64::new(0));
         let answer = {
             let served = served.clone();
-            move || {
+            move |request: Request<Body>| {
                 served.fetch_add(1, Ordering::Relaxed);
-                async { StatusCode::OK }
+                let recorded = request
+                    .extensions()
+                    .get::<Recorded>()
+                    .copied()
+                    .unwrap_or_default();
+                let response = recorded.response(&settle_headers);
+                async move { response }
             }
         };
         let mut router = Router::new();
@@ -287,7 +347,11 @@ impl<St: Store> Replay<St> {
             keep_decisions: self.keep_decisions,
             started: tokio::time::Instant::now(),
             first: None,
-            report: Report::default(),
+            settle_rules: settle_rules.into_iter().map(|(name, _)| name).collect(),
+            report: Report {
+                unpredicted,
+                ..Report::default()
+            },
         };
 
         // Arrivals up to `reorder_within` apart are sent in time order, from a heap of those
@@ -364,6 +428,8 @@ struct Sender {
     keep_decisions: bool,
     started: tokio::time::Instant,
     first: Option<Duration>,
+    /// The names of the policy's settle rules.
+    settle_rules: Vec<String>,
     report: Report,
 }
 
@@ -414,6 +480,15 @@ impl Sender {
             });
         };
         self.report.count(&event, admitted);
+        if admitted
+            && arrival.actual_cost.is_none()
+            && event
+                .rules
+                .iter()
+                .any(|rule| self.settle_rules.iter().any(|name| **name == *rule.name))
+        {
+            self.report.at_estimate += 1;
+        }
         if self.keep_decisions {
             self.report.decisions.push(Replayed {
                 index,
@@ -439,6 +514,18 @@ fn request_of(
         .uri(arrival.path.as_str())
         .body(Body::empty())
         .map_err(|e| format!("the path `{}` cannot be requested: {e}", arrival.path))?;
+    let status = match arrival.status {
+        // The limits of the day refused it: what the service answers is not recorded.
+        None | Some(429) => None,
+        Some(status) => Some(
+            StatusCode::from_u16(status)
+                .map_err(|_| format!("the status {status} is not an HTTP status"))?,
+        ),
+    };
+    request.extensions_mut().insert(Recorded {
+        status,
+        actual_cost: arrival.actual_cost,
+    });
     if let Some(ip) = arrival.ip {
         request
             .extensions_mut()
@@ -457,6 +544,34 @@ fn request_of(
         headers.append(name.clone(), value.clone());
     }
     Ok(request)
+}
+
+/// What an arrival's service answered when it was recorded, carried to the replay's handler
+/// in the request's extensions.
+#[derive(Clone, Copy, Debug, Default)]
+struct Recorded {
+    /// The status to answer with (none: `200 OK`).
+    status: Option<StatusCode>,
+    /// What the request really cost, reported to settle rules.
+    actual_cost: Option<u64>,
+}
+
+impl Recorded {
+    /// The response the service gave: its status, and its cost as an [`ActualCost`] and in
+    /// each header that settle rules read it from.
+    fn response(self, settle_headers: &[HeaderName]) -> Response {
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = self.status.unwrap_or(StatusCode::OK);
+        if let Some(units) = self.actual_cost {
+            response.extensions_mut().insert(ActualCost(units));
+            for name in settle_headers {
+                response
+                    .headers_mut()
+                    .insert(name.clone(), HeaderValue::from(units));
+            }
+        }
+        response
+    }
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

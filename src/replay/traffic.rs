@@ -18,11 +18,14 @@ use super::time::{parse_log_date, parse_time};
 #[non_exhaustive]
 pub enum Format {
     /// One JSON object per line: `time` and `path` (required), `ip`, `method` (default `GET`),
-    /// `key`, `cost`, `status` and `headers` (an object of strings). Other fields are ignored.
+    /// `key`, `cost`, `actual_cost`, `status` and `headers` (an object of strings). Other
+    /// fields are ignored. See [`Arrival`] for what each field holds: `status` is what the
+    /// replay answers the request with, `actual_cost` what it settles a
+    /// [`settle`](crate::Rule::settle) rule at; both are optional.
     JsonLines,
     /// Comma-separated values under a header line naming the columns, in any order: `time`
-    /// and `path` (required), `ip`, `method`, `key`, `cost`, `status`. A value may be quoted
-    /// (`"a,b"`, `""` for a quote inside); an empty value is absent.
+    /// and `path` (required), `ip`, `method`, `key`, `cost`, `actual_cost`, `status`. A value
+    /// may be quoted (`"a,b"`, `""` for a quote inside); an empty value is absent.
     Csv,
     /// The common or combined access log of nginx and Apache:
     /// `203.0.113.7 - - [03/Dec/2026:10:00:00 +0000] "GET /search?q=x HTTP/1.1" 429 17 ...`
@@ -207,6 +210,7 @@ struct Fields {
     path: Option<String>,
     key: Option<String>,
     cost: Option<u64>,
+    actual_cost: Option<u64>,
     status: Option<u16>,
     headers: Vec<(HeaderName, HeaderValue)>,
 }
@@ -245,6 +249,13 @@ impl Fields {
                         .map_err(|_| format!("the cost `{value}` is not a whole number"))?,
                 )
             }
+            Column::ActualCost => {
+                self.actual_cost = Some(
+                    value
+                        .parse()
+                        .map_err(|_| format!("the actual cost `{value}` is not a whole number"))?,
+                )
+            }
             Column::Status => {
                 self.status = Some(
                     value
@@ -265,6 +276,7 @@ impl Fields {
         arrival.ip = self.ip;
         arrival.key = self.key;
         arrival.cost = self.cost;
+        arrival.actual_cost = self.actual_cost;
         arrival.status = self.status;
         arrival.headers = self.headers;
         Ok(arrival)
@@ -280,17 +292,19 @@ enum Column {
     Path,
     Key,
     Cost,
+    ActualCost,
     Status,
 }
 
 impl Column {
-    const ALL: [(&'static str, Column); 7] = [
+    const ALL: [(&'static str, Column); 8] = [
         ("time", Column::Time),
         ("ip", Column::Ip),
         ("method", Column::Method),
         ("path", Column::Path),
         ("key", Column::Key),
         ("cost", Column::Cost),
+        ("actual_cost", Column::ActualCost),
         ("status", Column::Status),
     ];
 
@@ -347,7 +361,7 @@ fn csv_header(text: &str) -> Result<Vec<Column>, String> {
         let column = Column::named(name.trim()).ok_or_else(|| {
             format!(
                 "the header names a column `{name}`; the columns are time, ip, method, path, \
-                 key, cost and status"
+                 key, cost, actual_cost and status"
             )
         })?;
         if columns.contains(&column) {
@@ -472,7 +486,7 @@ mod tests {
     #[test]
     fn json_lines_read_every_field_and_ignore_others() {
         let text = "{\"time\": 1733223600.25, \"ip\": \"203.0.113.7\", \"method\": \"POST\", \
-                    \"path\": \"/search?q=x\", \"key\": \"pro-1\", \"cost\": 3, \"status\": 429, \
+                    \"path\": \"/search?q=x\", \"key\": \"pro-1\", \"cost\": 3, \"actual_cost\": 7, \"status\": 401, \
                     \"headers\": {\"x-tenant\": \"acme\"}, \"agent\": \"curl\"}\n\n{\"time\": \"2026-12-03T10:00:00Z\", \"path\": \"/\"}\n";
         let arrivals: Vec<_> = read(text, Format::JsonLines)
             .into_iter()
@@ -485,10 +499,12 @@ mod tests {
         assert_eq!(first.path, "/search?q=x");
         assert_eq!(first.key.as_deref(), Some("pro-1"));
         assert_eq!(first.cost, Some(3));
-        assert_eq!(first.status, Some(429));
+        assert_eq!(first.actual_cost, Some(7));
+        assert_eq!(first.status, Some(401));
         assert_eq!(first.headers[0].0, "x-tenant");
         assert_eq!(first.line, Some(1));
         assert_eq!(arrivals[1].method, Method::GET);
+        assert_eq!((arrivals[1].actual_cost, arrivals[1].status), (None, None));
         assert_eq!(arrivals[1].line, Some(3));
     }
 
@@ -509,6 +525,11 @@ mod tests {
             ("{\"time\": 1, \"path\": \"search\"}\n", 1, "not a path"),
             ("{\"time\": -1, \"path\": \"/\"}\n", 1, "time"),
             ("{\"time\": 1, \"path\": \"/\", \"cost\": 1.5}\n", 1, "cost"),
+            (
+                "{\"time\": 1, \"path\": \"/\", \"actual_cost\": -2}\n",
+                1,
+                "actual cost",
+            ),
         ] {
             let read = read(text, Format::JsonLines);
             let error = read.last().unwrap().as_ref().unwrap_err();
@@ -519,7 +540,7 @@ mod tests {
 
     #[test]
     fn csv_reads_under_its_header_with_quotes() {
-        let text = "\u{feff}path,time,key,method\n\"/a,b\",1,\"say \"\"hi\"\"\",\n/c,2,,PUT\n";
+        let text = "\u{feff}path,time,key,method,actual_cost,status\n\"/a,b\",1,\"say \"\"hi\"\"\",,12,401\n/c,2,,PUT,,\n";
         let arrivals: Vec<_> = read(text, Format::Csv)
             .into_iter()
             .map(Result::unwrap)
@@ -527,7 +548,10 @@ mod tests {
         assert_eq!(arrivals[0].path, "/a,b");
         assert_eq!(arrivals[0].key.as_deref(), Some("say \"hi\""));
         assert_eq!(arrivals[0].line, Some(2));
+        assert_eq!(arrivals[0].actual_cost, Some(12));
+        assert_eq!(arrivals[0].status, Some(401));
         assert_eq!(arrivals[1].method, Method::PUT);
+        assert_eq!(arrivals[1].actual_cost, None);
         assert_eq!(arrivals[1].key, None);
 
         for (text, line, says) in [

@@ -74,7 +74,20 @@ pub(crate) type PriorityFn = Arc<dyn Fn(&Parts) -> Priority + Send + Sync>;
 ///
 /// A request is in flight from the moment the layer sees it until its response body ends (or
 /// is dropped): a long stream (server-sent events, a gRPC stream) or a client that reads
-/// slowly holds its place meanwhile, so give such routes a layer of their own. One that would pass its class's share is answered at once, before any rule is
+/// slowly holds its place meanwhile, so give such routes a layer of their own. A layer may
+/// shed with no rules at all (its rules are then elsewhere, or there are none):
+///
+/// ```
+/// use axum::{Router, routing::get};
+/// use tollgate::{RateLimitLayer, Shedding};
+///
+/// // At most 50 streams in flight, counted apart from the other routes.
+/// let streams = RateLimitLayer::builder().shed(Shedding::new(50)).build()?;
+/// let app: Router = Router::new().route("/events", get(|| async { "..." }).route_layer(streams));
+/// # Ok::<(), tollgate::ConfigError>(())
+/// ```
+///
+/// A request that would pass its class's share is answered at once, before any rule is
 /// checked: `503 Service Unavailable` with `Retry-After: 1` and a
 /// `temporary-reduced-capacity` problem document (draft-ietf-httpapi-ratelimit-headers-11
 /// §5.2) whose violated policy is `"load-shedding"`, advertised as the draft allows with the
