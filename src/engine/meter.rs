@@ -149,6 +149,10 @@ struct Account {
     /// The last chunks charged (units, when on the store's clock; 0: not known), newest last:
     /// unspent units go back to the window of the chunk they came from.
     recent: SmallVec<[(u64, u64); 2]>,
+    /// What the store said was left when it refused a chunk, enough for the units needed: the
+    /// next chunk asked for is at most this (a stream is cut at the budget, not a chunk before
+    /// it). Cleared when a chunk is granted.
+    left: Option<u64>,
 }
 
 /// Chunks an account remembers: the unspent units of a stream lie in its last two (the one
@@ -159,6 +163,7 @@ impl Account {
     /// `units` granted by the store, charged `at`.
     fn charged(&mut self, units: u64, at: u64) {
         self.taken = self.taken.saturating_add(units);
+        self.left = None;
         if self.recent.len() == RECENT_CHUNKS {
             self.recent.remove(0);
         }
@@ -210,6 +215,10 @@ struct State {
     /// A chunk asked for ahead of need was refused: none is asked for ahead again until one
     /// asked for when needed is granted (that one decides whether the budget ends).
     ahead_refused: bool,
+    /// A rule settles to a usage trailer that has not been read: until it is, the units taken
+    /// are kept (settled to the units spent or taken, the more), as a reserved charge that the
+    /// trailer corrects.
+    awaits_usage: bool,
 }
 
 impl State {
@@ -220,6 +229,38 @@ impl State {
                 account.charged(*units, decision.charged_at(position));
             }
         }
+    }
+}
+
+impl State {
+    /// Whether `decision`, which refused the chunks `wanted`, left part of a chunk for every
+    /// rule that refused, enough for the units each needs: then each is asked for that part
+    /// next (less each time; a refusal of what is needed ends the budget).
+    fn part_left(&mut self, wanted: &[(u16, Key, u64)], decision: &Decision) -> bool {
+        let spent = self.spent;
+        let refused = || {
+            wanted
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(_, outcome)| !outcome.allowed)
+        };
+        let fits = refused().all(|((rule, _, units), outcome)| {
+            let needed = self
+                .accounts
+                .iter()
+                .find(|a| a.rule == *rule)
+                .map_or(u64::MAX, |a| spent.saturating_sub(a.taken));
+            outcome.remaining < *units && outcome.remaining >= needed.max(1)
+        });
+        if !fits || refused().next().is_none() {
+            return false;
+        }
+        for ((rule, _, _), outcome) in refused() {
+            if let Some(account) = self.accounts.iter_mut().find(|a| a.rule == *rule) {
+                account.left = Some(outcome.remaining);
+            }
+        }
+        true
     }
 }
 
@@ -240,7 +281,7 @@ impl Meter {
         charges: impl IntoIterator<Item = (u16, Key, u64, u64)>,
         on_fallback: bool,
     ) -> Meter {
-        let accounts = charges
+        let accounts: SmallVec<[Account; 1]> = charges
             .into_iter()
             .map(|(rule, key, units, charged_at)| Account {
                 chunk: snapshot.rules[usize::from(rule)]
@@ -253,8 +294,15 @@ impl Meter {
                 taken: units,
                 free: 0,
                 recent: smallvec::smallvec![(units, charged_at)],
+                left: None,
             })
             .collect();
+        let awaits_usage = accounts.iter().any(|a| {
+            snapshot.rules[usize::from(a.rule)]
+                .meter
+                .as_ref()
+                .is_some_and(|m| m.usage_trailer.is_some())
+        });
         let metered = Arc::new(Metered {
             spender,
             snapshot,
@@ -266,6 +314,7 @@ impl Meter {
                 exhausted: None,
                 body: None,
                 ahead_refused: false,
+                awaits_usage,
             }),
             fetching: Arc::new(tokio::sync::Mutex::new(())),
         });
@@ -293,15 +342,20 @@ impl Meter {
     /// counted: do not generate them). Takes the next chunk from the store (one call) when the
     /// units held run out; otherwise answers at once.
     pub async fn spend(&self, units: u64) -> Spend {
-        for (i, part) in self.parts().enumerate() {
+        // The layers that held the units give them back unless every layer holds them: when
+        // a layer refuses them, or when this spend is dropped while a layer fetches its chunk.
+        let mut held = Held {
+            meter: self,
+            parts: 0,
+            units,
+        };
+        for part in self.parts() {
             if Metered::ask(part, units, false).await == Spend::Exhausted {
-                // Not generated: the layers that held them do not count them either.
-                for held in self.parts().take(i) {
-                    held.unspend(units);
-                }
                 return Spend::Exhausted;
             }
+            held.parts += 1;
         }
+        held.parts = 0;
         Spend::Holds
     }
 
@@ -316,6 +370,22 @@ impl Meter {
             }
         }
         spend
+    }
+}
+
+/// Takes back `units` counted by the first `parts` layers of a spend that did not happen
+/// (another layer refused them, or the spend was dropped before its answer), on drop.
+struct Held<'a> {
+    meter: &'a Meter,
+    parts: usize,
+    units: u64,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for part in self.meter.parts().take(self.parts) {
+            part.unspend(self.units);
+        }
     }
 }
 
@@ -482,7 +552,11 @@ impl Metered {
             .accounts
             .iter()
             .filter(|a| a.taken < spent)
-            .map(|a| (a.rule, a.key.clone(), a.chunk.max(spent - a.taken)))
+            .map(|a| {
+                let needed = spent - a.taken;
+                let chunk = a.left.map_or(a.chunk, |left| a.chunk.min(left));
+                (a.rule, a.key.clone(), chunk.max(needed))
+            })
             .collect()
     }
 
@@ -494,6 +568,9 @@ impl Metered {
             Ok(decision) if decision.allowed() => {
                 state.granted(wanted, &decision);
                 state.ahead_refused = false;
+            }
+            Ok(decision) if state.part_left(wanted, &decision) => {
+                // Asked for again (by the spend that waits), the part of a chunk left.
             }
             Ok(decision) => {
                 let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
@@ -556,7 +633,9 @@ impl Meter {
 
     /// The response's own count of what it used (a usage trailer): the charge is settled to it.
     pub(crate) fn settle_to(&self, total: u64) {
-        self.own.state().spent = total;
+        let mut state = self.own.state();
+        state.spent = total;
+        state.awaits_usage = false;
     }
 
     /// How each data frame of the response counts, when a metered rule of it says.
@@ -623,12 +702,18 @@ fn wake(state: &mut State) {
 impl Drop for Metered {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let spent = state.spent;
+        let (spent, keep_taken) = (state.spent, state.awaits_usage);
         let changes: SmallVec<[(u16, Key, Change, u64); 2]> = state
             .accounts
             .iter()
             .flat_map(|a| {
-                a.settle(spent)
+                // No usage trailer read: the chunks taken stay charged.
+                let settled = if keep_taken {
+                    spent.max(a.taken)
+                } else {
+                    spent
+                };
+                a.settle(settled)
                     .into_iter()
                     .map(|(change, at)| (a.rule, a.key.clone(), change, at))
             })
