@@ -326,6 +326,7 @@ fn the_dashboard_and_the_alerts_name_only_metrics_that_exist() {
         "tollgate_memory_store_keys",
         "tollgate_memory_store_evictions_total",
         "tollgate_policy_reloads_total",
+        "tollgate_metered_streams_ended_total",
     ];
     for file in ["grafana-dashboard.json", "alerts.yml"] {
         let path = format!("{}/examples/metrics/{file}", env!("CARGO_MANIFEST_DIR"));

@@ -127,6 +127,9 @@ struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
+    /// The request's tier, for the metrics.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    tier: u16,
     /// The runtime the request was served on: chunks a store must wait for are taken there, and
     /// the settle finishes there, wherever the body is read or the meter ends.
     origin: Origin,
@@ -160,6 +163,12 @@ struct Account {
 const RECENT_CHUNKS: usize = 4;
 
 impl Account {
+    /// The units the account is charged when it settles at `spent`: the charged units are
+    /// spent first, then the free ones, then a debt past both.
+    fn owed(&self, spent: u64) -> u64 {
+        spent.min(self.taken - self.free) + spent.saturating_sub(self.taken)
+    }
+
     /// `units` granted by the store, charged `at`.
     fn charged(&mut self, units: u64, at: u64) {
         self.taken = self.taken.saturating_add(units);
@@ -181,8 +190,7 @@ impl Account {
     /// first, each to the time it was charged.
     fn settle(&self, spent: u64) -> SmallVec<[(Change, u64); 2]> {
         let charged = self.taken - self.free;
-        // The charged units are spent first, then the free ones, then a debt past both.
-        let owed = spent.min(charged) + spent.saturating_sub(self.taken);
+        let owed = self.owed(spent);
         let mut changes = SmallVec::new();
         if owed > charged {
             changes.push((Change::Charge(owed - charged), 0));
@@ -270,16 +278,49 @@ impl Metered {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Tells the metrics that the store granted the chunks `wanted`.
+    fn told_granted(&self, wanted: &[(u16, Key, u64)]) {
+        for (rule, _, units) in wanted {
+            self.told_units(*rule, Units::Granted, *units);
+        }
+    }
+
+    /// Tells the metrics `units` of `rule` granted or spent (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn told_units(&self, rule: u16, what: Units, units: u64) {
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::metered_units(&self.snapshot, rule, self.tier, what, units);
+    }
+
+    /// Tells the metrics that `rule` ended the stream, for `reason` (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn told_ended(&self, rule: u16, reason: &'static str) {
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::metered_ended(&self.snapshot, rule, self.tier, reason);
+    }
+}
+
+#[cfg(feature = "metrics")]
+use crate::observe::metrics::MeteredUnits as Units;
+
+/// What a metered response's units did (the metrics' `MeteredUnits`, without the feature).
+#[cfg(not(feature = "metrics"))]
+#[derive(Clone, Copy)]
+enum Units {
+    Granted,
+    Spent,
 }
 
 impl Meter {
-    /// The meter of an admitted request: `charges` (rule index, key, units, when charged) are
-    /// the admission's chunks.
+    /// The meter of an admitted request of `tier`: `charges` (rule index, key, units, when
+    /// charged) are the admission's chunks.
     pub(crate) fn new(
         spender: Arc<dyn Spender>,
         snapshot: Arc<Snapshot>,
         charges: impl IntoIterator<Item = (u16, Key, u64, u64)>,
         on_fallback: bool,
+        tier: u16,
     ) -> Meter {
         let accounts: SmallVec<[Account; 1]> = charges
             .into_iter()
@@ -307,6 +348,7 @@ impl Meter {
             spender,
             snapshot,
             on_fallback,
+            tier,
             origin: Origin::here(),
             state: Mutex::new(State {
                 accounts,
@@ -318,6 +360,9 @@ impl Meter {
             }),
             fetching: Arc::new(tokio::sync::Mutex::new(())),
         });
+        for account in &metered.state().accounts {
+            metered.told_units(account.rule, Units::Granted, account.taken);
+        }
         Meter {
             own: metered,
             outer: Vec::new(),
@@ -538,6 +583,7 @@ impl Metered {
         match answer {
             Ok(decision) if decision.allowed() => {
                 state.granted(wanted, &decision);
+                self.told_granted(wanted);
             }
             // Refused, or the store failed: the chunk asked for when needed decides.
             _ => state.ahead_refused = true,
@@ -568,12 +614,18 @@ impl Metered {
             Ok(decision) if decision.allowed() => {
                 state.granted(wanted, &decision);
                 state.ahead_refused = false;
+                self.told_granted(wanted);
             }
             Ok(decision) if state.part_left(wanted, &decision) => {
                 // Asked for again (by the spend that waits), the part of a chunk left.
             }
             Ok(decision) => {
                 let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
+                for (&rule, outcome) in applied.iter().zip(decision.outcomes()) {
+                    if !outcome.allowed {
+                        self.told_ended(rule, "budget");
+                    }
+                }
                 state.exhausted = Some(Arc::new(Refusal::Denied { applied, decision }));
                 wake(&mut state);
             }
@@ -601,7 +653,10 @@ impl Metered {
                     .filter(|&rule| {
                         snapshot.rules[usize::from(rule)].on_store_error != FailureMode::Open
                     })
-                    .collect();
+                    .collect::<RuleIndices>();
+                for &rule in &closed {
+                    self.told_ended(rule, "store_error");
+                }
                 state.exhausted = Some(Arc::new(Refusal::Unavailable { closed }));
                 wake(&mut state);
             }
@@ -703,21 +758,31 @@ impl Drop for Metered {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         let (spent, keep_taken) = (state.spent, state.awaits_usage);
+        // No usage trailer read: the chunks taken stay charged.
+        let settled = |a: &Account| {
+            if keep_taken {
+                spent.max(a.taken)
+            } else {
+                spent
+            }
+        };
+        let owed: SmallVec<[(u16, u64); 1]> = state
+            .accounts
+            .iter()
+            .map(|a| (a.rule, a.owed(settled(a))))
+            .collect();
         let changes: SmallVec<[(u16, Key, Change, u64); 2]> = state
             .accounts
             .iter()
             .flat_map(|a| {
-                // No usage trailer read: the chunks taken stay charged.
-                let settled = if keep_taken {
-                    spent.max(a.taken)
-                } else {
-                    spent
-                };
-                a.settle(settled)
+                a.settle(settled(a))
                     .into_iter()
                     .map(|(change, at)| (a.rule, a.key.clone(), change, at))
             })
             .collect();
+        for (rule, units) in owed {
+            self.told_units(rule, Units::Spent, units);
+        }
         if !changes.is_empty() {
             self.spender
                 .settle_meter(&self.snapshot, &changes, self.on_fallback, &self.origin);

@@ -60,7 +60,14 @@ impl<St: Store> Engine<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                self.admitted(snapshot, applied, keys, decision, false)
+                self.admitted(
+                    snapshot,
+                    applied,
+                    keys,
+                    decision,
+                    false,
+                    ctx.resolution.tier,
+                )
             }
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
@@ -94,7 +101,7 @@ impl<St: Store> Engine<St> {
                             Verdict::LocalAllowed,
                         );
                         // Decided by the fallback limiter: settled there, slots given back there.
-                        self.admitted(snapshot, applied, keys, decision, true)
+                        self.admitted(snapshot, applied, keys, decision, true, ctx.resolution.tier)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
@@ -200,6 +207,7 @@ impl<St: Store> Engine<St> {
         keys: Option<&AppliedRules>,
         decision: Decision,
         on_fallback: bool,
+        tier: u16,
     ) -> Decide<St::Future> {
         let rule = |i: u16| &snapshot.rules[usize::from(i)];
         let settle = if snapshot.settles {
@@ -234,7 +242,7 @@ impl<St: Store> Engine<St> {
         let meter = if snapshot.meters {
             let charges = charges_of(applied, keys, &decision, |i| rule(i).meter.is_some());
             (!charges.is_empty())
-                .then(|| Meter::new(self.clone(), snapshot.clone(), charges, on_fallback))
+                .then(|| Meter::new(self.clone(), snapshot.clone(), charges, on_fallback, tier))
         } else {
             None
         };
