@@ -14,7 +14,7 @@ use crate::policy::metering::FrameUnits;
 use crate::wire::is_grpc;
 
 /// The most frames a metered stream passes on once its budget is spent: those its producer
-/// made before it was told.
+/// made before it was told (the bound `Meter`'s and `Rule::meter`'s docs state: 64).
 const MAX_DRAIN: u8 = 64;
 
 /// How a metered response is ended when its budget is spent, from its `content-type`.

@@ -66,21 +66,35 @@ pub enum Spend {
 /// the client reads:
 ///
 /// - **server-sent events** (`text/event-stream`): a final event, `event: error`, whose data is
-///   the `quota-exceeded` problem document (type, title, status 429, `violated-policies`), then
-///   the end of the stream;
+///   the `quota-exceeded` problem document (type, title, status 429, `violated-policies`, and
+///   `retry-after`: the seconds a refused request's `Retry-After` gives), with the event
+///   stream's `retry` field (the same time in milliseconds), then the end of the stream;
 /// - **gRPC** (`application/grpc`): trailers with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
 ///   `grpc-retry-pushback-ms` and `google.rpc.RetryInfo`, as a refused call's;
 /// - **other bodies**: trailers with `Retry-After` and the budget fields, then the end of the
 ///   body. An HTTP/2 client reads them; an HTTP/1.1 client reads trailers only if it asked for
 ///   them (`TE: trailers`), else it sees a body that ends early.
 ///
+/// Once the budget is spent, the layer passes on at most 64 more data frames (those the
+/// producer made before it was told, which it paid for when it spent before each) and then
+/// ends the response; frames still queued past those are spent and not delivered. A response
+/// whose rule [counts its frames](crate::Rule::meter_frames) passes none: its frames are
+/// counted as they pass.
+///
 /// When the response ends, or is dropped (the client disconnected), and the last clone of the
 /// meter is gone, the charge is settled to the units spent, in one store call: units taken and
 /// not spent go back, units spent past what was taken are charged (the key is in debt). A
-/// client that leaves mid-stream pays for what was produced for it, not for the chunk.
+/// client that leaves mid-stream pays for what was produced for it, not for the chunk. A rule
+/// settled by a [usage trailer](crate::Rule::meter_usage_trailer) keeps the units taken until
+/// the trailer is read: without it, the charge is the units taken or spent, the more.
 ///
 /// Behind two metered layers (a tenant's budget around a route's), the handler's meter spends
-/// from both: a spend holds when every layer's budget holds it.
+/// from both: a spend holds when every layer's budget holds it, and a spend refused by one
+/// layer, or dropped while one waits for its chunk, is counted by none.
+///
+/// When less than a chunk is left, the store grants what is left: a request is admitted with
+/// it, and a stream that needs more than it holds takes it; a stream is cut when the store has
+/// nothing left for the units it needs.
 #[derive(Clone)]
 pub struct Meter {
     /// This layer's budget (its body's).
