@@ -385,7 +385,8 @@ impl Rule {
     /// handler's [`Meter`](crate::Meter) or [frames](Rule::meter_frames) spend, which still stop
     /// the stream at the budget) are charged until it is read, and a response that ends or is
     /// dropped without a valid trailer (missing, not a number, or the client left first) is
-    /// charged the units taken or spent, the more: at least one chunk per response, never 0.
+    /// charged the units taken or spent, the more: at least its first chunk (`min(chunk,
+    /// remaining)` at admission), never 0.
     /// With the trailer, the charge is its number, up or down.
     pub fn meter_usage_trailer(mut self, name: http::HeaderName) -> Self {
         match &mut self.meter {
