@@ -45,6 +45,9 @@ pub(crate) enum Metric {
     RuleDecisions,
     StoreLatency,
     StoreErrors,
+    MeteredGranted,
+    MeteredSpent,
+    MeteredEnded,
 }
 
 /// The handles a thread keeps at hand, the last used of each: by metric, and for rule
@@ -167,9 +170,19 @@ pub(crate) fn record(
 }
 
 pub(crate) fn count(slot: Slot, route: &str, labels: impl FnOnce() -> (&'static str, Vec<Label>)) {
+    add(slot, route, labels, 1);
+}
+
+/// Adds `n` to the counter of `slot`, registering it with `labels` the first time.
+pub(crate) fn add(
+    slot: Slot,
+    route: &str,
+    labels: impl FnOnce() -> (&'static str, Vec<Label>),
+    n: u64,
+) {
     record(slot, route, labels, |handle| {
         if let Handle::Counter(counter) = handle {
-            counter.increment(1);
+            counter.increment(n);
         }
     });
 }
@@ -238,6 +251,21 @@ pub(crate) fn describe() {
             Unit::Seconds,
             "An adaptive load shedder's latency estimates: the no-load latency (estimate=base) and \
              the latest window's (estimate=recent), both their 90th percentile."
+        );
+        describe_counter!(
+            "tollgate_metered_units_granted_total",
+            "Units the store granted metered responses (admissions' chunks and the chunks taken \
+             as they streamed), by rule and tier (and layer, when named)."
+        );
+        describe_counter!(
+            "tollgate_metered_units_spent_total",
+            "Units metered responses were charged when they ended (settled), by rule and tier \
+             (and layer, when named): granted less spent went back to the budget."
+        );
+        describe_counter!(
+            "tollgate_metered_streams_ended_total",
+            "Metered responses ended early, by rule, tier and reason: budget (the store refused \
+             the next chunk) or store_error (the store failed and the rule does not fail open)."
         );
         describe_counter!(
             "tollgate_decision_events_dropped_total",

@@ -460,6 +460,8 @@ async fn stream_events(
         } else if event.starts_with("event: done") {
             done = true;
         } else if let Some(data) = event.strip_prefix("event: error\ndata: ") {
+            // The data line, then the `retry` field.
+            let data = data.lines().next().unwrap_or_default();
             error = Some(serde_json::from_str(data).expect("a JSON problem"));
         }
     }

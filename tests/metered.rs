@@ -112,6 +112,8 @@ struct Read {
     done: bool,
     /// The data of a final `error` event.
     error: Option<serde_json::Value>,
+    /// The `retry` field of a final `error` event (milliseconds).
+    retry: Option<u64>,
     trailers: Option<http::HeaderMap>,
     /// `r` of the `RateLimit` field at admission.
     remaining: Option<u64>,
@@ -147,8 +149,14 @@ async fn read(app: &Router, key: &str, tokens: u64, max_tokens: Option<u64>) -> 
                 read.tokens += 1;
             } else if event.starts_with("event: done") {
                 read.done = true;
-            } else if let Some(data) = event.strip_prefix("event: error\ndata: ") {
-                read.error = Some(serde_json::from_str(data.trim_end()).expect("a JSON problem"));
+            } else if event.starts_with("event: error\n") {
+                for line in event.lines() {
+                    if let Some(data) = line.strip_prefix("data: ") {
+                        read.error = Some(serde_json::from_str(data).expect("a JSON problem"));
+                    } else if let Some(retry) = line.strip_prefix("retry: ") {
+                        read.retry = Some(retry.parse().expect("a number of milliseconds"));
+                    }
+                }
             }
         }
         if max_tokens.is_some_and(|max| read.tokens >= max) {
@@ -887,4 +895,195 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         }
         std::thread::park_timeout(Duration::from_secs(1));
     }
+}
+
+/// A rule settled by its usage trailer, on a stream that ends without the trailer or is dropped
+/// before it: the chunks it took stay charged (a stream cannot make its charge 0 by never
+/// reporting). 50 streams of 999 events on one key of 10,000 a minute: the first leaves after
+/// 10 events, and 20 streams in all are admitted (a chunk each), the rest refused.
+#[tokio::test]
+async fn a_stream_without_its_usage_trailer_keeps_the_chunks_it_took() {
+    let rule = Rule::new("tokens", Quota::per_minute(BUDGET))
+        .meter(CHUNK)
+        .meter_usage_trailer(http::HeaderName::from_static("x-usage-tokens"));
+    let (app, _) = unchanged_app(rule);
+    let left = read(&app, "k", 999, Some(10)).await;
+    assert_eq!((left.status, left.tokens), (200, 10));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut admitted = 1;
+    let mut last = None;
+    for _ in 1..50 {
+        let stream = read(&app, "k", 999, None).await;
+        if stream.status == 200 {
+            assert_eq!(stream.tokens, 999);
+            admitted += 1;
+        }
+        last = Some(stream);
+    }
+    assert_eq!(admitted, BUDGET / CHUNK, "a chunk charged for each stream");
+    let last = last.unwrap();
+    assert_eq!((last.status, last.remaining), (429, Some(0)));
+}
+
+/// A memory store whose checks answer only while its gate is open (a slow store's chunk).
+#[derive(Clone)]
+struct Gated {
+    store: MemoryStore,
+    open: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Store for Gated {
+    type Future = std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = Result<tollgate::Decision, tollgate::store::StoreError>,
+                > + Send,
+        >,
+    >;
+
+    fn check(&self, charges: &[tollgate::store::Charge<'_>]) -> Self::Future {
+        let answer = self.store.check(charges);
+        let mut open = self.open.subscribe();
+        Box::pin(async move {
+            let _ = open.wait_for(|open| *open).await;
+            answer.await
+        })
+    }
+
+    fn adjust(
+        &self,
+        adjustments: &[tollgate::store::Adjustment<'_>],
+    ) -> tollgate::store::StoreFuture<()> {
+        self.store.adjust(adjustments)
+    }
+
+    fn try_adjust_now(
+        &self,
+        adjustments: &[tollgate::store::Adjustment<'_>],
+    ) -> Option<Result<(), tollgate::store::StoreError>> {
+        self.store.try_adjust_now(adjustments)
+    }
+
+    fn peek(
+        &self,
+        charges: &[tollgate::store::Charge<'_>],
+    ) -> tollgate::store::StoreFuture<tollgate::Decision> {
+        self.store.peek(charges)
+    }
+}
+
+/// Behind two metered layers, a spend dropped while the inner layer waits for its next chunk
+/// did not happen: the outer layer does not charge its units either.
+#[tokio::test]
+async fn a_spend_dropped_while_the_inner_layer_fetches_gives_the_outer_units_back() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let tenant_store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+    let gate = Arc::new(tokio::sync::watch::channel(true).0);
+    let route_store = Gated {
+        store: MemoryStore::builder().clock(clock).build().unwrap(),
+        open: gate.clone(),
+    };
+    let metered = |name: &str| {
+        Rule::new(name, Quota::per_minute(BUDGET))
+            .key(FromHeader::new("x-api-key"))
+            .meter(CHUNK)
+    };
+    let route = RateLimitLayer::builder()
+        .rule(metered("route"))
+        .store(route_store)
+        .build()
+        .unwrap();
+    let tenant = RateLimitLayer::builder()
+        .rule(metered("tenant"))
+        .store(tenant_store)
+        .build()
+        .unwrap();
+    let tenant_limiter = tenant.limiter();
+    // The handler hands its meter to the test and streams nothing until it is dropped.
+    let meters: Arc<std::sync::Mutex<Option<Meter>>> = Arc::default();
+    let slot = meters.clone();
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(move |axum::Extension(meter): axum::Extension<Meter>| {
+                let slot = slot.clone();
+                async move {
+                    *slot.lock().unwrap() = Some(meter);
+                    Body::from_stream(futures_util::stream::pending::<
+                        Result<Bytes, std::convert::Infallible>,
+                    >())
+                }
+            }),
+        )
+        .layer(route)
+        .layer(tenant);
+    let response = app.oneshot(request("k", 0)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let meter = meters.lock().unwrap().take().expect("the handler's meter");
+    gate.send_replace(false);
+    // The admission's chunks spent: each layer asks for its next chunk ahead of need, the
+    // route's waiting at the gate.
+    assert_eq!(meter.spend(CHUNK).await, Spend::Holds);
+    // One unit past them: the route's layer waits for its chunk, and the spend is dropped.
+    let waited = tokio::time::timeout(Duration::from_millis(100), meter.spend(1)).await;
+    assert!(waited.is_err(), "the route's chunk is held at the gate");
+    drop(meter);
+    drop(response);
+    gate.send_replace(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let key = tollgate::key::Key::text("k");
+    let left = tenant_limiter.peek("tenant", &key).await.unwrap().remaining;
+    assert_eq!(left, BUDGET - CHUNK, "the tenant is charged what was spent");
+}
+
+/// A metered request starts with what is left of the budget when that is less than a chunk:
+/// 348 tokens left of 10,000, a request for 10 streams them (and the one after it its 338),
+/// though the chunk is 500; a stream is cut at the budget, not a chunk before it.
+#[tokio::test]
+async fn a_metered_request_starts_with_what_is_left_of_the_budget() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let (app, _) = app(store, "text/event-stream");
+    let first = read(&app, "k", BUDGET - 348, None).await;
+    assert!(first.done, "{first:?}");
+    let small = read(&app, "k", 10, None).await;
+    assert_eq!(small.status, 200, "348 left: a request for 10 starts");
+    assert_eq!((small.tokens, small.done), (10, true));
+    let rest = read(&app, "k", 400, None).await;
+    assert_eq!(rest.status, 200);
+    assert_eq!(rest.tokens, 338, "cut at the budget");
+    assert_eq!(rest.error.expect("a final event")["status"], 429);
+    let next = read(&app, "k", 1, None).await;
+    assert_eq!((next.status, next.remaining), (429, Some(0)));
+    // A stream admitted with a whole chunk takes the part of one left when it needs it: 600
+    // left, a stream of 1,000 delivers 600.
+    let other = read(&app, "other", BUDGET - 600, None).await;
+    assert!(other.done);
+    let cut = read(&app, "other", 1_000, None).await;
+    assert_eq!(cut.tokens, 600, "cut at the budget, not a chunk before it");
+}
+
+/// The final event of a stream cut at its budget says when to come back, as `Retry-After`
+/// says it to a refused request: `retry-after` (seconds) in its data, and the event stream's
+/// `retry` field (milliseconds).
+#[tokio::test]
+async fn the_final_event_says_when_to_retry() {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store = MemoryStore::builder().clock(clock).build().unwrap();
+    let (app, _) = app(store, "text/event-stream");
+    let cut = read(&app, "k", BUDGET + 100, None).await;
+    let problem = cut.error.expect("a final event");
+    let seconds = problem["retry-after"]
+        .as_u64()
+        .expect("a retry-after member");
+    assert!(seconds >= 1, "{problem}");
+    assert_eq!(cut.retry, Some(seconds * 1_000), "the retry field");
+    let refused = app.clone().oneshot(request("k", 1)).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let header: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(seconds, header, "the refused request's Retry-After");
 }

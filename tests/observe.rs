@@ -326,6 +326,7 @@ fn the_dashboard_and_the_alerts_name_only_metrics_that_exist() {
         "tollgate_memory_store_keys",
         "tollgate_memory_store_evictions_total",
         "tollgate_policy_reloads_total",
+        "tollgate_metered_streams_ended_total",
     ];
     for file in ["grafana-dashboard.json", "alerts.yml"] {
         let path = format!("{}/examples/metrics/{file}", env!("CARGO_MANIFEST_DIR"));
@@ -749,4 +750,131 @@ fn stacked_layers_count_a_request_once_each_under_their_names() {
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("layer name"), "{error}");
+}
+
+/// A memory store that fails every check while `down` is set.
+#[derive(Clone, Default)]
+struct Failing {
+    store: tollgate::store::MemoryStore,
+    down: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Store for Failing {
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Decision, StoreError>> + Send>>;
+
+    fn check(&self, charges: &[Charge<'_>]) -> Self::Future {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(std::future::ready(Err(StoreError::Timeout)));
+        }
+        Box::pin(self.store.check(charges))
+    }
+
+    fn adjust(
+        &self,
+        adjustments: &[tollgate::store::Adjustment<'_>],
+    ) -> tollgate::store::StoreFuture<()> {
+        self.store.adjust(adjustments)
+    }
+}
+
+/// Metered streams count the units the store granted them and the units they were charged,
+/// and the streams that their budget or a failing store ended, by rule and tier.
+#[test]
+fn metered_streams_count_their_units_and_why_they_ended() {
+    use axum::routing::post;
+    use tollgate::{Meter, Spend};
+
+    let metrics = recorded(|| async {
+        let store = Failing::default();
+        let layer = RateLimitLayer::builder()
+            .rule(
+                Rule::new("tokens", Quota::per_minute(1_000))
+                    .key(tollgate::key::FromHeader::new("x-api-key"))
+                    .on_store_error(FailureMode::Closed)
+                    .meter(100),
+            )
+            .store(store.clone())
+            .build()
+            .unwrap();
+        let down = store.down.clone();
+        // Streams `x-tokens` tokens, each spent first; with `x-fail`, the store fails once the
+        // stream is admitted.
+        let app = Router::new()
+            .route(
+                "/",
+                post(
+                    move |axum::Extension(meter): axum::Extension<Meter>,
+                          headers: http::HeaderMap| {
+                        let down = down.clone();
+                        async move {
+                            let tokens: u64 =
+                                headers["x-tokens"].to_str().unwrap().parse().unwrap();
+                            if headers.contains_key("x-fail") {
+                                down.store(true, std::sync::atomic::Ordering::SeqCst);
+                            }
+                            let events = futures_util::stream::unfold(0, move |n| {
+                                let meter = meter.clone();
+                                async move {
+                                    if n == tokens || meter.spend(1).await == Spend::Exhausted {
+                                        return None;
+                                    }
+                                    Some((Ok::<_, std::convert::Infallible>("data: t\n\n"), n + 1))
+                                }
+                            });
+                            Body::from_stream(events)
+                        }
+                    },
+                ),
+            )
+            .layer(layer);
+        let stream = |key: &'static str, tokens: u64, fail: bool| {
+            let app = app.clone();
+            async move {
+                let mut request = Request::post("/")
+                    .header("x-api-key", key)
+                    .header("x-tokens", tokens.to_string());
+                if fail {
+                    request = request.header("x-fail", "1");
+                }
+                let response = app
+                    .oneshot(request.body(Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .unwrap()
+            }
+        };
+        // 600 of 1,000 streamed; then a stream of 1,000 ended by the budget at 400; another
+        // key's stream ended by the store at its admission's chunk.
+        stream("a", 600, false).await;
+        stream("a", 1_000, false).await;
+        stream("b", 1_000, true).await;
+    });
+    let at = |name: &str| {
+        metrics
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| panic!("{name} not in {metrics:#?}"))
+    };
+    assert_eq!(
+        at("tollgate_metered_units_spent_total{rule=\"tokens\",tier=\"\"}"),
+        600 + 400 + 100
+    );
+    let granted = at("tollgate_metered_units_granted_total{rule=\"tokens\",tier=\"\"}");
+    assert!(
+        (1_100..=1_100 + 3 * 100).contains(&granted),
+        "{granted} granted"
+    );
+    assert_eq!(
+        at("tollgate_metered_streams_ended_total{reason=\"budget\",rule=\"tokens\",tier=\"\"}"),
+        1
+    );
+    assert_eq!(
+        at(
+            "tollgate_metered_streams_ended_total{reason=\"store_error\",rule=\"tokens\",tier=\"\"}"
+        ),
+        1
+    );
 }

@@ -5,7 +5,7 @@ use std::sync::Mutex;
 use std::task::Context;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::CONTENT_TYPE;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName};
 use http_body::Frame;
 
@@ -14,7 +14,7 @@ use crate::policy::metering::FrameUnits;
 use crate::wire::is_grpc;
 
 /// The most frames a metered stream passes on once its budget is spent: those its producer
-/// made before it was told.
+/// made before it was told (the bound `Meter`'s and `Rule::meter`'s docs state: 64).
 const MAX_DRAIN: u8 = 64;
 
 /// How a metered response is ended when its budget is spent, from its `content-type`.
@@ -137,7 +137,8 @@ impl MeteredStream {
                 Some(total) => self.meter.settle_to(total),
                 None => tracing::warn!(
                     trailer = %name,
-                    "tollgate: a usage trailer that is not a number; the units spent are charged"
+                    "tollgate: a usage trailer that is not a number; the units spent or the chunks \
+                     taken, the more, are charged"
                 ),
             }
         }
@@ -151,15 +152,34 @@ impl MeteredStream {
         let answer = answers.render(&refusal, self.form == StreamForm::Grpc);
         Some(match self.form {
             StreamForm::Events => {
+                // The head went out with the 200: the event carries the `Retry-After` seconds,
+                // as a `retry-after` member of the problem and as the event stream's `retry`
+                // field (in milliseconds, the reconnection time of an `EventSource`).
+                let retry_after = answer
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
                 let problem = answer.body();
-                let mut event = BytesMut::with_capacity(problem.len() + 32);
+                // The member goes in before the document's closing brace.
+                let close = problem
+                    .iter()
+                    .rposition(|&b| b == b'}')
+                    .filter(|_| retry_after.is_some());
+                let (head, tail) = problem.split_at(close.unwrap_or(problem.len()));
+                let mut event = BytesMut::with_capacity(problem.len() + 80);
                 event.put_slice(b"event: error\ndata: ");
                 // A problem document is one line of JSON; a data field ends at a line break.
-                event.extend(
-                    problem
-                        .iter()
-                        .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
-                );
+                let one_line = |b: &u8| if *b == b'\n' || *b == b'\r' { b' ' } else { *b };
+                event.extend(head.iter().map(one_line));
+                if let (Some(seconds), Some(_)) = (retry_after, close) {
+                    event.put_slice(format!(",\"retry-after\":{seconds}").as_bytes());
+                }
+                event.extend(tail.iter().map(one_line));
+                if let Some(seconds) = retry_after {
+                    event.put_slice(
+                        format!("\nretry: {}", seconds.saturating_mul(1_000)).as_bytes(),
+                    );
+                }
                 event.put_slice(b"\n\n");
                 Frame::data(event.freeze().into())
             }

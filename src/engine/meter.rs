@@ -66,21 +66,35 @@ pub enum Spend {
 /// the client reads:
 ///
 /// - **server-sent events** (`text/event-stream`): a final event, `event: error`, whose data is
-///   the `quota-exceeded` problem document (type, title, status 429, `violated-policies`), then
-///   the end of the stream;
+///   the `quota-exceeded` problem document (type, title, status 429, `violated-policies`, and
+///   `retry-after`: the seconds a refused request's `Retry-After` gives), with the event
+///   stream's `retry` field (the same time in milliseconds), then the end of the stream;
 /// - **gRPC** (`application/grpc`): trailers with `grpc-status: 8` (`RESOURCE_EXHAUSTED`),
 ///   `grpc-retry-pushback-ms` and `google.rpc.RetryInfo`, as a refused call's;
 /// - **other bodies**: trailers with `Retry-After` and the budget fields, then the end of the
 ///   body. An HTTP/2 client reads them; an HTTP/1.1 client reads trailers only if it asked for
 ///   them (`TE: trailers`), else it sees a body that ends early.
 ///
+/// Once the budget is spent, the layer passes on at most 64 more data frames (those the
+/// producer made before it was told, which it paid for when it spent before each) and then
+/// ends the response; frames still queued past those are spent and not delivered. A response
+/// whose rule [counts its frames](crate::Rule::meter_frames) passes none: its frames are
+/// counted as they pass.
+///
 /// When the response ends, or is dropped (the client disconnected), and the last clone of the
 /// meter is gone, the charge is settled to the units spent, in one store call: units taken and
 /// not spent go back, units spent past what was taken are charged (the key is in debt). A
-/// client that leaves mid-stream pays for what was produced for it, not for the chunk.
+/// client that leaves mid-stream pays for what was produced for it, not for the chunk. A rule
+/// settled by a [usage trailer](crate::Rule::meter_usage_trailer) keeps the units taken until
+/// the trailer is read: without it, the charge is the units taken or spent, the more.
 ///
 /// Behind two metered layers (a tenant's budget around a route's), the handler's meter spends
-/// from both: a spend holds when every layer's budget holds it.
+/// from both: a spend holds when every layer's budget holds it, and a spend refused by one
+/// layer, or dropped while one waits for its chunk, is counted by none.
+///
+/// When less than a chunk is left, the store grants what is left: a request is admitted with
+/// it, and a stream that needs more than it holds takes it; a stream is cut when the store has
+/// nothing left for the units it needs.
 #[derive(Clone)]
 pub struct Meter {
     /// This layer's budget (its body's).
@@ -127,6 +141,9 @@ struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
     on_fallback: bool,
+    /// The request's tier, for the metrics.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    tier: u16,
     /// The runtime the request was served on: chunks a store must wait for are taken there, and
     /// the settle finishes there, wherever the body is read or the meter ends.
     origin: Origin,
@@ -149,6 +166,10 @@ struct Account {
     /// The last chunks charged (units, when on the store's clock; 0: not known), newest last:
     /// unspent units go back to the window of the chunk they came from.
     recent: SmallVec<[(u64, u64); 2]>,
+    /// What the store said was left when it refused a chunk, enough for the units needed: the
+    /// next chunk asked for is at most this (a stream is cut at the budget, not a chunk before
+    /// it). Cleared when a chunk is granted.
+    left: Option<u64>,
 }
 
 /// Chunks an account remembers: the unspent units of a stream lie in its last two (the one
@@ -156,9 +177,16 @@ struct Account {
 const RECENT_CHUNKS: usize = 4;
 
 impl Account {
+    /// The units the account is charged when it settles at `spent`: the charged units are
+    /// spent first, then the free ones, then a debt past both.
+    fn owed(&self, spent: u64) -> u64 {
+        spent.min(self.taken - self.free) + spent.saturating_sub(self.taken)
+    }
+
     /// `units` granted by the store, charged `at`.
     fn charged(&mut self, units: u64, at: u64) {
         self.taken = self.taken.saturating_add(units);
+        self.left = None;
         if self.recent.len() == RECENT_CHUNKS {
             self.recent.remove(0);
         }
@@ -176,8 +204,7 @@ impl Account {
     /// first, each to the time it was charged.
     fn settle(&self, spent: u64) -> SmallVec<[(Change, u64); 2]> {
         let charged = self.taken - self.free;
-        // The charged units are spent first, then the free ones, then a debt past both.
-        let owed = spent.min(charged) + spent.saturating_sub(self.taken);
+        let owed = self.owed(spent);
         let mut changes = SmallVec::new();
         if owed > charged {
             changes.push((Change::Charge(owed - charged), 0));
@@ -210,6 +237,10 @@ struct State {
     /// A chunk asked for ahead of need was refused: none is asked for ahead again until one
     /// asked for when needed is granted (that one decides whether the budget ends).
     ahead_refused: bool,
+    /// A rule settles to a usage trailer that has not been read: until it is, the units taken
+    /// are kept (settled to the units spent or taken, the more), as a reserved charge that the
+    /// trailer corrects.
+    awaits_usage: bool,
 }
 
 impl State {
@@ -223,24 +254,89 @@ impl State {
     }
 }
 
+impl State {
+    /// Whether `decision`, which refused the chunks `wanted`, left part of a chunk for every
+    /// rule that refused, enough for the units each needs: then each is asked for that part
+    /// next (less each time; a refusal of what is needed ends the budget).
+    fn part_left(&mut self, wanted: &[(u16, Key, u64)], decision: &Decision) -> bool {
+        let spent = self.spent;
+        let refused = || {
+            wanted
+                .iter()
+                .zip(decision.outcomes())
+                .filter(|(_, outcome)| !outcome.allowed)
+        };
+        let fits = refused().all(|((rule, _, units), outcome)| {
+            let needed = self
+                .accounts
+                .iter()
+                .find(|a| a.rule == *rule)
+                .map_or(u64::MAX, |a| spent.saturating_sub(a.taken));
+            outcome.remaining < *units && outcome.remaining >= needed.max(1)
+        });
+        if !fits || refused().next().is_none() {
+            return false;
+        }
+        for ((rule, _, _), outcome) in refused() {
+            if let Some(account) = self.accounts.iter_mut().find(|a| a.rule == *rule) {
+                account.left = Some(outcome.remaining);
+            }
+        }
+        true
+    }
+}
+
 impl Metered {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// Tells the metrics that the store granted the chunks `wanted`.
+    fn told_granted(&self, wanted: &[(u16, Key, u64)]) {
+        for (rule, _, units) in wanted {
+            self.told_units(*rule, Units::Granted, *units);
+        }
+    }
+
+    /// Tells the metrics `units` of `rule` granted or spent (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn told_units(&self, rule: u16, what: Units, units: u64) {
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::metered_units(&self.snapshot, rule, self.tier, what, units);
+    }
+
+    /// Tells the metrics that `rule` ended the stream, for `reason` (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn told_ended(&self, rule: u16, reason: &'static str) {
+        #[cfg(feature = "metrics")]
+        crate::observe::metrics::metered_ended(&self.snapshot, rule, self.tier, reason);
+    }
+}
+
+#[cfg(feature = "metrics")]
+use crate::observe::metrics::MeteredUnits as Units;
+
+/// What a metered response's units did (the metrics' `MeteredUnits`, without the feature).
+#[cfg(not(feature = "metrics"))]
+#[derive(Clone, Copy)]
+enum Units {
+    Granted,
+    Spent,
 }
 
 impl Meter {
-    /// The meter of an admitted request: `charges` (rule index, key, units, when charged) are
-    /// the admission's chunks.
+    /// The meter of an admitted request of `tier`: `charges` (rule index, key, units, when
+    /// charged) are the admission's chunks.
     pub(crate) fn new(
         spender: Arc<dyn Spender>,
         snapshot: Arc<Snapshot>,
         charges: impl IntoIterator<Item = (u16, Key, u64, u64)>,
         on_fallback: bool,
+        tier: u16,
     ) -> Meter {
-        let accounts = charges
+        let accounts: SmallVec<[Account; 1]> = charges
             .into_iter()
             .map(|(rule, key, units, charged_at)| Account {
                 chunk: snapshot.rules[usize::from(rule)]
@@ -253,12 +349,20 @@ impl Meter {
                 taken: units,
                 free: 0,
                 recent: smallvec::smallvec![(units, charged_at)],
+                left: None,
             })
             .collect();
+        let awaits_usage = accounts.iter().any(|a| {
+            snapshot.rules[usize::from(a.rule)]
+                .meter
+                .as_ref()
+                .is_some_and(|m| m.usage_trailer.is_some())
+        });
         let metered = Arc::new(Metered {
             spender,
             snapshot,
             on_fallback,
+            tier,
             origin: Origin::here(),
             state: Mutex::new(State {
                 accounts,
@@ -266,9 +370,13 @@ impl Meter {
                 exhausted: None,
                 body: None,
                 ahead_refused: false,
+                awaits_usage,
             }),
             fetching: Arc::new(tokio::sync::Mutex::new(())),
         });
+        for account in &metered.state().accounts {
+            metered.told_units(account.rule, Units::Granted, account.taken);
+        }
         Meter {
             own: metered,
             outer: Vec::new(),
@@ -293,15 +401,20 @@ impl Meter {
     /// counted: do not generate them). Takes the next chunk from the store (one call) when the
     /// units held run out; otherwise answers at once.
     pub async fn spend(&self, units: u64) -> Spend {
-        for (i, part) in self.parts().enumerate() {
+        // The layers that held the units give them back unless every layer holds them: when
+        // a layer refuses them, or when this spend is dropped while a layer fetches its chunk.
+        let mut held = Held {
+            meter: self,
+            parts: 0,
+            units,
+        };
+        for part in self.parts() {
             if Metered::ask(part, units, false).await == Spend::Exhausted {
-                // Not generated: the layers that held them do not count them either.
-                for held in self.parts().take(i) {
-                    held.unspend(units);
-                }
                 return Spend::Exhausted;
             }
+            held.parts += 1;
         }
+        held.parts = 0;
         Spend::Holds
     }
 
@@ -316,6 +429,22 @@ impl Meter {
             }
         }
         spend
+    }
+}
+
+/// Takes back `units` counted by the first `parts` layers of a spend that did not happen
+/// (another layer refused them, or the spend was dropped before its answer), on drop.
+struct Held<'a> {
+    meter: &'a Meter,
+    parts: usize,
+    units: u64,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for part in self.meter.parts().take(self.parts) {
+            part.unspend(self.units);
+        }
     }
 }
 
@@ -468,6 +597,7 @@ impl Metered {
         match answer {
             Ok(decision) if decision.allowed() => {
                 state.granted(wanted, &decision);
+                self.told_granted(wanted);
             }
             // Refused, or the store failed: the chunk asked for when needed decides.
             _ => state.ahead_refused = true,
@@ -482,7 +612,11 @@ impl Metered {
             .accounts
             .iter()
             .filter(|a| a.taken < spent)
-            .map(|a| (a.rule, a.key.clone(), a.chunk.max(spent - a.taken)))
+            .map(|a| {
+                let needed = spent - a.taken;
+                let chunk = a.left.map_or(a.chunk, |left| a.chunk.min(left));
+                (a.rule, a.key.clone(), chunk.max(needed))
+            })
             .collect()
     }
 
@@ -494,9 +628,18 @@ impl Metered {
             Ok(decision) if decision.allowed() => {
                 state.granted(wanted, &decision);
                 state.ahead_refused = false;
+                self.told_granted(wanted);
+            }
+            Ok(decision) if state.part_left(wanted, &decision) => {
+                // Asked for again (by the spend that waits), the part of a chunk left.
             }
             Ok(decision) => {
                 let applied: RuleIndices = wanted.iter().map(|(rule, _, _)| *rule).collect();
+                for (&rule, outcome) in applied.iter().zip(decision.outcomes()) {
+                    if !outcome.allowed {
+                        self.told_ended(rule, "budget");
+                    }
+                }
                 state.exhausted = Some(Arc::new(Refusal::Denied { applied, decision }));
                 wake(&mut state);
             }
@@ -524,7 +667,10 @@ impl Metered {
                     .filter(|&rule| {
                         snapshot.rules[usize::from(rule)].on_store_error != FailureMode::Open
                     })
-                    .collect();
+                    .collect::<RuleIndices>();
+                for &rule in &closed {
+                    self.told_ended(rule, "store_error");
+                }
                 state.exhausted = Some(Arc::new(Refusal::Unavailable { closed }));
                 wake(&mut state);
             }
@@ -556,7 +702,9 @@ impl Meter {
 
     /// The response's own count of what it used (a usage trailer): the charge is settled to it.
     pub(crate) fn settle_to(&self, total: u64) {
-        self.own.state().spent = total;
+        let mut state = self.own.state();
+        state.spent = total;
+        state.awaits_usage = false;
     }
 
     /// How each data frame of the response counts, when a metered rule of it says.
@@ -623,16 +771,32 @@ fn wake(state: &mut State) {
 impl Drop for Metered {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        let spent = state.spent;
+        let (spent, keep_taken) = (state.spent, state.awaits_usage);
+        // No usage trailer read: the chunks taken stay charged.
+        let settled = |a: &Account| {
+            if keep_taken {
+                spent.max(a.taken)
+            } else {
+                spent
+            }
+        };
+        let owed: SmallVec<[(u16, u64); 1]> = state
+            .accounts
+            .iter()
+            .map(|a| (a.rule, a.owed(settled(a))))
+            .collect();
         let changes: SmallVec<[(u16, Key, Change, u64); 2]> = state
             .accounts
             .iter()
             .flat_map(|a| {
-                a.settle(spent)
+                a.settle(settled(a))
                     .into_iter()
                     .map(|(change, at)| (a.rule, a.key.clone(), change, at))
             })
             .collect();
+        for (rule, units) in owed {
+            self.told_units(rule, Units::Spent, units);
+        }
         if !changes.is_empty() {
             self.spender
                 .settle_meter(&self.snapshot, &changes, self.on_fallback, &self.origin);

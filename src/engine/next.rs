@@ -35,6 +35,17 @@ impl<St: Store> Engine<St> {
         ctx: &Ctx<'_>,
     ) -> Decide<St::Future> {
         let grpc = || ctx.head.is_grpc();
+        if snapshot.meters
+            && let Ok(decision) = &result
+            && !decision.allowed()
+            && let Some(first) = first_chunks(snapshot, applied, keys, decision)
+        {
+            // Only metered rules denied, each with part of its chunk left: checked again with
+            // that as the first chunk.
+            let check =
+                self.check_again(snapshot, first, None, ctx.phase, ctx.resolution, ctx.span);
+            return Decide::again(check, std::mem::take(applied), ctx.resolution, true);
+        }
         match result {
             Ok(decision) if decision.allowed() => {
                 let verdict = if applied.is_empty() {
@@ -49,7 +60,14 @@ impl<St: Store> Engine<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                self.admitted(snapshot, applied, keys, decision, false)
+                self.admitted(
+                    snapshot,
+                    applied,
+                    keys,
+                    decision,
+                    false,
+                    ctx.resolution.tier,
+                )
             }
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
@@ -83,7 +101,7 @@ impl<St: Store> Engine<St> {
                             Verdict::LocalAllowed,
                         );
                         // Decided by the fallback limiter: settled there, slots given back there.
-                        self.admitted(snapshot, applied, keys, decision, true)
+                        self.admitted(snapshot, applied, keys, decision, true, ctx.resolution.tier)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
@@ -189,6 +207,7 @@ impl<St: Store> Engine<St> {
         keys: Option<&AppliedRules>,
         decision: Decision,
         on_fallback: bool,
+        tier: u16,
     ) -> Decide<St::Future> {
         let rule = |i: u16| &snapshot.rules[usize::from(i)];
         let settle = if snapshot.settles {
@@ -223,7 +242,7 @@ impl<St: Store> Engine<St> {
         let meter = if snapshot.meters {
             let charges = charges_of(applied, keys, &decision, |i| rule(i).meter.is_some());
             (!charges.is_empty())
-                .then(|| Meter::new(self.clone(), snapshot.clone(), charges, on_fallback))
+                .then(|| Meter::new(self.clone(), snapshot.clone(), charges, on_fallback, tier))
         } else {
             None
         };
@@ -268,6 +287,35 @@ fn denied_answer<C>(
         },
         grpc,
     )
+}
+
+/// The keys of a request again, each metered rule's charge cut to what is left of its budget,
+/// when only metered rules denied it and each of them asked for its whole chunk with part of
+/// one left: a metered request starts with `min(chunk, remaining)` (the `r` it was shown). A
+/// check with a cut chunk denied is not cut again.
+fn first_chunks(
+    snapshot: &Snapshot,
+    applied: &RuleIndices,
+    keys: Option<&AppliedRules>,
+    decision: &Decision,
+) -> Option<AppliedRules> {
+    let keys = keys?;
+    let mut first = keys.clone();
+    let mut cut = false;
+    for (&i, outcome) in applied.iter().zip(decision.outcomes()) {
+        if outcome.allowed {
+            continue;
+        }
+        let rule = &snapshot.rules[usize::from(i)];
+        let applied = first.iter_mut().find(|a| a.rule == i)?;
+        let chunk = rule.meter.as_ref()?.chunk;
+        if rule.mode != RuleMode::Enforce || applied.cost != chunk || outcome.remaining == 0 {
+            return None;
+        }
+        applied.cost = outcome.remaining.min(chunk);
+        cut |= applied.cost < chunk;
+    }
+    cut.then_some(first)
 }
 
 /// The rules of `applied` that fail closed, by index.

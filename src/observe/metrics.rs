@@ -2,7 +2,7 @@
 
 use metrics::Label;
 
-use crate::telemetry::{Metric, OutcomeLabel, Slot, count, label, recorder};
+use crate::telemetry::{Metric, OutcomeLabel, Slot, add, count, label, recorder};
 
 use super::{Decided, rule_outcome};
 
@@ -108,4 +108,92 @@ pub(crate) fn shadowed(
     for &i in rules {
         rule_decision(snapshot, recorder, i, route, tier, "shadow_denied");
     }
+}
+
+/// What a metered response's units did, for [`metered_units`].
+#[derive(Clone, Copy)]
+pub(crate) enum MeteredUnits {
+    /// Granted by the store (a chunk).
+    Granted,
+    /// Charged when the response settled.
+    Spent,
+}
+
+/// `units` of metered `rule`, granted or spent by a response of `tier`.
+pub(crate) fn metered_units(
+    snapshot: &crate::policy::snapshot::Snapshot,
+    rule: u16,
+    tier: u16,
+    what: MeteredUnits,
+    units: u64,
+) {
+    if units == 0 {
+        return;
+    }
+    let (metric, name) = match what {
+        MeteredUnits::Granted => (
+            Metric::MeteredGranted,
+            "tollgate_metered_units_granted_total",
+        ),
+        MeteredUnits::Spent => (Metric::MeteredSpent, "tollgate_metered_units_spent_total"),
+    };
+    add(
+        metered_slot(snapshot, metric, rule, tier, ""),
+        "",
+        || (name, metered_labels(snapshot, rule, tier, None)),
+        units,
+    );
+}
+
+/// A metered response of `tier` ended early by `rule`, for `reason`: `budget` or `store_error`.
+pub(crate) fn metered_ended(
+    snapshot: &crate::policy::snapshot::Snapshot,
+    rule: u16,
+    tier: u16,
+    reason: &'static str,
+) {
+    count(
+        metered_slot(snapshot, Metric::MeteredEnded, rule, tier, reason),
+        "",
+        || {
+            (
+                "tollgate_metered_streams_ended_total",
+                metered_labels(snapshot, rule, tier, Some(reason)),
+            )
+        },
+    );
+}
+
+fn metered_slot(
+    snapshot: &crate::policy::snapshot::Snapshot,
+    metric: Metric,
+    rule: u16,
+    tier: u16,
+    outcome: &'static str,
+) -> Slot {
+    Slot {
+        recorder: recorder(),
+        snapshot: snapshot.id,
+        metric,
+        rule,
+        tier,
+        outcome: OutcomeLabel(outcome),
+        route: (0, 0),
+    }
+}
+
+fn metered_labels(
+    snapshot: &crate::policy::snapshot::Snapshot,
+    rule: u16,
+    tier: u16,
+    reason: Option<&'static str>,
+) -> Vec<Label> {
+    let mut labels = vec![
+        label("rule", snapshot.rules[usize::from(rule)].spec.name()),
+        label("tier", snapshot.resolver.tier_name(tier)),
+    ];
+    if let Some(reason) = reason {
+        labels.push(Label::from_static_parts("reason", reason));
+    }
+    with_layer(snapshot, labels)
 }

@@ -50,6 +50,9 @@
 //! | `tollgate_shed_requests_total` | counter | `priority` | requests shed by load shedding: `low`, `normal`, `critical` |
 //! | `tollgate_shed_capacity` | gauge | | the capacity an adaptive load shedder learned (`Shedding::adaptive`) |
 //! | `tollgate_shed_latency_seconds` | gauge | `estimate` | an adaptive load shedder's no-load latency (`base`) and its latest window's mean (`recent`) |
+//! | `tollgate_metered_units_granted_total` | counter | `rule`, `tier` (and `layer`) | units the store granted [metered](crate::Rule::meter) responses: each admission's first chunk and the chunks taken as they streamed |
+//! | `tollgate_metered_units_spent_total` | counter | `rule`, `tier` (and `layer`) | units metered responses were charged when they ended or were dropped (granted less spent went back; spent past granted is a debt) |
+//! | `tollgate_metered_streams_ended_total` | counter | `rule`, `tier`, `reason` (and `layer`) | metered responses ended early: `budget` (the store refused the next chunk) or `store_error` (the store failed and the rule does not fail open) |
 //! | `tollgate_decision_events_dropped_total` | counter | | decision events dropped because the hook's channel was full |
 //! | `tollgate_denial_log_suppressed_total` | counter | | denials the rejection log did not write (over its lines per second) |
 //!
@@ -64,7 +67,8 @@
 //! in Grafana, *Dashboards → New → Import*, upload the file and pick your Prometheus data
 //! source. `examples/metrics/alerts.yml` holds Prometheus alerting rules (a route whose share of
 //! 429s is high or triples, a failing or slow store, an open breaker, requests passing unlimited
-//! because the store fails, a rejected rules file, a memory store that evicts): add it to
+//! because the store fails, a rejected rules file, a memory store that evicts, metered streams
+//! cut because the store fails): add it to
 //! `rule_files` in `prometheus.yml`; `promtool check rules examples/metrics/alerts.yml`
 //! validates it.
 //!

@@ -30,7 +30,9 @@ pub(crate) type FrameUnits = Arc<dyn Fn(&[u8]) -> u64 + Send + Sync>;
 pub(crate) struct Metering {
     /// Units taken from the store at a time.
     pub(crate) chunk: u64,
-    /// Counts each data frame of the response as it passes: spent before it is delivered.
+    /// Counts each data frame of the response as it passes: a frame that goes past the units
+    /// held is delivered while the next chunk is asked for (no frame passes until that is
+    /// known), so the frame that crosses the budget is a debt of at most its units.
     pub(crate) frames: Option<FrameUnits>,
     /// A trailer holding the response's total usage: the charge is settled to it.
     pub(crate) usage_trailer: Option<HeaderName>,

@@ -291,13 +291,32 @@ impl Rule {
     /// is dropped (the client left), the charge is settled to the units spent, in one store
     /// call: unused units of the last chunk go back, units spent past it are charged (a debt).
     ///
-    /// The precision is the chunk: every unit spent is taken from the store before it is
-    /// generated, so a fleet never delivers more than the budget (units
-    /// [recorded](crate::Meter::record) after the fact, or [counted by
-    /// frame](Rule::meter_frames), may go past it by what one of them holds, as a debt), and a stream
-    /// may be cut up to one chunk before the budget when less than a chunk is left. A chunk
-    /// costs one store call per `chunk` units: a few percent of the quota is the usual
-    /// trade-off.
+    /// Every unit [spent](crate::Meter::spend) is taken from the store before it is generated,
+    /// so what a fleet delivers on one key is the budget as the algorithm counts it (a token
+    /// bucket's refill is budget: a fresh key of "20,000 a minute" delivers its burst of 20,000
+    /// and 333 a second more, up to 22,666 in its first 8 s), plus, exactly:
+    ///
+    /// - per stream cut at its budget, the units of the one frame ([`meter_frames`](Rule::meter_frames))
+    ///   or [record](crate::Meter::record) that crossed it, a debt the key then pays back;
+    /// - per stream whose producer ignores [`Spend::Exhausted`], at most 64 data frames passed
+    ///   on after the budget ended (the frames its producer made before it was told; a producer
+    ///   that spends before each frame has paid for them); with `meter_frames`, none;
+    /// - with [`meter_usage_trailer`](Rule::meter_usage_trailer), whatever the trailer's number
+    ///   leaves out (the number is trusted; without a valid trailer the charge is the units taken
+    ///   or spent, the more);
+    /// - while the store fails and the rule fails open, every unit spent (not charged);
+    /// - while the rule falls back to the local limiter, the fallback's bound (see
+    ///   [`FallbackShare`](crate::FallbackShare)).
+    ///
+    /// Leases and split keys are refused on a metered rule: they add nothing. The other way,
+    /// units held and not yet spent are not delivered: a stream takes its next chunk in the
+    /// background when less than half of one is left, so each stream open on a key holds at most
+    /// `chunk + ceil(chunk / 2)` unspent units, given back when it ends; a request is admitted,
+    /// and a stream goes on, with what is left when that is less than a chunk (a first chunk of
+    /// `min(chunk, remaining)`, the `r` a client was shown). Units spent but not delivered
+    /// (frames in flight when a client leaves, or past the 64 passed on after the budget ended)
+    /// are charged. A chunk costs one store call per `chunk` units: a few percent of the quota is
+    /// the usual trade-off.
     ///
     /// ```
     /// use tollgate::key::FromHeader;
@@ -338,7 +357,7 @@ impl Rule {
     /// [metered](Rule::meter) response with `units` as it passes, taking the next chunk before
     /// another frame passes when they go past the units held. The frame that crosses the budget
     /// is delivered (a debt of at most its units) and the stream ends after it with the
-    /// refusal. The charge is what was delivered. A handler that also spends from its
+    /// refusal. The charge is what was delivered; no frame passes uncounted. A handler that also spends from its
     /// [`Meter`](crate::Meter) is counted twice: use one or the other.
     ///
     /// ```
@@ -361,9 +380,14 @@ impl Rule {
     /// For a service that reports what it used at the end (a gRPC or HTTP/2 trailer such as
     /// `x-usage-tokens: 1234`): the charge of a [metered](Rule::meter) response is settled to
     /// that number, which the layer removes from the trailers. The number is trusted: it must
-    /// come from your service, not from a client or an upstream you do not control. The units spent meanwhile (by
-    /// the handler's [`Meter`](crate::Meter) or [frames](Rule::meter_frames)) still stop the
-    /// stream at the budget; without the trailer, they are the charge.
+    /// come from your service, not from a client or an upstream you do not control. The trailer
+    /// corrects a reserved charge: the chunks the meter took (the admission's, and more as the
+    /// handler's [`Meter`](crate::Meter) or [frames](Rule::meter_frames) spend, which still stop
+    /// the stream at the budget) are charged until it is read, and a response that ends or is
+    /// dropped without a valid trailer (missing, not a number, or the client left first) is
+    /// charged the units taken or spent, the more: at least its first chunk (`min(chunk,
+    /// remaining)` at admission), never 0.
+    /// With the trailer, the charge is its number, up or down.
     pub fn meter_usage_trailer(mut self, name: http::HeaderName) -> Self {
         match &mut self.meter {
             Some(metering) => metering.usage_trailer = Some(name),
