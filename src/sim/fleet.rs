@@ -53,6 +53,9 @@ pub(crate) enum Happened {
     Released,
     /// The handler sent its usage trailer.
     Reported,
+    /// The admission said nothing was left (`r=0`): its first chunk may have been what was
+    /// left, less than a chunk.
+    Emptied,
 }
 
 /// One fact of the run.
@@ -464,6 +467,15 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
             };
             tokio::time::sleep(wait).await;
             continue;
+        }
+        let emptied = response
+            .headers()
+            .get_all("ratelimit")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.contains(";r=0;") || v.ends_with(";r=0"));
+        if emptied {
+            fleet.ledger.note(id, plan.key, Happened::Emptied);
         }
         let leave_after = match plan.manner {
             Manner::Leaver => Some(rng.between(0, tokens.max(1))),

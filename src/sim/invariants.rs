@@ -14,7 +14,7 @@
 //!   - **frames** (`meter_frames`): the frame that crosses the budget, one unit per stream;
 //!   - **usage trailers** (`meter_usage_trailer`): a stream's units past its first chunk until
 //!     its trailer is settled (two seconds after its end), for good when it ends without one
-//!     (the chunks it took are its charge);
+//!     (the chunks it took are its charge; the first is what was left when that was less);
 //!   - **leases and split keys**: nothing (every unit is charged to Redis before it is spent,
 //!     and the sub-keys' shares add up to at most the quota);
 //!   - rules that fail open, and shadow rules, have no budget.
@@ -199,8 +199,8 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
     let how = rule.meter.map(|(_, how)| how);
     let mut delivered = 0u64;
     let mut streams = 0u64;
-    // Usage-trailer streams: units read, and whether their trailer was sent.
-    let mut open: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    // Usage-trailer streams: units read, whether their trailer was sent, their first chunk.
+    let mut open: BTreeMap<u64, (u64, bool, u64)> = BTreeMap::new();
     let mut unsettled = 0u64;
     let mut landing: VecDeque<(u64, u64)> = VecDeque::new();
     for fact in outcome.facts.iter().filter(|f| f.key == key) {
@@ -215,7 +215,7 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
                 } else {
                     streams += 1;
                     if how == Some(Metered::Trailer) {
-                        open.insert(fact.request, (0, false));
+                        open.insert(fact.request, (0, false, chunk));
                     }
                 }
             }
@@ -224,21 +224,28 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
                     continue;
                 }
                 delivered += 1;
-                if let Some((units, _)) = open.get_mut(&fact.request) {
+                if let Some((units, _, taken)) = open.get_mut(&fact.request) {
                     *units += 1;
-                    if *units > chunk {
+                    if *units > *taken {
                         unsettled += 1;
                     }
                 }
             }
             Happened::Reported => {
-                if let Some((_, reported)) = open.get_mut(&fact.request) {
+                if let Some((_, reported, _)) = open.get_mut(&fact.request) {
                     *reported = true;
                 }
             }
+            Happened::Emptied => {
+                // What was left may have been less than a chunk: at least one unit.
+                if let Some((units, _, taken)) = open.get_mut(&fact.request) {
+                    unsettled += (*units).min(*taken).saturating_sub(1);
+                    *taken = 1;
+                }
+            }
             Happened::Released => {
-                if let Some((units, true)) = open.remove(&fact.request) {
-                    landing.push_back((fact.at + SETTLE_LANDS, units.saturating_sub(chunk)));
+                if let Some((units, true, taken)) = open.remove(&fact.request) {
+                    landing.push_back((fact.at + SETTLE_LANDS, units.saturating_sub(taken)));
                 }
             }
         }
@@ -258,7 +265,12 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
         } else {
             0.0
         };
-        let bound = own + local + wiped + frames + unsettled as f64;
+        // The bucket's arithmetic rounds to whole microseconds and units: one unit.
+        let rounding = match rule.kind {
+            Kind::TokenBucket | Kind::Gcra => 1.0,
+            _ => 0.0,
+        };
+        let bound = own + local + wiped + frames + unsettled as f64 + rounding;
         if delivered as f64 > bound {
             return Some(Violation {
                 invariant: "budget",
