@@ -483,7 +483,10 @@ async fn a_configmap_swap_to_a_file_of_the_same_size_and_mtime_is_reloaded() {
     version("..2026_12_07_10_05_00.2", 8);
     let old = std::fs::metadata(dir.0.join("rules.toml")).unwrap();
     let new = std::fs::metadata(dir.0.join("..2026_12_07_10_05_00.2/rules.toml")).unwrap();
-    assert_eq!((old.len(), old.modified().unwrap()), (new.len(), new.modified().unwrap()));
+    assert_eq!(
+        (old.len(), old.modified().unwrap()),
+        (new.len(), new.modified().unwrap())
+    );
     symlink("..2026_12_07_10_05_00.2", dir.0.join("..data_tmp")).unwrap();
     std::fs::rename(dir.0.join("..data_tmp"), dir.0.join("..data")).unwrap();
     std::fs::remove_dir_all(dir.0.join("..2026_12_07_10_00_00.1")).unwrap();
