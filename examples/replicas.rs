@@ -26,7 +26,7 @@ use hyper::StatusCode;
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tollgate::store::{MemoryStore, RedisStore, Store};
+use tollgate::store::{ConnectError, MemoryStore, RedisStore, Store};
 use tollgate::{Quota, RateLimitLayer, Rule};
 
 const REPLICAS: usize = 3;
@@ -113,7 +113,11 @@ async fn fleet() -> Result<(), Box<dyn std::error::Error>> {
                 .prefix(format!("{prefix}-{store}"))
                 .connect()
                 .await
-                .map_err(|e| format!("cannot use Redis at {url} (set REDIS_URL): {e}"))?;
+                .map_err(|e| match e {
+                    // A configuration error is said as such, not as a Redis that cannot be reached.
+                    ConnectError::Config(e) => format!("REDIS_URL={url}: {e}"),
+                    e => format!("cannot reach Redis at {url} (set REDIS_URL): {e}"),
+                })?;
             // Leased units live 10 s here, far longer than the run: every one is spent.
             let rule = match lease {
                 Some(units) => rule().lease(units).lease_ttl(Duration::from_secs(10)),

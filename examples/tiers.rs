@@ -2,13 +2,15 @@
 //!
 //! ```text
 //! cargo run --example tiers
-//! curl -i -H 'x-api-key: acme-1' http://127.0.0.1:3000/search
+//! curl -i -H 'authorization: Bearer acme-1' http://127.0.0.1:3000/search
 //! ```
 //!
-//! * `x-api-key: free-…` is a tenant of tier `free` (5 per minute), `pro-…` a tenant of tier
-//!   `pro` (50 per minute), `acme-…` the tenant `acme` (tier `pro`, with an exception of 2 per
-//!   minute on `/search`). Without a key, a request gets the default tier, `free`, counted by
-//!   client IP.
+//! * The API key comes as `Authorization: Bearer <key>`. `free-…` is a tenant of tier `free`
+//!   (5 per minute), `pro-…` a tenant of tier `pro` (50 per minute), each key a tenant of its
+//!   own, named by the key's digest (`Tenant::hashed`): the key itself reaches neither the store
+//!   nor the logs. `acme-…` is the tenant `acme` (tier `pro`, with an exception of 2 per minute
+//!   on `/search`), named as `examples/tiers.toml` lists it. Without a key, a request gets the
+//!   default tier, `free`, counted by client IP.
 //! * Behind a proxy: the layer's key is `ClientIp`, trusting proxies on this machine
 //!   (127.0.0.0/8, `::1`), so anonymous requests are counted by the client address the proxy
 //!   wrote in `X-Forwarded-For`. Without `.key(..)` they would be keyed by the socket peer, the
@@ -46,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/examples/tiers.toml").to_owned());
     let limits = RateLimitLayer::builder()
         .policy_source(FileSource::new(&rules).interval(Duration::from_secs(1)))
-        .tenant(TenantFromHeader::new("x-api-key").lookup(tenant_of_api_key))
+        .tenant(TenantFromHeader::new("authorization").lookup(tenant_of_bearer))
         // Requests without a tenant are counted by the layer's key: behind a proxy, the client
         // it saw, not the proxy's own address.
         .key(ClientIp::new().parse_trusted_proxies(["127.0.0.0/8", "::1/128"])?)
@@ -75,19 +77,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("tollgate tiers on http://{addr} (Ctrl-C to stop), rules from {rules}");
     println!();
     println!(
-        "  curl -i http://{addr}/                                # no key: tier free, 5/min per IP"
-    );
-    println!("  curl -i -H 'x-api-key: free-1' http://{addr}/         # tier free, 5/min");
-    println!("  curl -i -H 'x-api-key: pro-1' http://{addr}/          # tier pro, 50/min");
-    println!(
-        "  curl -i -H 'x-api-key: acme-1' http://{addr}/search   # tenant acme: 2/min on /search"
+        "  curl -i http://{addr}/                                          # no key: tier free, 5/min per IP"
     );
     println!(
-        "  curl -i -H 'x-forwarded-for: 203.0.113.7' http://{addr}/  # through a proxy: that client's 5/min"
+        "  curl -i -H 'authorization: Bearer free-1' http://{addr}/        # tier free, 5/min"
     );
-    println!("  curl http://{addr}/policy                             # the version in force");
     println!(
-        "  for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'x-api-key: acme-1' http://{addr}/search; done"
+        "  curl -i -H 'authorization: Bearer pro-1' http://{addr}/         # tier pro, 50/min"
+    );
+    println!(
+        "  curl -i -H 'authorization: Bearer acme-1' http://{addr}/search  # tenant acme: 2/min on /search"
+    );
+    println!(
+        "  curl -i -H 'x-forwarded-for: 203.0.113.7' http://{addr}/        # through a proxy: that client's 5/min"
+    );
+    println!(
+        "  curl http://{addr}/policy                                       # the version in force"
+    );
+    println!(
+        "  for i in 1 2 3; do curl -s -o /dev/null -w '%{{http_code}}\\n' -H 'authorization: Bearer acme-1' http://{addr}/search; done"
     );
     println!();
     println!(
@@ -107,15 +115,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// `free-…` and `pro-…` are tenants of their tier, `acme-…` is the tenant acme; other keys are
-/// no tenant (the default tier, by client IP).
-fn tenant_of_api_key(key: &str) -> Option<Tenant> {
+/// The tenant of `Authorization: Bearer <key>` (the lookup gets the whole value, scheme
+/// included): `free-…` and `pro-…` are tenants of their tier, named by the key's digest;
+/// `acme-…` is the tenant acme. Other keys and schemes are no tenant (the default tier, by
+/// client IP).
+fn tenant_of_bearer(value: &str) -> Option<Tenant> {
+    let (scheme, key) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
     let (prefix, rest) = key.split_once('-')?;
     if rest.is_empty() {
         return None;
     }
     match prefix {
-        "free" | "pro" => Some(Tenant::new(key).with_tier(prefix)),
+        "free" | "pro" => Some(Tenant::new(key).with_tier(prefix).hashed()),
         "acme" => Some(Tenant::new("acme")),
         _ => None,
     }

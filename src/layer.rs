@@ -309,8 +309,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// Puts the raw key (an IP address, an email) in the rejection log instead of its keyed
-    /// digest. Off by default: logs travel further than the service.
+    /// Puts the raw key (an IP address, an email) and the raw tenant id in the rejection log
+    /// instead of their keyed digests. Off by default: logs travel further than the service,
+    /// and a tenant id may be an API key.
     pub fn log_raw_keys(mut self, raw: bool) -> Self {
         self.log_raw_keys = raw;
         self

@@ -85,14 +85,14 @@ async fn the_tiers_example_limits_by_tier_tenant_and_route_and_reloads_its_file(
     let other_client = [("x-forwarded-for", "203.0.113.8")];
     assert_eq!(get(&client, &addr, "/", &other_client).await.0, 200);
     // free-1 is a tenant of its own in tier free: 5 per minute, not the IP's budget.
-    let free = [("x-api-key", "free-1")];
+    let free = [("authorization", "Bearer free-1")];
     assert_eq!(get(&client, &addr, "/", &free).await.1, "\"free\";q=5;w=60");
     assert_eq!(
         statuses(&client, &addr, "/", &free, 5).await,
         [200, 200, 200, 200, 429]
     );
     // pro-1: tier pro, 50 per minute.
-    let pro = [("x-api-key", "pro-1")];
+    let pro = [("authorization", "Bearer pro-1")];
     let mut expected = vec![200; 50];
     expected.push(429);
     assert_eq!(
@@ -100,7 +100,7 @@ async fn the_tiers_example_limits_by_tier_tenant_and_route_and_reloads_its_file(
         expected
     );
     // acme: tier pro, with an exception of 2 per minute on /search.
-    let acme = [("x-api-key", "acme-1")];
+    let acme = [("authorization", "Bearer acme-1")];
     assert_eq!(
         get(&client, &addr, "/search", &acme).await.1,
         "\"acme-search\";q=2;w=60"
@@ -148,8 +148,20 @@ async fn the_tiers_example_limits_by_tier_tenant_and_route_and_reloads_its_file(
     assert_eq!(get(&client, &addr, "/policy", &[]).await.2, "edited\n");
 
     let printed = example.stop();
+    // Denials are logged; the API keys that name tenants are not (nor do they reach the store).
+    let denials: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.contains("request denied"))
+        .collect();
+    assert!(denials.len() >= 3, "{printed}");
     assert!(
-        printed.contains("curl -i -H 'x-api-key: acme-1'"),
+        denials
+            .iter()
+            .all(|l| !l.contains("free-1") && !l.contains("pro-1")),
+        "{denials:#?}"
+    );
+    assert!(
+        printed.contains("curl -i -H 'authorization: Bearer acme-1'"),
         "{printed}"
     );
     assert!(printed.contains("/policy"), "{printed}");

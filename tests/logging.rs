@@ -398,3 +398,78 @@ async fn a_redis_unreachable_at_start_is_said_once() {
     );
     assert!(said[0].contains("cannot reach Redis"), "{said:#?}");
 }
+
+/// A layer with tenants named by their API key (`free-bob`, of tier `free`), one request a
+/// minute per tenant.
+fn layer_with_api_key_tenants(log_raw_keys: bool) -> RateLimitLayer {
+    use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+    RateLimitLayer::builder()
+        .policy(
+            Policy::new("v1")
+                .tier(Tier::new("free").rule(Rule::new("per-minute", Quota::per_minute(1))))
+                .default_tier("free"),
+        )
+        .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+            let (tier, _) = key.split_once('-')?;
+            Some(Tenant::new(key).with_tier(tier))
+        }))
+        .log_raw_keys(log_raw_keys)
+        .build()
+        .unwrap()
+}
+
+fn with_api_key(key: &str) -> Request<Body> {
+    let mut request = from([9, 9, 9, 9]);
+    request
+        .headers_mut()
+        .insert("x-api-key", key.parse().unwrap());
+    request
+}
+
+#[tokio::test]
+async fn the_rejection_log_names_a_tenant_by_a_digest_unless_raw_keys_are_asked_for() {
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let denial = |events: &Events| {
+        events
+            .at(Level::INFO)
+            .into_iter()
+            .find(|l| l.starts_with("tollgate::denied: ") && l.contains("request denied"))
+            .expect("a denial line")
+    };
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer_with_api_key_tenants(false));
+    assert_eq!(
+        send(&mut app, with_api_key("free-bob")).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&mut app, with_api_key("free-bob")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let line = denial(&events);
+    assert!(!line.contains("free-bob"), "the raw tenant id: {line}");
+    let tenant = line
+        .split("tenant=")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert_eq!(
+        tenant.trim_matches('"').len(),
+        16,
+        "a 16-digit digest: {line}"
+    );
+
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer_with_api_key_tenants(true));
+    send(&mut app, with_api_key("free-bob")).await;
+    send(&mut app, with_api_key("free-bob")).await;
+    let line = denial(&events);
+    assert!(line.contains("tenant=\"free-bob\""), "{line}");
+}

@@ -1760,3 +1760,69 @@ fn a_default_tier_without_rules_builds_when_every_tier_has_rules() {
         .to_string();
     assert!(error.contains("at most 32"), "{error}");
 }
+
+#[tokio::test]
+async fn a_hashed_tenant_reaches_the_handler_by_its_digest_in_the_default_tier_too() {
+    let policy = Policy::new("v1")
+        .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(5))))
+        .tier(Tier::new("pro").rule(Rule::new("pro", Quota::per_minute(100))))
+        .default_tier("free");
+    let handler = async |tenant: Option<axum::Extension<Tenant>>| {
+        tenant.map_or("none".to_owned(), |t| {
+            format!("{} {}", t.id(), t.tier().unwrap_or("-"))
+        })
+    };
+    let body = async |res: Response<Body>| {
+        String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+    };
+    let layer = RateLimitLayer::builder()
+        .policy(policy.clone())
+        .tenant(
+            TenantFromHeader::new("x-api-key")
+                .hashed()
+                .lookup(tenant_of),
+        )
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let mut app = Router::new().route("/", get(handler)).layer(layer);
+    // A tier the policy does not have: the default tier's rules, and the tenant's extension.
+    let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], Some("gold-1"))).await;
+    assert_eq!(policy_name(&res), "free");
+    let hashed = Tenant::new("gold-1").hashed();
+    assert_eq!(body(res).await, format!("{} gold", hashed.id()));
+    // No tenant: the default tier too, and no extension.
+    let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], None)).await;
+    assert_eq!(policy_name(&res), "free");
+    assert_eq!(body(res).await, "none");
+    // An admin endpoint reads the tenant's budget with no request: one of 5 spent.
+    let budget = limiter.peek("free", &hashed.key()).await.unwrap();
+    assert_eq!(budget.remaining, 4);
+    assert_eq!(
+        limiter
+            .peek("free", &Tenant::new("gold-1").key())
+            .await
+            .unwrap()
+            .remaining,
+        5,
+        "the raw id is not the tenant's key"
+    );
+
+    // An asynchronous lookup is hashed too.
+    let layer = RateLimitLayer::builder()
+        .policy(policy)
+        .tenant(
+            TenantFromHeader::new("x-api-key")
+                .hashed()
+                .lookup_async(async |key: String| tenant_of(&key)),
+        )
+        .build()
+        .unwrap();
+    let mut app = Router::new().route("/", get(handler)).layer(layer);
+    let res = send(&mut app, request("GET", "/", [10, 0, 0, 1], Some("pro-7"))).await;
+    assert_eq!(policy_name(&res), "pro");
+    assert_eq!(
+        body(res).await,
+        format!("{} pro", Tenant::new("pro-7").hashed().id())
+    );
+}

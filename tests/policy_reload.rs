@@ -451,3 +451,51 @@ async fn the_memory_store_keeps_a_split_rules_budget_and_says_nothing() {
     let said = warnings_during(|| handle.install(hot_policy("v2", Some(4))).unwrap());
     assert!(said.is_empty(), "{said:#?}");
 }
+
+/// A Kubernetes ConfigMap volume: `rules.toml -> ..data/rules.toml`, `..data -> ..<timestamp>`;
+/// an update writes a new directory and renames a new `..data` symlink over the old one.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_configmap_swap_to_a_file_of_the_same_size_and_mtime_is_reloaded() {
+    use std::os::unix::fs::symlink;
+    let dir = TempDir::new("reload-configmap");
+    let modified = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_292_000);
+    let version = |name: &str, limit: u64| {
+        let data = dir.0.join(name);
+        std::fs::create_dir(&data).unwrap();
+        let file = data.join("rules.toml");
+        std::fs::write(&file, rules("v1", "free", limit)).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(modified)
+            .unwrap();
+    };
+    version("..2026_12_07_10_00_00.1", 5);
+    symlink("..2026_12_07_10_00_00.1", dir.0.join("..data")).unwrap();
+    symlink("..data/rules.toml", dir.0.join("rules.toml")).unwrap();
+    let (addr, _handle) = serve(&dir.0.join("rules.toml"), Duration::from_millis(20)).await;
+    let client = client();
+    assert_eq!(get_policy(&client, addr).await.1, "\"free\";q=5;w=60");
+
+    // Same version, same size, same modification time; only the limit differs.
+    version("..2026_12_07_10_05_00.2", 8);
+    let old = std::fs::metadata(dir.0.join("rules.toml")).unwrap();
+    let new = std::fs::metadata(dir.0.join("..2026_12_07_10_05_00.2/rules.toml")).unwrap();
+    assert_eq!(
+        (old.len(), old.modified().unwrap()),
+        (new.len(), new.modified().unwrap())
+    );
+    symlink("..2026_12_07_10_05_00.2", dir.0.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.0.join("..data_tmp"), dir.0.join("..data")).unwrap();
+    std::fs::remove_dir_all(dir.0.join("..2026_12_07_10_00_00.1")).unwrap();
+    let swapped = Instant::now();
+    while get_policy(&client, addr).await.1 != "\"free\";q=8;w=60" {
+        assert!(
+            swapped.elapsed() < Duration::from_secs(2),
+            "the swapped file was not reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

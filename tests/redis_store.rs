@@ -990,3 +990,55 @@ fn a_store_whose_first_runtime_went_away_still_connects() {
         }
     });
 }
+
+/// Tenants named by their API key, hashed: the key is in no Redis key name, its digest is.
+#[tokio::test]
+async fn a_hashed_tenant_from_a_header_keeps_the_api_key_out_of_redis() {
+    use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+    let prefix = unique_prefix("hashed-tenant");
+    let layer = RateLimitLayer::builder()
+        .policy(
+            Policy::new("v1")
+                .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(5))))
+                .default_tier("free"),
+        )
+        .tenant(
+            TenantFromHeader::new("authorization")
+                .hashed()
+                .lookup(|value: &str| {
+                    let key = value.strip_prefix("Bearer ")?;
+                    let (tier, _) = key.split_once('-')?;
+                    Some(Tenant::new(key).with_tier(tier))
+                }),
+        )
+        .store(standalone_store(&prefix).await)
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let mut request = Request::get("/")
+        .header("authorization", "Bearer free-bob")
+        .body(Body::empty())
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(SocketAddr::from((
+            [9, 9, 9, 9],
+            4000,
+        ))));
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut support::standalone().conn())
+        .unwrap();
+    let hashed = Tenant::new("free-bob").hashed();
+    assert!(names.iter().all(|n| !n.contains("bob")), "{names:?}");
+    assert!(
+        names
+            .iter()
+            .any(|n| n.contains(&hashed.id()["sha256:".len()..])),
+        "the digest of the key names its budget: {names:?}"
+    );
+}

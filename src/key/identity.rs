@@ -310,7 +310,8 @@ fn push_escaped(out: &mut String, c: char) {
     }
 }
 
-fn hex_digest(bytes: &[u8]) -> String {
+/// `sha256:` and the hex SHA-256 digest of `bytes` (the text of [`Key::digest`]).
+pub(crate) fn hex_digest(bytes: &[u8]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = Sha256::digest(bytes);
     let mut out = String::with_capacity(HASH_PREFIX.len() + 64);

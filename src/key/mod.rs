@@ -209,7 +209,7 @@ pub use extension::FromExtension;
 pub use global::Global;
 pub use header::FromHeader;
 pub use identity::{Key, MAX_TEXT_KEY_LEN, canonical_ip};
-pub(crate) use identity::{canonical_net, nat64_net};
+pub(crate) use identity::{canonical_net, hex_digest, nat64_net};
 pub use ipnet::IpNet;
 pub use peer_ip::PeerIp;
 pub use route::{MAX_GRPC_PATH_LEN, Route};

@@ -14,6 +14,7 @@ use crate::policy::{Applied, Tenant};
 /// The rejection log of one layer.
 pub(crate) struct DenialLog {
     per_second: u32,
+    /// Raw keys and tenant ids in the lines, instead of their keyed digests.
     raw_keys: bool,
     /// The second being counted (high 40 bits) and the lines written in it (low 24 bits), in
     /// one word: one compare-and-swap moves both, so a second never writes more than its lines.
@@ -121,12 +122,18 @@ impl DenialLog {
             Some(key) => digest(&key.to_string()),
             None => String::new(),
         };
+        // A tenant id may be an API key or an email, as a key may: a digest too, unless asked.
+        let tenant = match tenant.map(Tenant::id) {
+            Some(id) if self.raw_keys => id.to_owned(),
+            Some(id) => digest(id),
+            None => String::new(),
+        };
         tracing::info!(
             target: "tollgate::denied",
             rules = %RuleNames { snapshot: decided.snapshot, applied: &denying },
             route,
             tier,
-            tenant = tenant.map(Tenant::id).unwrap_or(""),
+            tenant = tenant.as_str(),
             key = %key,
             retry_after_s = decided.retry_after_seconds(),
             verdict = decided.verdict.as_str(),

@@ -91,9 +91,10 @@
 //! # The rejection log
 //!
 //! Every denial is logged at `info`, target `tollgate::denied`, with the rules that denied, the
-//! route, the tier, and a short keyed digest of the key (the same client gives the same digest
-//! within one process, and the digest cannot be turned back into an address or an email); the
-//! raw key only with [`log_raw_keys`](crate::RateLimitLayerBuilder::log_raw_keys). At most
+//! route, the tier, and short keyed digests of the key and of the tenant's id (the same client
+//! gives the same digest within one process, and the digest cannot be turned back into an
+//! address, an email or an API key); the raw key and tenant id only with
+//! [`log_raw_keys`](crate::RateLimitLayerBuilder::log_raw_keys). At most
 //! [`denial_log_per_second`](crate::RateLimitLayerBuilder::denial_log_per_second) lines a second
 //! (default 10); then one line says how many were not logged. Shadow rules log what they would
 //! deny at `info`, target `tollgate::shadow`; rules files that are not installed are logged at

@@ -17,7 +17,7 @@
 //! let layer = RateLimitLayer::builder()
 //!     .policy(policy)
 //!     // A real service verifies API keys in its directory here.
-//!     .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+//!     .tenant(TenantFromHeader::new("x-api-key").hashed().lookup(|key: &str| {
 //!         let (tier, _) = key.split_once('-')?;
 //!         Some(Tenant::new(key).with_tier(tier))
 //!     }))
@@ -244,7 +244,7 @@
 //! "#, "tiers.toml")?;
 //! let layer = RateLimitLayer::builder()
 //!     .policy(policy)
-//!     .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+//!     .tenant(TenantFromHeader::new("x-api-key").hashed().lookup(|key: &str| {
 //!         let (tier, _) = key.split_once('-')?;
 //!         Some(Tenant::new(key).with_tier(tier))
 //!     }))

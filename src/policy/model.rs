@@ -83,7 +83,7 @@ use crate::key::Key;
 ///     );
 /// let layer = RateLimitLayer::builder()
 ///     .policy(policy)
-///     .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+///     .tenant(TenantFromHeader::new("x-api-key").hashed().lookup(|key: &str| {
 ///         let (tier, _) = key.split_once('-')?;
 ///         Some(Tenant::new(key).with_tier(tier))
 ///     }))

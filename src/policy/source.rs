@@ -99,18 +99,61 @@ pub const MAX_FILE_LEN: u64 = 16 * 1024 * 1024;
 /// It polls rather than watches: one `stat` per interval costs nothing, needs no platform
 /// notification API, and sees every way a file changes, including the symlink swaps with which
 /// Kubernetes updates a mounted ConfigMap, which file watches miss. A change is read when the
-/// file's modification time or size changed, and installed when its content did. Replace the
-/// file by renaming a complete one over it (as deployments and most editors do): a file caught
-/// while it is being written is read again at the next poll.
+/// file's modification time or size changed, or, on Unix, when the path leads to another file
+/// (its device and inode) or the file's status changed (its `ctime`, which no copy keeps): a
+/// file swapped in by a rename or a symlink swap is read even when archives and syncs kept
+/// the old one's size and modification time. Elsewhere, the file is read at every poll. It is
+/// installed when its content changed. Replace the file by renaming a complete one over it
+/// (as deployments and most editors do): a file caught while it is being written is read again
+/// at the next poll.
 #[cfg(feature = "toml")]
 #[derive(Debug)]
 pub struct FileSource {
     path: PathBuf,
     interval: Duration,
-    /// Modification time and length at the last read.
-    seen: Option<(SystemTime, u64)>,
+    /// The file's identity, modification time and length at the last read.
+    seen: Option<Seen>,
     /// Hash of the last content read.
     content: Option<u64>,
+}
+
+/// What tells one version of a rules file from another without reading it.
+#[cfg(feature = "toml")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    modified: SystemTime,
+    len: u64,
+    /// Device, inode and status-change time (seconds, nanoseconds), where the platform has them.
+    identity: Option<(u64, u64, i64, i64)>,
+}
+
+#[cfg(feature = "toml")]
+impl Seen {
+    fn of(metadata: &std::fs::Metadata) -> Self {
+        #[cfg(unix)]
+        let identity = {
+            use std::os::unix::fs::MetadataExt;
+            Some((
+                metadata.dev(),
+                metadata.ino(),
+                metadata.ctime(),
+                metadata.ctime_nsec(),
+            ))
+        };
+        #[cfg(not(unix))]
+        let identity = None;
+        Seen {
+            modified: metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            len: metadata.len(),
+            identity,
+        }
+    }
+
+    /// Whether the file is known to be the one seen: without its identity, never (it is read
+    /// again, and installed only if its content changed).
+    fn same(&self, other: &Seen) -> bool {
+        self.identity.is_some() && self == other
+    }
 }
 
 #[cfg(feature = "toml")]
@@ -135,11 +178,8 @@ impl FileSource {
         let name = self.path.display().to_string();
         let metadata = std::fs::metadata(&self.path)
             .map_err(|e| ConfigError::new(format!("cannot read the rules file {name}: {e}")))?;
-        let seen = (
-            metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            metadata.len(),
-        );
-        if !force && self.seen == Some(seen) {
+        let seen = Seen::of(&metadata);
+        if !force && self.seen.is_some_and(|before| before.same(&seen)) {
             return Ok(None);
         }
         if metadata.len() > MAX_FILE_LEN {
@@ -153,10 +193,8 @@ impl FileSource {
             .map_err(|e| ConfigError::new(format!("cannot read the rules file {name}: {e}")))?;
         // A file still being written: read it again at the next poll (replace files by renaming
         // a complete one over them, and this never happens).
-        let after = std::fs::metadata(&self.path)
-            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-            .ok();
-        if after != Some(seen) || text.len() as u64 != seen.1 {
+        let after = std::fs::metadata(&self.path).map(|m| Seen::of(&m)).ok();
+        if after != Some(seen) || text.len() as u64 != seen.len {
             if force {
                 return Err(ConfigError::new(format!(
                     "the rules file {name} changed while it was read; replace it by renaming a \

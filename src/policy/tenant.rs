@@ -5,13 +5,14 @@
 //! use tollgate::policy::{Tenant, TenantExtractor, TenantFromHeader, Found};
 //!
 //! // API keys of the form "<tier>-<anything>"; a real service looks them up in its directory.
-//! let by_api_key = TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+//! // Each key is its own tenant, named by its digest: the key reaches no store and no log.
+//! let by_api_key = TenantFromHeader::new("x-api-key").hashed().lookup(|key: &str| {
 //!     let (tier, _) = key.split_once('-')?;
 //!     Some(Tenant::new(key).with_tier(tier))
 //! });
 //! let (parts, ()) = http::Request::get("/").header("x-api-key", "pro-1234").body(()).unwrap().into_parts();
 //! let Found::Tenant(tenant) = by_api_key.tenant(&parts) else { panic!() };
-//! assert_eq!(tenant.id(), "pro-1234");
+//! assert_eq!(tenant.id(), Tenant::new("pro-1234").hashed().id());
 //! assert_eq!(tenant.tier(), Some("pro"));
 //! ```
 //!
@@ -36,8 +37,13 @@ use http::request::Parts;
 /// instead.
 ///
 /// An authentication layer can insert a `Tenant` as a request extension, for
-/// [`TenantFromExtension`] to find; the rate-limit layer also inserts the tenant it found, so
-/// that handlers can read it.
+/// [`TenantFromExtension`] to find; the rate-limit layer also inserts the tenant its extractor
+/// found, so that handlers can read it (`Option<axum::Extension<Tenant>>`). A request has
+/// it whenever a tenant was found, whatever its tier: a tenant whose tier the policy does not
+/// have is checked against the default tier's rules and still has its extension. A request without a tenant (no header, a key the lookup does
+/// not know, a lookup that timed out) has none, though it gets the default tier too: the
+/// extension tells a tenant from no tenant, and [`hashed`](Self::hashed) tenants carry their
+/// digest there.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Tenant {
     id: Arc<str>,
@@ -60,6 +66,26 @@ impl Tenant {
         self
     }
 
+    /// Names the tenant by the SHA-256 of its id instead of the id: `sha256:` and 64 hex digits,
+    /// as [`Key::digest`](crate::key::Key::digest) writes them. For tenants named by an API key
+    /// or a token, whose id then reaches neither the store's key names nor the logs; their
+    /// entries in a policy, their list entries and an admin's [`Limiter`](crate::Limiter) calls
+    /// name them by this digest. The tier stays.
+    ///
+    /// ```
+    /// use tollgate::key::Key;
+    /// use tollgate::policy::Tenant;
+    ///
+    /// let tenant = Tenant::new("free-bob").with_tier("free").hashed();
+    /// assert_eq!(tenant.id(), Key::digest("free-bob").to_string());
+    /// assert_eq!(tenant.id().len(), 71);
+    /// assert_eq!(tenant.tier(), Some("free"));
+    /// ```
+    pub fn hashed(mut self) -> Self {
+        self.id = crate::key::hex_digest(self.id.as_bytes()).into();
+        self
+    }
+
     /// The tenant's id.
     pub fn id(&self) -> &str {
         &self.id
@@ -68,6 +94,36 @@ impl Tenant {
     /// The tier the extractor gave it, if any.
     pub fn tier(&self) -> Option<&str> {
         self.tier.as_deref()
+    }
+
+    /// The key that rules without a key of their own count this tenant by (the text of its id,
+    /// as [`TenantKey`] makes it): with it, a [`Limiter`](crate::Limiter) reads, charges or
+    /// resets a tenant's budget from your own code, an admin endpoint for one, with no request
+    /// of the tenant's.
+    ///
+    /// ```
+    /// use tollgate::policy::{Policy, Tenant, TenantFromHeader, Tier};
+    /// use tollgate::{Quota, RateLimitLayer, Rule};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let layer = RateLimitLayer::builder()
+    ///     .policy(
+    ///         Policy::new("v1")
+    ///             .tier(Tier::new("free").rule(Rule::new("free", Quota::per_minute(5))))
+    ///             .default_tier("free"),
+    ///     )
+    ///     .tenant(TenantFromHeader::new("x-api-key").hashed())
+    ///     .build()?;
+    /// // The tenant whose requests carry `x-api-key: k-123`, named as the layer names it.
+    /// let tenant = Tenant::new("k-123").hashed();
+    /// let budget = layer.limiter().peek("free", &tenant.key()).await?;
+    /// assert_eq!(budget.remaining, 5);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn key(&self) -> crate::key::Key {
+        crate::key::Key::text(&*self.id)
     }
 }
 
@@ -169,13 +225,44 @@ type Lookup = Arc<dyn Fn(&str) -> Found + Send + Sync>;
 /// A header's value mapped to a tenant through a lookup, synchronous
 /// ([`lookup`](TenantFromHeader::lookup)) or asynchronous
 /// ([`lookup_async`](TenantFromHeader::lookup_async), for an API-key directory behind a
-/// network call). A missing header, a value that is not visible ASCII, or a value longer than
-/// [`MAX_HEADER_VALUE_LEN`] is no tenant, as is a value the lookup does not know.
+/// network call).
+///
+/// The lookup gets the value as the request carries it: 1 to [`MAX_HEADER_VALUE_LEN`] bytes,
+/// each a visible ASCII character (`!` to `~`), a space or a tab, not trimmed (HTTP servers
+/// take off the spaces around a header's value; the ones inside stay). So
+/// `Authorization: Bearer k-123` is looked up as `Bearer k-123`: take the scheme off in the
+/// lookup. A missing header, an empty one, a longer one, one with any other byte (a control
+/// character, a byte of UTF-8 past ASCII) is no tenant, as is a value the lookup does not know.
+///
+/// Tenants named by the API key itself put the key in the store's key names and, with
+/// [`log_raw_keys`](crate::RateLimitLayerBuilder::log_raw_keys), in the logs:
+/// [`hashed`](Self::hashed) names them by its digest instead.
+///
+/// ```
+/// use tollgate::policy::{Found, Tenant, TenantExtractor, TenantFromHeader};
+///
+/// // `Authorization: Bearer <tier>-<anything>`; a real service looks keys up in its directory.
+/// let by_bearer = TenantFromHeader::new("authorization").hashed().lookup(|value: &str| {
+///     let (scheme, key) = value.split_once(' ')?;
+///     let (tier, _) = key.split_once('-')?;
+///     scheme.eq_ignore_ascii_case("bearer").then(|| Tenant::new(key).with_tier(tier))
+/// });
+/// let (parts, ()) = http::Request::get("/")
+///     .header("authorization", "Bearer pro-1234")
+///     .body(())
+///     .unwrap()
+///     .into_parts();
+/// let Found::Tenant(tenant) = by_bearer.tenant(&parts) else { panic!() };
+/// assert_eq!(tenant, Tenant::new("pro-1234").with_tier("pro").hashed());
+/// assert!(!tenant.id().contains("1234"));
+/// ```
 #[derive(Clone)]
 pub struct TenantFromHeader {
     name: HeaderName,
     lookup: Lookup,
     timeout: Duration,
+    /// Whether the tenants found are named by the digest of their id.
+    hashed: bool,
 }
 
 /// The longest header value [`TenantFromHeader`] looks up.
@@ -193,6 +280,7 @@ impl TenantFromHeader {
             name: HeaderName::from_static(name),
             lookup: Arc::new(|value| Found::Tenant(Tenant::new(value))),
             timeout: Duration::from_secs(1),
+            hashed: false,
         }
     }
 
@@ -220,6 +308,20 @@ impl TenantFromHeader {
 }
 
 impl TenantFromHeader {
+    /// Names every tenant found by the SHA-256 of the id it was found with
+    /// ([`Tenant::hashed`]): for tenants named by their API key or token (the value itself,
+    /// without a lookup, or the key a lookup names the tenant by), which then reach neither
+    /// the store's key names nor the logs. The lookup still gets the value, and decides whether
+    /// there is a tenant and its tier. A tenant the policy lists (its tier, its exceptions, a
+    /// list entry) is listed by that digest, `Tenant::new(id).hashed().id()`.
+    ///
+    /// When some tenants are named by a directory's id and others by their key, leave this off
+    /// and return `Tenant::new(key).hashed()` from the lookup for the latter.
+    pub fn hashed(mut self) -> Self {
+        self.hashed = true;
+        self
+    }
+
     /// The longest an asynchronous lookup may take (default 1 s); a request whose lookup takes
     /// longer has no tenant (the default tier, by the layer's key).
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -232,6 +334,7 @@ impl fmt::Debug for TenantFromHeader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TenantFromHeader")
             .field("name", &self.name)
+            .field("hashed", &self.hashed)
             .finish_non_exhaustive()
     }
 }
@@ -244,15 +347,25 @@ impl TenantExtractor for TenantFromHeader {
         if value.len() > MAX_HEADER_VALUE_LEN {
             return Found::None;
         }
+        let hashed = self.hashed;
+        let name = move |tenant: Tenant| if hashed { tenant.hashed() } else { tenant };
         match value.to_str() {
             Ok(value) if !value.is_empty() => match (self.lookup)(value) {
                 // The timer needs tokio's runtime, as the lookups of servers have.
                 Found::Pending(lookup) if tokio::runtime::Handle::try_current().is_ok() => {
                     let timeout = self.timeout;
                     Found::Pending(Box::pin(async move {
-                        tokio::time::timeout(timeout, lookup).await.ok().flatten()
+                        tokio::time::timeout(timeout, lookup)
+                            .await
+                            .ok()
+                            .flatten()
+                            .map(name)
                     }))
                 }
+                Found::Pending(lookup) if hashed => {
+                    Found::Pending(Box::pin(async move { lookup.await.map(name) }))
+                }
+                Found::Tenant(tenant) => Found::Tenant(name(tenant)),
                 found => found,
             },
             _ => Found::None,
@@ -284,10 +397,6 @@ pub struct TenantKey;
 
 impl crate::key::KeyExtractor for TenantKey {
     fn extract(&self, parts: &Parts) -> crate::key::Extracted {
-        parts
-            .extensions
-            .get::<Tenant>()
-            .map(|tenant| crate::key::Key::text(tenant.id()))
-            .into()
+        parts.extensions.get::<Tenant>().map(Tenant::key).into()
     }
 }

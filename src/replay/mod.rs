@@ -25,7 +25,7 @@
 //! let clock = ManualClock::default();
 //! let layer = RateLimitLayer::builder()
 //!     .policy(rules)
-//!     .tenant(TenantFromHeader::new("x-api-key").lookup(|key: &str| {
+//!     .tenant(TenantFromHeader::new("x-api-key").hashed().lookup(|key: &str| {
 //!         let (tier, _) = key.split_once('-')?;
 //!         Some(Tenant::new(key).with_tier(tier))
 //!     }))
@@ -46,8 +46,9 @@
 //! // No enterprise tenant is denied; free-tier denials stay under 2 %.
 //! assert_eq!(report.tier("enterprise").denied, 0);
 //! assert!(report.tier("free").denied_share() < 0.02, "{report}");
-//! // The bot's 30 requests in a minute: its burst of 5 and one more every 12 s admitted.
-//! assert_eq!(report.tenant("free-bot").admitted, 9);
+//! // The bot's 30 requests in a minute: its burst of 5 and one more every 12 s admitted (the
+//! // report names tenants as the layer does: by the digest of their key).
+//! assert_eq!(report.tenant(Tenant::new("free-bot").hashed().id()).admitted, 9);
 //! # Ok(())
 //! # }
 //! ```

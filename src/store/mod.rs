@@ -89,6 +89,14 @@
 //! # }
 //! ```
 //!
+//! **Budgets live as long as Redis keeps them.** A budget is a key in Redis and nothing else
+//! holds it: a key Redis evicts (a `maxmemory` policy other than `noeviction`, such as
+//! `allkeys-lru`), a server restarted without persistence (no RDB or AOF), a failover to a
+//! replica that had not received the last writes, or a `FLUSHALL` gives the clients it
+//! counted a full budget again. Keep them from eviction (`maxmemory-policy noeviction`; every
+//! tollgate key has a TTL, so the `volatile-*` policies evict them first), and enable
+//! persistence where a restart must not refill every budget.
+//!
 //! For a Redis Cluster, use [`RedisClusterStore::builder`] with the URLs of some of its nodes
 //! instead (`RedisClusterStore::builder(["redis://node1:6379", "redis://node2:6379"])`);
 //! everything else is the same. Valkey works as Redis does (Redis 6.2 or newer, or any Valkey).
