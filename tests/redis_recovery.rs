@@ -329,6 +329,44 @@ async fn a_cached_denial_lives_no_longer_than_its_cap() {
 /// (peek every slot, then charge each). When a slot denies in the second phase (another request
 /// took its last unit meanwhile), the slots already charged are refunded, even if the request
 /// went away in between: the check runs to its end on its own.
+/// The fault proxy's delay is a latency, not a queue: a command sent while another is on its
+/// way arrives one delay after it was sent, not one delay after the other arrived.
+#[tokio::test]
+async fn the_fault_proxys_delay_is_a_latency() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = support::standalone();
+    let proxy = FaultProxy::start(server.port).await;
+    let mut link = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .unwrap();
+    link.set_nodelay(true).unwrap();
+    proxy.set_delay(Duration::from_millis(300));
+    let sent = tokio::time::Instant::now();
+    link.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    link.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    let mut replies = Vec::new();
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let mut chunk = [0u8; 64];
+        let n = link.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the proxy closed the link");
+        replies.extend_from_slice(&chunk[..n]);
+        while answered.len() < replies.windows(7).filter(|w| w == b"+PONG\r\n").count() {
+            answered.push(sent.elapsed());
+        }
+    }
+    // 600 ms for the first round trip; the second, sent 100 ms later, 700 ms (not 900 ms, as
+    // if it waited for the first's delays in each direction).
+    assert!(
+        answered[1] < Duration::from_millis(800),
+        "the second reply came after {:?} (the first after {:?})",
+        answered[1],
+        answered[0]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
     let (cluster, proxies) = support::fault_proxy::cluster_behind_proxies().await;
@@ -387,7 +425,9 @@ async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
     assert!(store.peek(&narrow_only).await.unwrap().allowed());
     assert!(store.peek(&wide_only).await.unwrap().allowed());
     // 400 ms each way to the narrow rule's node: its peek is read there at about 400 ms and
-    // answers at 800 ms; its charge arrives at 1,200 ms and answers at 1,600 ms.
+    // answers at 800 ms; its charge arrives at 1,200 ms and answers at 1,600 ms. (The delay is
+    // a latency: a heartbeat either store sends on its connection to that node meanwhile
+    // does not push a call behind it back by another 400 ms.)
     proxies[narrow_owner].set_delay(Duration::from_millis(400));
     let check = tokio::time::timeout(Duration::from_millis(1_400), store.check(&both));
     let race = async {
