@@ -214,3 +214,41 @@ async fn cluster_stores_count_each_other_and_a_replica_that_stops_lapses() {
     // Three intervals without a beat, and the next beat of the others.
     counted(&stores, 2).await;
 }
+
+/// Waits (5 s at most) until `store` has counted, and returns its count.
+async fn first_count<St: Store>(store: &St) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(count) = store.replicas() {
+            return count;
+        }
+        assert!(Instant::now() < deadline, "the store never counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_beats_seldom_stays_counted_after_one_that_beats_often_stops() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("mixed-beats");
+    let builder = |every: Duration| {
+        RedisStore::builder(server.url())
+            .prefix(&prefix)
+            .heartbeat(every)
+    };
+    // One replica beats every 3 s (it lapses after 9 s), another every 100 ms (300 ms).
+    let seldom = builder(Duration::from_secs(3)).connect().await.unwrap();
+    assert_eq!(first_count(&seldom).await, 1);
+    let often = builder(Duration::from_millis(100)).connect().await.unwrap();
+    counted(std::slice::from_ref(&often), 2).await;
+    // The frequent one stops; its member lapses after 300 ms, the other's does not.
+    drop(often);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A replica that joins now, before the seldom one beats again, counts it and itself.
+    let joined = builder(Duration::from_millis(100)).connect().await.unwrap();
+    assert_eq!(
+        first_count(&joined).await,
+        2,
+        "the replica that beats every 3 s is still counted"
+    );
+}

@@ -329,6 +329,44 @@ async fn a_cached_denial_lives_no_longer_than_its_cap() {
 /// (peek every slot, then charge each). When a slot denies in the second phase (another request
 /// took its last unit meanwhile), the slots already charged are refunded, even if the request
 /// went away in between: the check runs to its end on its own.
+/// The fault proxy's delay is a latency, not a queue: a command sent while another is on its
+/// way arrives one delay after it was sent, not one delay after the other arrived.
+#[tokio::test]
+async fn the_fault_proxys_delay_is_a_latency() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let server = support::standalone();
+    let proxy = FaultProxy::start(server.port).await;
+    let mut link = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .unwrap();
+    link.set_nodelay(true).unwrap();
+    proxy.set_delay(Duration::from_millis(300));
+    let sent = tokio::time::Instant::now();
+    link.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    link.write_all(b"*1\r\n$4\r\nPING\r\n").await.unwrap();
+    let mut replies = Vec::new();
+    let mut answered = Vec::new();
+    while answered.len() < 2 {
+        let mut chunk = [0u8; 64];
+        let n = link.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the proxy closed the link");
+        replies.extend_from_slice(&chunk[..n]);
+        while answered.len() < replies.windows(7).filter(|w| w == b"+PONG\r\n").count() {
+            answered.push(sent.elapsed());
+        }
+    }
+    // 600 ms for the first round trip; the second, sent 100 ms later, 700 ms (not 900 ms, as
+    // if it waited for the first's delays in each direction).
+    assert!(
+        answered[1] < Duration::from_millis(800),
+        "the second reply came after {:?} (the first after {:?})",
+        answered[1],
+        answered[0]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
     let (cluster, proxies) = support::fault_proxy::cluster_behind_proxies().await;
@@ -387,7 +425,9 @@ async fn a_cross_slot_refund_is_made_when_the_request_goes_away() {
     assert!(store.peek(&narrow_only).await.unwrap().allowed());
     assert!(store.peek(&wide_only).await.unwrap().allowed());
     // 400 ms each way to the narrow rule's node: its peek is read there at about 400 ms and
-    // answers at 800 ms; its charge arrives at 1,200 ms and answers at 1,600 ms.
+    // answers at 800 ms; its charge arrives at 1,200 ms and answers at 1,600 ms. (The delay is
+    // a latency: a heartbeat either store sends on its connection to that node meanwhile
+    // does not push a call behind it back by another 400 ms.)
     proxies[narrow_owner].set_delay(Duration::from_millis(400));
     let check = tokio::time::timeout(Duration::from_millis(1_400), store.check(&both));
     let race = async {
@@ -577,4 +617,149 @@ async fn leased_units_do_not_go_back_after_another_replica_reset_the_key() {
         left, 49,
         "51 charged since the reset, none of them given back"
     );
+}
+
+/// Whether `buf` starts with a whole RESP command: its length and its name.
+fn whole_command(buf: &[u8]) -> Option<(usize, Vec<u8>)> {
+    fn line(buf: &[u8], at: usize) -> Option<(usize, usize)> {
+        let end = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        let n = std::str::from_utf8(&buf[at + 1..end]).ok()?.parse().ok()?;
+        Some((n, end + 2))
+    }
+    let (parts, mut at) = line(buf, 0)?;
+    let mut name = Vec::new();
+    for i in 0..parts {
+        let (len, start) = line(buf, at)?;
+        let part = buf.get(start..start + len)?;
+        if i == 0 {
+            name = part.to_ascii_uppercase();
+        }
+        at = start + len + 2;
+        buf.get(..at)?;
+    }
+    Some((at, name))
+}
+
+/// A server that answers the `PING` each connection opens with, and the loading of the code,
+/// then refuses every later `PING` with `refusal` until `ready` is set (then `PONG`), and
+/// closes the connection on any other command (a check fails). `refused` counts the refusals.
+async fn refusing_server(
+    refusal: &'static str,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> u16 {
+    use std::sync::atomic::Ordering;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut link, _)) = listener.accept().await {
+            let (ready, refused) = (ready.clone(), refused.clone());
+            tokio::spawn(async move {
+                let (mut buf, mut pings) = (Vec::new(), 0);
+                loop {
+                    while let Some((len, name)) = whole_command(&buf) {
+                        buf.drain(..len);
+                        if name == b"FUNCTION" || name == b"SCRIPT" {
+                            // The code loads (its name), so that the store starts.
+                            if link.write_all(b"$8\r\ntollgate\r\n").await.is_err() {
+                                return;
+                            }
+                            continue;
+                        }
+                        if name != b"PING" {
+                            return; // the connection closes: the check fails
+                        }
+                        pings += 1;
+                        let answer = if pings == 1 || ready.load(Ordering::SeqCst) {
+                            "+PONG\r\n".to_owned()
+                        } else {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            format!("-{refusal}\r\n")
+                        };
+                        if link.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    let mut chunk = [0u8; 1024];
+                    match link.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A server that answers the probe at once, but with `LOADING` (it reads its data) or `BUSY`
+/// (a script runs past its time), refuses the checks too: the breaker stays open, each request
+/// refused at once, until a probe is answered `PONG`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_answered_loading_or_busy_keeps_the_breaker_open() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    for refusal in [
+        "LOADING Redis is loading the dataset in memory",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+    ] {
+        let (ready, refused) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let port = refusing_server(refusal, ready.clone(), refused.clone()).await;
+        let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+            .prefix(unique_prefix("refused"))
+            .response_timeout(Duration::from_millis(100))
+            .circuit_breaker(CircuitBreaker::after_failures(1).cooldown(Duration::from_millis(200)))
+            .deny_cache(0)
+            .heartbeat(Duration::ZERO)
+            .build()
+            .unwrap();
+        let rule = hourly("refused", 1_000);
+        let key = Key::text("refused");
+        let charge = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let opened = async {
+            while !matches!(store.check(&charge).await, Err(StoreError::CircuitOpen)) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), opened)
+            .await
+            .expect("the failing checks open the breaker");
+        // Three probes refused: after each, requests are still refused at once.
+        for probe in 1..=3 {
+            let answered = async {
+                while refused.load(Ordering::SeqCst) < probe {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(5), answered)
+                .await
+                .expect("the store probes once per cooldown");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let after = store.check(&charge).await;
+            assert!(
+                matches!(after, Err(StoreError::CircuitOpen)),
+                "after probe {probe} answered `{refusal}`, a check got {after:?}"
+            );
+        }
+        // The server is back: a probe's `PONG` closes the breaker, and checks reach it again.
+        ready.store(true, Ordering::SeqCst);
+        let closed = async {
+            while matches!(store.check(&charge).await, Err(StoreError::CircuitOpen)) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), closed)
+            .await
+            .expect("a probe answered PONG closes the breaker");
+    }
 }

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 /// Forwards loopback connections to a Redis port. Stops with the runtime that started it.
 pub struct FaultProxy {
@@ -111,7 +112,8 @@ impl FaultProxy {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Delays every chunk of bytes, in both directions.
+    /// Delays every chunk of bytes, in both directions, by `delay` from when the proxy read it
+    /// (a latency: chunks on their way together each wait one delay, not one after another).
     pub fn set_delay(&self, delay: Duration) {
         self.delay_micros
             .store(delay.as_micros() as u64, Ordering::SeqCst);
@@ -173,9 +175,13 @@ struct Link {
     faults: Arc<Faults>,
 }
 
+/// Forwards `from` to `to`, in order: each chunk is read as soon as it comes and written once
+/// the delay set when it was read has passed. The delay is a latency, as on a network, not a
+/// queue: chunks on their way together each wait one delay (a heartbeat sent just before a
+/// check does not hold the check back by a delay more).
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
+    to: tokio::net::tcp::OwnedWriteHalf,
     direction: Direction,
     mut link: Link,
 ) {
@@ -184,23 +190,42 @@ async fn pump(
     if *link.cut.borrow_and_update() {
         return;
     }
+    let (in_flight, arriving) = mpsc::unbounded_channel();
+    let delay = link.delay.clone();
+    let mut cut = link.cut.clone();
+    tokio::spawn(deliver(arriving, to, direction, link));
     loop {
         let n = tokio::select! {
             read = from.read(&mut buf) => match read {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             },
-            _ = link.cut.changed() => return,
+            _ = cut.changed() => return,
         };
-        let delay = link.delay.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_micros(delay)).await;
+        let due = Instant::now() + Duration::from_micros(delay.load(Ordering::SeqCst));
+        if in_flight.send((due, buf[..n].to_vec())).is_err() {
+            return; // the other side's link is gone
+        }
+    }
+}
+
+/// Writes each chunk of `arriving` to `to` when it is due, until the link is cut.
+async fn deliver(
+    mut arriving: mpsc::UnboundedReceiver<(Instant, Vec<u8>)>,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    direction: Direction,
+    mut link: Link,
+) {
+    while let Some((due, chunk)) = arriving.recv().await {
+        tokio::select! {
+            () = tokio::time::sleep_until(due) => {}
+            _ = link.cut.changed() => return,
         }
         if direction == Direction::ToClient && link.faults.swallowing.load(Ordering::SeqCst) {
             return; // the reply is lost with the link
         }
         let checks = if direction == Direction::ToServer {
-            calls_of_code(&buf[..n])
+            calls_of_code(&chunk)
         } else {
             0
         };
@@ -213,7 +238,7 @@ async fn pump(
         if strike {
             link.faults.swallowing.store(true, Ordering::SeqCst);
         }
-        if *link.cut.borrow() || to.write_all(&buf[..n]).await.is_err() {
+        if *link.cut.borrow() || to.write_all(&chunk).await.is_err() {
             return;
         }
         link.count.fetch_add(checks as u64, Ordering::SeqCst);

@@ -7,7 +7,9 @@
 //! the store reads the server's `TIME`, then in one pipeline drops the lapsed members (and any
 //! whose time is further than a replica could have set), renews its own for three intervals,
 //! and reads how many are left: the replicas alive in the last three intervals, itself
-//! included. The count last read is kept while Redis cannot be asked. The ACL user needs
+//! included. Each member lapses by its own score, so replicas of different intervals count
+//! each other; the key itself expires three of the longest interval (three minutes) after the
+//! last beat of any replica. The count last read is kept while Redis cannot be asked. The ACL user needs
 //! `+time +zadd +zremrangebyscore +zcard +pexpire` on the key.
 //!
 //! It counts the **stores of a prefix**: give each service its own prefix (two services on the
@@ -141,9 +143,11 @@ pub(crate) async fn beat_within(
             .arg(now.saturating_add(lapse))
             .arg(&fleet.member)
             .ignore()
+            // The key outlives every member, whatever its replica's interval: one that beats
+            // often must not erase, by expiring the key, the members of those that beat seldom.
             .cmd("PEXPIRE")
             .arg(&fleet.key)
-            .arg(lapse)
+            .arg(LONGEST_LAPSE_MS)
             .ignore()
             .cmd("ZCARD")
             .arg(&fleet.key)

@@ -1,15 +1,26 @@
 //! The circuit breaker's probe: while a server's breaker is open, the store itself sends a
 //! `PING` once per cooldown, in a task of its own, until one is answered; no request waits for
 //! it. The standalone store probes its server, the cluster store each node whose breaker opened.
+//! Only an answer a check would take closes the breaker: a `PONG` (or `NOPERM`, a user not
+//! allowed `PING`), not `LOADING` or `BUSY`, which refuse the checks as well.
 
 use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::connection::Connection;
-use super::error::{breaks_connection, is_server_answer};
+use super::error::breaks_connection;
 use crate::store::StoreError;
 use crate::store::breaker::Breaker;
+
+/// Whether `error` refuses the probe's `PING` alone: a user whose ACL lacks `+ping`
+/// (`NOPERM`); the checks' own commands have their own permissions, and the server answers.
+fn refuses_only_the_ping(error: &redis::RedisError) -> bool {
+    matches!(
+        error.kind(),
+        redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+    )
+}
 
 /// A server whose breaker can be probed: a standalone store's, or a cluster node's.
 pub(crate) trait Probed: Send + Sync + 'static {
@@ -62,9 +73,11 @@ pub(crate) fn in_background<P: Probed>(target: &Arc<P>, max_failures: u32) {
                 Ok::<_, StoreError>(pong)
             };
             match tokio::time::timeout(probed.probe_timeout(), ping).await {
-                // A server that answers, even with a refusal (`NOPERM`), is up.
                 Ok(Ok(Ok(()))) => probed.breaker().success(permit),
-                Ok(Ok(Err(e))) if is_server_answer(&e) => probed.breaker().success(permit),
+                Ok(Ok(Err(e))) if refuses_only_the_ping(&e) => probed.breaker().success(permit),
+                // A server that answers at once but refuses every command (`LOADING` while it
+                // reads its data, `BUSY` while a script runs past its time) would refuse the
+                // checks too: it is not back, and its breaker stays open.
                 Ok(_) => {
                     failed += 1;
                     probed.breaker().failure(permit);
