@@ -29,6 +29,8 @@ RANKS = {
     7: ["engine"],
     8: ["layer", "service", "future", "body", "limiter", "grpc", "client", "testing"],
     9: ["replay"],
+    # The fleet simulation (tests only) drives whole layers.
+    10: ["sim"],
 }
 
 RANK_OF = {module: rank for rank, modules in RANKS.items() for module in modules}

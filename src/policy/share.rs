@@ -14,9 +14,9 @@
 //! # Ok::<(), tollgate::ConfigError>(())
 //! ```
 
-use crate::{ConfigError, FailureMode};
 use crate::algorithm::Limits;
 use crate::store::RuleSpec;
+use crate::{ConfigError, FailureMode};
 
 /// The replicas a replica's fallback assumes before its store counted any: 8.
 ///

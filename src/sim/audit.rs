@@ -5,9 +5,9 @@
 //! values"). A charge adds exactly its cost to the units in use; a refund may find fewer there
 //! (the budget refilled since), so refunds are counted as asked.
 
+use super::server::Servers;
 use super::server::keyspace::Value;
 use super::server::reply::Reply;
-use super::server::Servers;
 
 /// One charge's descriptor: `<algorithm>:<limit>:<period>:<burst>:<interval>:<cost>:<lease>`,
 /// with a lease's give-back `:<units>@<time>`.
@@ -77,7 +77,12 @@ pub(crate) struct Audit {
 fn descriptors(keys: usize, args: &[Vec<u8>]) -> Option<(u8, Vec<Descriptor>)> {
     let mode = *args.first()?.first()?;
     let rest = &args[1..];
-    let each = |texts: &[Vec<u8>]| texts.iter().map(|t| Descriptor::parse(t)).collect::<Option<Vec<_>>>();
+    let each = |texts: &[Vec<u8>]| {
+        texts
+            .iter()
+            .map(|t| Descriptor::parse(t))
+            .collect::<Option<Vec<_>>>()
+    };
     let descriptors = match mode {
         b'c' | b'p' | b'r' | b'a' | b'x' => each(rest)?,
         b'b' if rest.len() == 1 && keys > 1 => vec![Descriptor::parse(&rest[0])?; keys],
@@ -105,9 +110,8 @@ pub(crate) fn in_use(value: Option<&Value>, d: &Descriptor, now: u64) -> f64 {
         Value::Text(t) => std::str::from_utf8(t).ok().map(str::to_owned),
         _ => None,
     };
-    let integers = |v: &Value| -> Option<Vec<i64>> {
-        text(v)?.split(':').map(|p| p.parse().ok()).collect()
-    };
+    let integers =
+        |v: &Value| -> Option<Vec<i64>> { text(v)?.split(':').map(|p| p.parse().ok()).collect() };
     let Some(value) = value else { return 0.0 };
     let interval = d.interval.max(1) as f64;
     let window = |start: i64| start as u64 == now - now % d.period.max(1);
@@ -154,7 +158,12 @@ pub(crate) struct Before {
 
 /// Reads, before `args` (a command) runs on node `node` at `now`, what the audit needs: `None`
 /// for a command that is not a call of the code.
-pub(crate) fn audit_call(servers: &mut Servers, node: usize, args: &[Vec<u8>], now: u64) -> Option<Before> {
+pub(crate) fn audit_call(
+    servers: &mut Servers,
+    node: usize,
+    args: &[Vec<u8>],
+    now: u64,
+) -> Option<Before> {
     let name = args.first()?;
     if !name.eq_ignore_ascii_case(b"FCALL") && !name.eq_ignore_ascii_case(b"EVALSHA") {
         return None;
@@ -176,7 +185,13 @@ pub(crate) fn audit_call(servers: &mut Servers, node: usize, args: &[Vec<u8>], n
 
 impl Before {
     /// The audit of the call, once it ran and answered `reply`.
-    pub(crate) fn after(self, servers: &mut Servers, node: usize, now: u64, reply: &Reply) -> Audit {
+    pub(crate) fn after(
+        self,
+        servers: &mut Servers,
+        node: usize,
+        now: u64,
+        reply: &Reply,
+    ) -> Audit {
         let keyspace = &mut servers.nodes[node].keyspace;
         let keys = self
             .keys
@@ -208,13 +223,26 @@ mod tests {
     #[test]
     fn descriptors_read_as_the_wire_format_says() {
         let d = Descriptor::parse(b"tb:10:1000000:10:100000:1:0").unwrap();
-        assert_eq!((d.limit, d.interval, d.cost, d.give_back), (10, 100_000, 1, None));
+        assert_eq!(
+            (d.limit, d.interval, d.cost, d.give_back),
+            (10, 100_000, 1, None)
+        );
         let d = Descriptor::parse(b"fw:10:1000000:10:100000:0:5:3@1700000000000000").unwrap();
-        assert_eq!((d.lease, d.give_back), (5, Some((3, 1_700_000_000_000_000))));
-        let args: Vec<Vec<u8>> = ["B", "1", "tb:1:1:1:1:1:0", "2@5", "fw:1:1:1:1:1:0", "fw:1:1:1:1:2:0"]
-            .iter()
-            .map(|s| s.as_bytes().to_vec())
-            .collect();
+        assert_eq!(
+            (d.lease, d.give_back),
+            (5, Some((3, 1_700_000_000_000_000)))
+        );
+        let args: Vec<Vec<u8>> = [
+            "B",
+            "1",
+            "tb:1:1:1:1:1:0",
+            "2@5",
+            "fw:1:1:1:1:1:0",
+            "fw:1:1:1:1:2:0",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
         let (mode, ds) = descriptors(3, &args).unwrap();
         assert_eq!(mode, b'B');
         assert_eq!(ds[2].cost, 2);

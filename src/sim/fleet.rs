@@ -128,8 +128,7 @@ struct Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        self.ledger
-            .note(self.request, self.key, Happened::Released);
+        self.ledger.note(self.request, self.key, Happened::Released);
     }
 }
 
@@ -286,9 +285,7 @@ impl Fleet {
                 let handler = handler.clone();
                 async move { Ok::<_, Infallible>(handler.serve(request).await) }
             }))
-            .map_response(|response: Response<crate::ResponseBody<Body>>| {
-                response.map(Body::new)
-            });
+            .map_response(|response: Response<crate::ResponseBody<Body>>| response.map(Body::new));
         Ok(Member {
             service: BoxCloneService::new(service),
             counted: Box::new(move || store.replicas()),
@@ -296,7 +293,11 @@ impl Fleet {
     }
 
     fn handler(&self, replica: u32) -> Handler {
-        let metered = self.plan.rules.iter().find_map(|r| r.meter.map(|(_, how)| how));
+        let metered = self
+            .plan
+            .rules
+            .iter()
+            .find_map(|r| r.meter.map(|(_, how)| how));
         Handler {
             ledger: self.ledger.clone(),
             replica,
@@ -403,7 +404,11 @@ impl Handler {
             if metered == Some(Metered::Trailer) && !forget {
                 let mut trailers = http::HeaderMap::new();
                 trailers.insert(HeaderName::from_static(USAGE), sent.into());
-                if frames.send(http_body::Frame::trailers(trailers)).await.is_ok() {
+                if frames
+                    .send(http_body::Frame::trailers(trailers))
+                    .await
+                    .is_ok()
+                {
                     ledger.note(id, key, Happened::Reported);
                 }
             }
@@ -424,12 +429,18 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
     let mut rng = Rng::new(fleet.plan.seed).fork(1000 + index as u64);
     tokio::time::sleep_until(start + plan.from).await;
     while start.elapsed() < plan.until {
-        let pause = rng.between(plan.pace.as_micros() as u64 / 2, plan.pace.as_micros() as u64 * 3 / 2);
+        let pause = rng.between(
+            plan.pace.as_micros() as u64 / 2,
+            plan.pace.as_micros() as u64 * 3 / 2,
+        );
         tokio::time::sleep(Duration::from_micros(pause)).await;
         let Some(replica) = fleet.pick(&mut rng) else {
             continue;
         };
-        let id = fleet.requests.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let id = fleet
+            .requests
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
         let tokens = if plan.max_tokens > 0 {
             rng.between(1, plan.max_tokens)
         } else {

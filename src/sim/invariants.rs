@@ -91,7 +91,14 @@ pub(crate) fn check(plan: &Plan, outcome: &Outcome) -> Vec<Violation> {
 /// `burst`: a token bucket or GCRA its burst and its rate over the span; a fixed window or a
 /// sliding counter (whose aligned window never counts more than the limit) the limit for each
 /// window the span touches; a sliding log the limit for each period the span covers.
-pub(crate) fn allowance(kind: Kind, limit: u64, burst: u64, period: u64, from: u64, to: u64) -> f64 {
+pub(crate) fn allowance(
+    kind: Kind,
+    limit: u64,
+    burst: u64,
+    period: u64,
+    from: u64,
+    to: u64,
+) -> f64 {
     let span = to.saturating_sub(from);
     match kind {
         Kind::TokenBucket | Kind::Gcra => burst as f64 + limit as f64 * span as f64 / period as f64,
@@ -141,7 +148,10 @@ pub(crate) fn troubled(plan: &Plan, outcome: &Outcome) -> Vec<(u64, u64)> {
                 Fault::Restart { .. } | Fault::DropConnections | Fault::Migrate { .. } => {
                     Duration::ZERO
                 }
-                Fault::DropSubscriptions | Fault::Crash { .. } | Fault::Leave { .. } | Fault::Join { .. } => {
+                Fault::DropSubscriptions
+                | Fault::Crash { .. }
+                | Fault::Leave { .. }
+                | Fault::Join { .. } => {
                     return None;
                 }
             };
@@ -179,7 +189,14 @@ fn fallback(
             let end = until.min(calm).min(at);
             if begin <= end {
                 // The replica's clock is off the servers' by its skew: a window more.
-                units += allowance(rule.kind, limit, burst, period, begin.saturating_sub(period), end);
+                units += allowance(
+                    rule.kind,
+                    limit,
+                    burst,
+                    period,
+                    begin.saturating_sub(period),
+                    end,
+                );
             }
         }
     }
@@ -253,7 +270,14 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
             continue;
         }
         let at = fact.at;
-        let own = allowance(rule.kind, rule.limit, rule.burst(), period, outcome.start, at);
+        let own = allowance(
+            rule.kind,
+            rule.limit,
+            rule.burst(),
+            period,
+            outcome.start,
+            at,
+        );
         let local = if rule.on_error == OnError::Local {
             fallback(rule, &divisors, &troubled, at)
         } else {

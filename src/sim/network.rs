@@ -65,6 +65,7 @@ impl Weather {
 
 /// What happened on the network, for a run's trace and its checks.
 #[derive(Clone, Debug)]
+#[allow(clippy::enum_variant_names, reason = "each is a loss")]
 pub(crate) enum NetEvent {
     /// A call lost before the server read it.
     LostRequest { replica: u32, node: usize },

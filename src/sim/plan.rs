@@ -304,7 +304,12 @@ fn rules(rng: &mut Rng) -> Vec<RulePlan> {
             Kind::Concurrency,
         ]);
         let period = Duration::from_secs(*rng.pick(&[1, 10, 60]));
-        let on_error = *rng.pick(&[OnError::Open, OnError::Closed, OnError::Local, OnError::Local]);
+        let on_error = *rng.pick(&[
+            OnError::Open,
+            OnError::Closed,
+            OnError::Local,
+            OnError::Local,
+        ]);
         let meterable = !matches!(kind, Kind::SlidingWindowLog | Kind::Concurrency);
         let meter = if !metered && meterable && rng.chance(0.5) {
             metered = true;

@@ -95,7 +95,10 @@ impl Keyspace {
     }
 
     /// Removes every key for which `moves` says so, and gives them (a slot migrating).
-    pub(crate) fn take(&mut self, mut moves: impl FnMut(&[u8]) -> bool) -> Vec<(Vec<u8>, Value, Option<u64>)> {
+    pub(crate) fn take(
+        &mut self,
+        mut moves: impl FnMut(&[u8]) -> bool,
+    ) -> Vec<(Vec<u8>, Value, Option<u64>)> {
         let keys: Vec<Vec<u8>> = self.entries.keys().filter(|k| moves(k)).cloned().collect();
         keys.into_iter()
             .filter_map(|k| {
@@ -207,25 +210,23 @@ impl Keyspace {
                 }
                 .into(),
             ),
-            ("RPUSH", [key, values @ ..]) if !values.is_empty() => {
-                match self.list(key, now) {
-                    Err(e) => e,
-                    Ok(Some(list)) => {
-                        list.extend(values.iter().cloned());
-                        Reply::Integer(list.len() as i64)
-                    }
-                    Ok(None) => {
-                        self.entries.insert(
-                            key.clone(),
-                            Entry {
-                                value: Value::List(values.iter().cloned().collect()),
-                                expires_at: None,
-                            },
-                        );
-                        Reply::Integer(values.len() as i64)
-                    }
+            ("RPUSH", [key, values @ ..]) if !values.is_empty() => match self.list(key, now) {
+                Err(e) => e,
+                Ok(Some(list)) => {
+                    list.extend(values.iter().cloned());
+                    Reply::Integer(list.len() as i64)
                 }
-            }
+                Ok(None) => {
+                    self.entries.insert(
+                        key.clone(),
+                        Entry {
+                            value: Value::List(values.iter().cloned().collect()),
+                            expires_at: None,
+                        },
+                    );
+                    Reply::Integer(values.len() as i64)
+                }
+            },
             ("LLEN", [key]) => match self.list(key, now) {
                 Err(e) => e,
                 Ok(list) => Reply::Integer(list.map_or(0, |l| l.len() as i64)),
@@ -382,8 +383,16 @@ impl Keyspace {
                     }) => {
                         let before = set.len();
                         set.retain(|_, score| {
-                            let above = if min_open { *score > min } else { *score >= min };
-                            let below = if max_open { *score < max } else { *score <= max };
+                            let above = if min_open {
+                                *score > min
+                            } else {
+                                *score >= min
+                            };
+                            let below = if max_open {
+                                *score < max
+                            } else {
+                                *score <= max
+                            };
                             !(above && below)
                         });
                         let removed = before - set.len();
@@ -403,8 +412,8 @@ impl Keyspace {
             },
             (
                 "GET" | "MGET" | "SET" | "DEL" | "PEXPIRE" | "PTTL" | "TYPE" | "RPUSH" | "LLEN"
-                | "LINDEX" | "LRANGE" | "LTRIM" | "LINSERT" | "LREM" | "ZADD"
-                | "ZREMRANGEBYSCORE" | "ZCARD",
+                | "LINDEX" | "LRANGE" | "LTRIM" | "LINSERT" | "LREM" | "ZADD" | "ZREMRANGEBYSCORE"
+                | "ZCARD",
                 _,
             ) => Reply::Error(format!(
                 "ERR wrong number of arguments for '{}' command",

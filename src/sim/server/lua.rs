@@ -238,7 +238,12 @@ impl Engine {
     pub(crate) fn load_script(&mut self, code: &[u8]) -> Reply {
         let text = String::from_utf8_lossy(code).into_owned();
         let sha = redis::Script::new(&text).get_hash().to_owned();
-        match self.lua.load(text).set_name(format!("f_{sha}")).into_function() {
+        match self
+            .lua
+            .load(text)
+            .set_name(format!("f_{sha}"))
+            .into_function()
+        {
             Ok(f) => {
                 self.scripts.insert(sha.clone(), f);
                 Reply::Bulk(sha.into_bytes())

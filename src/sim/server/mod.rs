@@ -90,7 +90,9 @@ impl Servers {
             })
             .collect();
         let n = nodes.len();
-        let owners = (0..SLOTS as usize).map(|s| s * n / SLOTS as usize).collect();
+        let owners = (0..SLOTS as usize)
+            .map(|s| s * n / SLOTS as usize)
+            .collect();
         Servers {
             nodes,
             cluster,
@@ -192,7 +194,10 @@ impl Servers {
             }
             if at == from {
                 let node_keys = &self.nodes[from].keyspace;
-                let here = keys.iter().filter(|k| node_keys.contains(k, now_ms)).count();
+                let here = keys
+                    .iter()
+                    .filter(|k| node_keys.contains(k, now_ms))
+                    .count();
                 return if here == keys.len() {
                     Ok(())
                 } else if here == 0 {

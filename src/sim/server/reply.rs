@@ -59,8 +59,11 @@ impl Reply {
 #[derive(Debug)]
 pub(crate) struct Malformed;
 
+/// A command's arguments, and the bytes it took.
+pub(crate) type Command = (Vec<Vec<u8>>, usize);
+
 /// The first whole command in `buf` and the bytes it took, `Ok(None)` when more are needed.
-pub(crate) fn command(buf: &[u8]) -> Result<Option<(Vec<Vec<u8>>, usize)>, Malformed> {
+pub(crate) fn command(buf: &[u8]) -> Result<Option<Command>, Malformed> {
     fn line(buf: &[u8], from: usize) -> Option<(&[u8], usize)> {
         let end = buf[from..].windows(2).position(|w| w == b"\r\n")?;
         Some((&buf[from..from + end], from + end + 2))

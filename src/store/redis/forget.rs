@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+pub(crate) use super::push::Push;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 
 use super::connection::Connection;
@@ -83,17 +84,6 @@ const WAITING: usize = 4096;
 /// A listening connection that broke sooner than this after it subscribed waits before the
 /// next (a server that drops subscribers at once is not asked in a loop).
 const SETTLED: Duration = Duration::from_secs(10);
-
-/// What a listening connection hears.
-#[derive(Debug)]
-pub(crate) enum Push {
-    /// A message on the channel: the Redis name of a key forgotten.
-    Message(Vec<u8>),
-    /// The connection dropped.
-    Disconnected,
-    /// Anything else (the subscription's own confirmations).
-    Other,
-}
 
 /// A way to subscribe to the channel: redis-rs's pub/sub (or, in tests, a simulated network).
 pub(crate) trait Subscriber: Send + Sync + 'static {
@@ -261,4 +251,34 @@ pub(crate) fn listen_through<S: Subscriber>(
             }
         }
     });
+}
+
+#[cfg(test)]
+impl Subscriber for super::simulated::Subscribing {
+    type Link = ();
+
+    async fn subscribe(
+        &self,
+        attempt: usize,
+        channel: &str,
+        timeout: std::time::Duration,
+    ) -> Option<((), Heard)> {
+        let (host, port) = self.servers.get(attempt % self.servers.len().max(1))?;
+        let subscribed = self.network.subscribe(host, *port, channel);
+        match tokio::time::timeout(timeout, subscribed).await {
+            Ok(Ok(pushes)) => Some((
+                (),
+                Heard {
+                    pushes,
+                    overflowed: Arc::default(),
+                },
+            )),
+            _ => None,
+        }
+    }
+
+    async fn ping(&self, _link: &mut (), _timeout: std::time::Duration) -> bool {
+        // A simulated link that drops ends its receiver: one that is still there answers.
+        true
+    }
 }

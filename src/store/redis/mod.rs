@@ -12,6 +12,7 @@ mod keys;
 mod late_reply;
 mod opening;
 mod probe;
+mod push;
 mod remote;
 mod replica;
 mod resp;

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use tokio::io::DuplexStream;
 use tokio::sync::mpsc;
 
-pub(crate) use super::forget::Push;
 pub(crate) use super::keys::slot;
+pub(crate) use super::push::Push;
 use crate::clock::Clock;
 
 /// The future of a dial or a subscription.
@@ -42,33 +42,4 @@ pub(crate) struct Simulated {
 pub(crate) struct Subscribing {
     pub(crate) network: Arc<dyn Network>,
     pub(crate) servers: Vec<(String, u16)>,
-}
-
-impl super::forget::Subscriber for Subscribing {
-    type Link = ();
-
-    async fn subscribe(
-        &self,
-        attempt: usize,
-        channel: &str,
-        timeout: std::time::Duration,
-    ) -> Option<((), super::forget::Heard)> {
-        let (host, port) = self.servers.get(attempt % self.servers.len().max(1))?;
-        let subscribed = self.network.subscribe(host, *port, channel);
-        match tokio::time::timeout(timeout, subscribed).await {
-            Ok(Ok(pushes)) => Some((
-                (),
-                super::forget::Heard {
-                    pushes,
-                    overflowed: Arc::default(),
-                },
-            )),
-            _ => None,
-        }
-    }
-
-    async fn ping(&self, _link: &mut (), _timeout: std::time::Duration) -> bool {
-        // A simulated link that drops ends its receiver: one that is still there answers.
-        true
-    }
 }

@@ -334,7 +334,7 @@ impl Transport for Cluster {
             let reply = me.check_slots(answer.charges(), now, budget).await;
             answer.send(reply, || Some(remote::give_back_orphan(me.clone(), now)));
         }));
-        Sent::Deciding(Box::pin(late_reply::wait(waiting, deadline.into(), || {
+        Sent::Deciding(Box::pin(late_reply::wait(waiting, deadline, || {
             StoreError::Unavailable("the check's task ended without an answer".into())
         })))
     }
