@@ -497,7 +497,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             store,
             layer_key,
             tenant: self.tenant,
-            fallback: Local::new(self.fallback_share),
+            fallback: Local::new(self.fallback_share.for_store(store.counts_replicas())),
             warned_store_error: Every::default(),
             waiting: Default::default(),
             max_waiting: self.max_waiting,

@@ -36,7 +36,7 @@ impl Local {
 
     /// Makes `store` the limiter (the fleet simulation's, on its replica's clock): ignored
     /// once one was made.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "redis"))]
     pub(crate) fn use_store(&self, store: MemoryStore) {
         let _ = self.store.set(store);
     }

@@ -18,7 +18,9 @@ use crate::algorithm::Limits;
 use crate::store::RuleSpec;
 use crate::{ConfigError, FailureMode};
 
-/// The replicas a replica's fallback assumes before its store counted any: 8.
+/// The replicas a replica's fallback assumes before its store counted any: 8 (with a store
+/// that counts replicas: the Redis stores with a heartbeat; a store that never counts
+/// assumes 1, unless [`until_counted`](FallbackShare::until_counted) says otherwise).
 ///
 /// A replica that starts while the store is away has counted nobody. Assuming it is alone (1)
 /// gave each replica restarted during an outage the whole quota, so K restarted replicas
@@ -83,7 +85,9 @@ pub const DEFAULT_UNTIL_COUNTED: u32 = 8;
 /// [heartbeat]: https://docs.rs/tollgate/latest/tollgate/store/struct.RedisStoreBuilder.html#method.heartbeat
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FallbackShare {
-    until_counted: u32,
+    /// The replicas assumed before any count: `None` for the default (8 with a store that
+    /// counts, 1 with one that never does).
+    until_counted: Option<u32>,
     min: u32,
     max: u32,
 }
@@ -99,7 +103,7 @@ impl FallbackShare {
     /// default): 8 assumed before any count, the count kept between 1 and 1,024.
     pub const fn per_replica() -> Self {
         FallbackShare {
-            until_counted: DEFAULT_UNTIL_COUNTED,
+            until_counted: None,
             min: 1,
             max: 1024,
         }
@@ -109,7 +113,7 @@ impl FallbackShare {
     /// K times the quota while the store is away.
     pub const fn whole() -> Self {
         FallbackShare {
-            until_counted: 1,
+            until_counted: Some(1),
             min: 1,
             max: 1,
         }
@@ -118,7 +122,7 @@ impl FallbackShare {
     /// The replicas assumed before the store counted any (default [`DEFAULT_UNTIL_COUNTED`],
     /// 8: an eighth of the quota; 1 is the whole quota).
     pub const fn until_counted(mut self, replicas: u32) -> Self {
-        self.until_counted = replicas;
+        self.until_counted = Some(replicas);
         self
     }
 
@@ -132,12 +136,14 @@ impl FallbackShare {
     /// The replicas a quota is divided by, given the store's last count.
     pub(crate) fn replicas(&self, counted: Option<u32>) -> u32 {
         counted
-            .unwrap_or(self.until_counted)
+            .or(self.until_counted)
+            .unwrap_or(DEFAULT_UNTIL_COUNTED)
             .clamp(self.min, self.max)
     }
 
     /// Warns, once at build time, of each metered rule that falls back to the local limiter
-    /// with a chunk larger than a replica's share at the most replicas counted: while the
+    /// with a chunk larger than a replica's share at the replicas assumed before a count
+    /// ([`until_counted`](Self::until_counted)): while the
     /// store is away, such a stream starts only when the share is whole, and its chunk past
     /// the share is a debt.
     pub(crate) fn warn_of_chunks_past_shares(&self, rules: &[crate::Rule], layer: FailureMode) {
@@ -150,30 +156,43 @@ impl FallbackShare {
             }
             let quota = rule.quota();
             let burst = quota.burst_size().unwrap_or(quota.limit());
-            let share = (burst / u64::from(self.max)).max(1);
+            let replicas = self.replicas(None);
+            let share = (burst / u64::from(replicas)).max(1);
             if metering.chunk > share {
                 tracing::warn!(
                     rule = rule.name(),
                     chunk = metering.chunk,
                     share,
-                    replicas = self.max,
+                    replicas,
                     "the rule's metered chunk is larger than a replica's share of the local \
-                     fallback at the most replicas counted: while the store is away, a stream \
+                     fallback at the replicas assumed before a count: while the store is away, a stream \
                      starts there only when the share is whole, its chunk past the share a \
-                     debt; use a smaller chunk, or FallbackShare::replicas_between with the \
-                     most replicas you run"
+                     debt; use a smaller chunk, or FallbackShare::until_counted with the \
+                     replicas you run"
                 );
             }
         }
     }
 
+    /// The share as a layer over a store uses it: with the default `until_counted`, one
+    /// replica for a store that never counts (`counts` false: a custom store, a Redis store
+    /// without a heartbeat), [`DEFAULT_UNTIL_COUNTED`] for one that does.
+    pub(crate) fn for_store(mut self, counts: bool) -> Self {
+        if self.until_counted.is_none() && !counts {
+            self.until_counted = Some(1);
+        }
+        self
+    }
+
     /// Checks the settings.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.min == 0 || self.min > self.max || self.until_counted == 0 {
+        if self.min == 0 || self.min > self.max || self.until_counted == Some(0) {
             return Err(ConfigError::new(format!(
                 "fallback share: replicas between {} and {}, {} until counted; use \
                  1 <= min <= max and at least 1 until counted",
-                self.min, self.max, self.until_counted
+                self.min,
+                self.max,
+                self.until_counted.unwrap_or(DEFAULT_UNTIL_COUNTED)
             )));
         }
         Ok(())
@@ -200,7 +219,17 @@ mod tests {
     #[test]
     fn the_count_is_assumed_until_read_and_kept_within_bounds() {
         let share = FallbackShare::per_replica();
-        assert_eq!(share.replicas(None), 1);
+        assert_eq!(
+            share.replicas(None),
+            8,
+            "a store that counts, before its count"
+        );
+        assert_eq!(
+            share.for_store(false).replicas(None),
+            1,
+            "a store that never counts"
+        );
+        assert_eq!(share.for_store(true).replicas(None), 8);
         assert_eq!(share.replicas(Some(3)), 3);
         assert_eq!(share.replicas(Some(5000)), 1024);
         let share = share.until_counted(4).replicas_between(2, 8);

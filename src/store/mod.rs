@@ -456,6 +456,14 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// Tells whether the store counts the replicas of its prefix ([`replicas`](Self::replicas)
+    /// answers once it has): `false` (the default) for a store that never does, whose local
+    /// fallback then assumes one replica unless told otherwise
+    /// ([`FallbackShare::until_counted`](crate::FallbackShare::until_counted)).
+    fn counts_replicas(&self) -> bool {
+        false
+    }
+
     /// Changes charges already made, each on its own (settling a cost known after the
     /// response, giving back a request's units). The stores of tollgate implement it; the
     /// default answers [`StoreError::Unsupported`].

@@ -79,6 +79,11 @@ impl Fleet {
         }
     }
 
+    /// Tells whether this replica counts the fleet (it has a heartbeat).
+    pub(crate) fn counts(&self) -> bool {
+        !self.every.is_zero()
+    }
+
     /// The replicas last counted, this one included; `None` before the first count.
     pub(crate) fn replicas(&self) -> Option<u32> {
         match self.counted.load(Ordering::Acquire) {

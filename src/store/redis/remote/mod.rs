@@ -112,6 +112,10 @@ impl<T: Transport> Store for Remote<T> {
         self.0.parts().fleet.replicas()
     }
 
+    fn counts_replicas(&self) -> bool {
+        self.0.parts().fleet.counts()
+    }
+
     fn adjust(&self, adjustments: &[Adjustment<'_>]) -> StoreFuture<()> {
         changes::adjust(&self.0, adjustments)
     }
@@ -181,6 +185,10 @@ macro_rules! store_by_remote {
 
             fn replicas(&self) -> Option<u32> {
                 $crate::store::Store::replicas(&self.remote)
+            }
+
+            fn counts_replicas(&self) -> bool {
+                $crate::store::Store::counts_replicas(&self.remote)
             }
 
             fn adjust(
