@@ -491,13 +491,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             self.hook,
             store.kind(),
         );
+        let fallback_share = self.fallback_share.for_store(store.counts_replicas());
         let engine = Arc::new(Engine {
             policy,
             observer,
             store,
             layer_key,
             tenant: self.tenant,
-            fallback: Local::new(self.fallback_share.for_store(store.counts_replicas())),
+            fallback: Local::new(fallback_share),
             warned_store_error: Every::default(),
             waiting: Default::default(),
             max_waiting: self.max_waiting,
