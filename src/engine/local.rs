@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 
 use crate::Decision;
 use crate::policy::share::{FallbackShare, divided};
-use crate::store::{Adjustment, Change, Charge, MemoryStore, RuleSpec};
+use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
 
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
@@ -79,30 +79,9 @@ impl Local {
                     let within: SmallVec<[Charge<'_>; 2]> = charges
                         .iter()
                         .zip(specs)
-                        .map(|(c, rule)| Charge {
-                            rule,
-                            cost: c.cost.min(rule.limits().burst),
-                            ..*c
-                        })
+                        .map(|(c, rule)| Charge { rule, ..*c })
                         .collect();
-                    let decision = store.decide(&within);
-                    if decision.allowed() {
-                        let debts: SmallVec<[Adjustment<'_>; 2]> = charges
-                            .iter()
-                            .zip(&within)
-                            .filter(|(charge, checked)| charge.cost > checked.cost)
-                            .map(|(charge, checked)| Adjustment {
-                                rule: checked.rule,
-                                key: charge.key,
-                                change: Change::Charge(charge.cost - checked.cost),
-                                charged_at: 0,
-                            })
-                            .collect();
-                        if !debts.is_empty() {
-                            store.adjust_now(&debts);
-                        }
-                    }
-                    decision
+                    store.decide_in_debt(&within)
                 }
             },
         )
@@ -171,6 +150,7 @@ mod tests {
     use crate::Algorithm;
     use crate::algorithm::Limits;
     use crate::key::Key;
+    use crate::store::Change;
 
     fn bucket(limit: u64) -> RuleSpec {
         RuleSpec::new(
@@ -283,5 +263,56 @@ mod tests {
             .filter(|_| local.decide(None, &one).allowed())
             .count();
         assert_eq!(admitted, 10);
+    }
+
+    /// A clock that moves a microsecond at every reading.
+    #[derive(Default)]
+    struct Ticking(std::sync::atomic::AtomicU64);
+
+    impl crate::clock::Clock for Ticking {
+        fn now_micros(&self) -> u64 {
+            1_700_000_000_000_000 + self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    /// A concurrency charge costlier than the share takes its debt at the decision's time, so
+    /// the slots given back at that time free all of it (on a clock that moves between
+    /// calls, a debt stamped later was never given back).
+    #[test]
+    fn slots_taken_in_debt_are_given_back_whole() {
+        let local = Local::new(FallbackShare::per_replica());
+        let store = MemoryStore::builder().clock(Ticking::default()).build();
+        local.store.set(store.unwrap()).ok();
+        let rule = RuleSpec::new(
+            "slots",
+            Algorithm::Concurrency,
+            Limits::new(3, 60_000_000, 3).unwrap(),
+        )
+        .unwrap();
+        let key = Key::text("client");
+        let two = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 2,
+        }];
+        // 3 slots over 3 replicas: a share of 1, the request of 2 in debt by 1.
+        let decision = local.decide(Some(3), &two);
+        assert!(decision.allowed());
+        let back = [Adjustment {
+            rule: &rule,
+            key: &key,
+            change: Change::Refund(2),
+            charged_at: decision.made_at(),
+        }];
+        local.adjust_now(Some(3), &back);
+        let one = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        assert!(
+            local.decide(Some(3), &one).allowed(),
+            "the share is free again"
+        );
     }
 }

@@ -175,6 +175,40 @@ impl MemoryStore {
         }
     }
 
+    /// Checks and charges `charges` now, a charge costlier than its rule's capacity checked
+    /// at the capacity (it passes only when the budget is whole) and the rest of its cost
+    /// charged as a debt at the same instant, when every rule admits (the local fallback's
+    /// charges at a replica's share).
+    pub(crate) fn decide_in_debt(&self, charges: &[Charge<'_>]) -> Decision {
+        let capacity = |c: &Charge<'_>| c.rule.algorithm().capacity(c.rule.limits());
+        if charges.iter().all(|c| c.cost <= capacity(c)) {
+            return self.decide(charges);
+        }
+        let now = self.now();
+        let capped: SmallVec<[Charge<'_>; 2]> = charges
+            .iter()
+            .map(|c| Charge {
+                cost: c.cost.min(capacity(c)),
+                ..*c
+            })
+            .collect();
+        let decision = match capped.as_slice() {
+            [charge] => self.check_one(charge, now),
+            _ => self.check_many(&capped, now).made_at_time(now),
+        };
+        if decision.allowed() {
+            for (charge, checked) in charges.iter().zip(&capped) {
+                if charge.cost > checked.cost {
+                    let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
+                    self.modify(charge, now, |state| {
+                        algorithm.force(limits, state, now, charge.cost - checked.cost)
+                    });
+                }
+            }
+        }
+        decision
+    }
+
     fn now(&self) -> u64 {
         // Keep every sum of the model below 2^53 whatever a custom clock says.
         self.inner.clock.now_micros().min(MAX_MICROS)
