@@ -1,4 +1,4 @@
-//! Seed 001's fleet on a real Redis Cluster: G gateways, each with its own
+//! The gateway fleet on a real Redis Cluster: G gateways, each with its own
 //! [`RedisClusterStore`] and [`RateLimitLayer`], driven open-loop from one seeded traffic model,
 //! in six configurations; what each costs Redis, and how far each strays from the exact answer.
 //!
@@ -24,7 +24,7 @@
 //!
 //! 1. starts its own 3-primary Redis Cluster (`tests/support`), stopped when the bench ends;
 //! 2. draws the traffic once: Poisson arrivals at the rate, one hot tenant at 30 % of them (all
-//!    on `/search`, the route seed 001's big tenant hammers, a fifth over its limit), the rest
+//!    on `/search`, the route the fleet's big tenant hammers, a fifth over its limit), the rest
 //!    from `FLEET_TENANTS` tenants of Zipf popularity (each tenant's tier, free / pro /
 //!    enterprise, drawn from its rank), on `/search`, `/items` and `/orders`; each arrival goes
 //!    to a gateway at random;
@@ -54,7 +54,7 @@
 //!    ([`tolerances`]) and each mechanism's bound ([`bound`]), counted only for rules the oracle
 //!    shows refusing that tenant; the decisions made locally (no Redis) show which mechanisms
 //!    acted;
-//! 8. derives seed 001's fleet (50 gateways, 200,000 requests/s, 1,000,000 tenants) and ten
+//! 8. derives the gateway fleet (50 gateways, 200,000 requests/s, 1,000,000 tenants) and ten
 //!    times it from the measured calls per request of each class of key and the busy phase's
 //!    CPU per call, and writes two SVG
 //!    charts to `benches/fleet/`.
@@ -90,7 +90,7 @@ const SEARCH_SHARE: f64 = 0.2;
 const ITEMS_SHARE: f64 = 0.5;
 /// Units of the global rule leased to each gateway in the `all` configuration.
 const GLOBAL_LEASE: u64 = 1000;
-/// Seed 001's shard: about 100,000 simple operations/s.
+/// The gateway fleet's shard: about 100,000 simple operations/s.
 const SEED_SHARD_OPS: f64 = 100_000.0;
 /// A shard may run at most this share of a core in the derived tables.
 const SHARD_CPU_LIMIT: f64 = 0.5;
@@ -1437,7 +1437,7 @@ fn accuracy(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Derived: seed 001's fleet
+// Derived: the gateway fleet
 
 /// Per-request costs of one configuration, split by the key they land on: `tail` per request of
 /// a tenant other than the hot one (on that tenant's slot), `global` per request (on the global
@@ -2192,7 +2192,7 @@ fn run() -> Result<(), String> {
     let tail_requests = (n - hot_requests) as f64;
     let fleets = [
         (
-            "seed 001: 50 gateways, 200,000 requests/s, 1,000,000 tenants",
+            "the gateway fleet: 50 gateways, 200,000 requests/s, 1,000,000 tenants",
             200_000.0,
             1_000_000usize,
         ),
@@ -2343,7 +2343,7 @@ fn run() -> Result<(), String> {
         let shares = tail_slot_shares(tenants, settings.zipf);
         let _ = writeln!(
             out,
-            "\n{title} (derived: this run's measured per-request costs of each class, applied to the fleet's rate and to the natural hash slots of its tenants' names, on primaries holding equal slot ranges; the 100,000 calls/s columns take seed 001's shard of 100,000 operations/s and count one script call as one operation; the CPU columns use the Redis CPU per call measured busy on this machine, above):\n\n\
+            "\n{title} (derived: this run's measured per-request costs of each class, applied to the fleet's rate and to the natural hash slots of its tenants' names, on primaries holding equal slot ranges; the 100,000 calls/s columns take the gateway fleet's shard of 100,000 operations/s and count one script call as one operation; the CPU columns use the Redis CPU per call measured busy on this machine, above):\n\n\
              | configuration | Redis calls/s | primaries for every shard < 50 % at 100,000 calls/s a shard | then: calls/s per shard (hottest) | primaries for every shard < 50 % CPU at the busy µs/call | then: CPU % per shard (hottest) |\n\
              |---|---:|---:|---|---:|---|"
         );
