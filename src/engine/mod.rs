@@ -20,6 +20,7 @@
 //! Nothing here knows about `Service`: the faces (`service`, `future`, `grpc`) call
 //! [`Engine::decide`] and drive what it could not decide with the [`Driver`].
 
+mod account;
 mod check;
 mod delay;
 mod detached;
