@@ -290,54 +290,57 @@ struct Reach {
     replica: u32,
 }
 
+/// Opens a link of `replica` to the server at `host:port`, a round trip later: its node, or
+/// the refusal (a black hole never answers).
+async fn opened(net: &Net, host: &str, port: u16, replica: u32) -> io::Result<usize> {
+    let (node, status, delay) = {
+        let mut state = net.state();
+        let node = state.servers.node_at(host, port).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::NotFound, format!("no server {host}:{port}"))
+        })?;
+        let status = if state.cut.contains(&replica) {
+            Status::Refusing
+        } else {
+            state.status[node].borrow().0
+        };
+        (node, status, Net::latency(&mut state) * 2)
+    };
+    tokio::time::sleep(delay).await;
+    match status {
+        Status::Refusing => Err(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        )),
+        Status::Blackhole => std::future::pending().await,
+        Status::Up => Ok(node),
+    }
+}
+
 impl Network for Reach {
     fn dial(&self, host: &str, port: u16) -> Opening<tokio::io::DuplexStream> {
         let net = self.net.clone();
         let replica = self.replica;
         let (host, port) = (host.to_owned(), port);
         Box::pin(async move {
-            let (node, status, delay) = {
+            let node = opened(&net, &host, port, replica).await?;
+            let (client, server) = tokio::io::duplex(1 << 16);
+            let closed = Arc::new(Closer::default());
+            {
                 let mut state = net.state();
-                let node = state.servers.node_at(&host, port).ok_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, format!("no server {host}:{port}"))
-                })?;
-                let status = if state.cut.contains(&replica) {
-                    Status::Refusing
-                } else {
-                    state.status[node].borrow().0
-                };
-                (node, status, Net::latency(&mut state) * 2)
-            };
-            tokio::time::sleep(delay).await;
-            match status {
-                Status::Refusing => Err(io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
-                    "connection refused",
-                )),
-                Status::Blackhole => std::future::pending().await,
-                Status::Up => {
-                    let (client, server) = tokio::io::duplex(1 << 16);
-                    let closed = Arc::new(Closer::default());
-                    {
-                        let mut state = net.state();
-                        if state.cut.contains(&replica) {
-                            return Err(io::ErrorKind::ConnectionRefused.into());
-                        }
-                        let id = state.next_link;
-                        state.next_link += 1;
-                        state.links.insert(
-                            id,
-                            Link {
-                                node,
-                                replica,
-                                closed: closed.clone(),
-                            },
-                        );
-                    }
-                    serve(net, node, replica, server, closed);
-                    Ok(client)
+                if state.cut.contains(&replica) {
+                    return Err(io::ErrorKind::ConnectionRefused.into());
                 }
+                let id = state.next_link;
+                state.next_link += 1;
+                let link = Link {
+                    node,
+                    replica,
+                    closed: closed.clone(),
+                };
+                state.links.insert(id, link);
             }
+            serve(net, node, replica, server, closed);
+            Ok(client)
         })
     }
 
@@ -346,38 +349,19 @@ impl Network for Reach {
         let replica = self.replica;
         let (host, port, channel) = (host.to_owned(), port, channel.as_bytes().to_vec());
         Box::pin(async move {
-            let (node, status, delay) = {
-                let mut state = net.state();
-                let node = state
-                    .servers
-                    .node_at(&host, port)
-                    .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-                let status = if state.cut.contains(&replica) {
-                    Status::Refusing
-                } else {
-                    state.status[node].borrow().0
-                };
-                (node, status, Net::latency(&mut state) * 2)
-            };
-            tokio::time::sleep(delay).await;
-            match status {
-                Status::Refusing => Err(io::ErrorKind::ConnectionRefused.into()),
-                Status::Blackhole => std::future::pending().await,
-                Status::Up => {
-                    let (sender, receiver) = mpsc::channel(4096);
-                    let mut state = net.state();
-                    if state.cut.contains(&replica) {
-                        return Err(io::ErrorKind::ConnectionRefused.into());
-                    }
-                    state.subscribers.push(Subscriber {
-                        node,
-                        replica,
-                        channel,
-                        sender,
-                    });
-                    Ok(receiver)
-                }
+            let node = opened(&net, &host, port, replica).await?;
+            let (sender, receiver) = mpsc::channel(4096);
+            let mut state = net.state();
+            if state.cut.contains(&replica) {
+                return Err(io::ErrorKind::ConnectionRefused.into());
             }
+            state.subscribers.push(Subscriber {
+                node,
+                replica,
+                channel,
+                sender,
+            });
+            Ok(receiver)
         })
     }
 }
