@@ -41,15 +41,7 @@ async fn replica<S: Store + Clone>(store: S) -> Uri {
     let app = Router::new()
         .route("/hello", get(|| async { "hello" }))
         .layer(layer);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let addr = serve(app).await;
     format!("http://{addr}/hello").parse().unwrap()
 }
 
@@ -149,15 +141,7 @@ async fn a_failed_login_rule_is_predicted_with_the_answers_the_endpoint_gave() {
             .build()
             .unwrap(),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let addr = serve(app).await;
     let outcome = LoadCheck::new([format!("http://{addr}/login").parse().unwrap()])
         .rate(200)
         .duration(Duration::from_secs(1))
@@ -191,15 +175,7 @@ async fn connections_the_server_closes_are_opened_again() {
             },
         ))
         .layer(RateLimitLayer::builder().rule(per_key()).build().unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-    });
+    let addr = serve(app).await;
     let outcome = load(vec![format!("http://{addr}/hello").parse().unwrap()])
         .duration(Duration::from_millis(500))
         .run(expected(per_key()))
@@ -276,4 +252,18 @@ async fn an_address_nobody_listens_on_is_an_error_before_any_load() {
         .await
         .unwrap_err();
     assert!(matches!(error, LoadCheckError::Config(_)), "{error}");
+}
+
+/// Serves `app` on a free loopback port: its address.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
+    addr
 }
