@@ -179,6 +179,9 @@ pub(crate) fn listen(
     channel: String,
     connect_timeout: Duration,
 ) {
+    if clients.is_empty() {
+        return;
+    }
     listen_through(replica, Clients(clients), channel, connect_timeout);
 }
 
