@@ -214,8 +214,9 @@ impl RedisClusterStoreBuilder {
     }
 
     /// Builds the store and waits until it has read the slot map and loaded its script on every
-    /// primary, at most twice the connect timeout: for services that must not start without the
-    /// cluster. The error names the nodes (without passwords).
+    /// primary, at most twice the connect timeout, then counts the fleet once (with a heartbeat,
+    /// so that the local fallback has a count from the start): for services that must not
+    /// start without the cluster. The error names the nodes (without passwords).
     pub async fn connect(self) -> Result<RedisClusterStore, ConnectError> {
         let store = self.build()?;
         let inner = store.remote.transport();
@@ -238,6 +239,7 @@ impl RedisClusterStoreBuilder {
         tokio::time::timeout(left, try_join_all(loads))
             .await
             .map_err(|_| StoreError::Timeout)??;
+        remote::count_now(inner).await;
         Ok(store)
     }
 }

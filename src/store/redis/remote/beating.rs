@@ -26,16 +26,29 @@ pub(crate) fn keep_beating<T: Transport>(transport: &Arc<T>) {
             let Some(transport) = weak.upgrade() else {
                 return;
             };
-            match transport.clone().beat().await {
-                Ok(count) => {
-                    let count = u32::try_from(count).unwrap_or(u32::MAX);
-                    transport.parts().fleet.counted(count);
-                    #[cfg(feature = "metrics")]
-                    crate::telemetry::replicas(T::KIND, count.max(1));
-                }
-                // The count last read stands: it is what the fallback needs while Redis is away.
-                Err(error) => tracing::debug!(%error, "tollgate: a heartbeat failed"),
-            }
+            beat_once(&transport).await;
         }
     });
+}
+
+/// Counts the fleet once now, when the store has a heartbeat (its `connect`, so that a replica
+/// that started with Redis there has a count before anything can fail).
+pub(crate) async fn count_now<T: Transport>(transport: &Arc<T>) {
+    if transport.parts().fleet.counts() {
+        beat_once(transport).await;
+    }
+}
+
+/// Beats once, and records the count.
+async fn beat_once<T: Transport>(transport: &Arc<T>) {
+    match transport.clone().beat().await {
+        Ok(count) => {
+            let count = u32::try_from(count).unwrap_or(u32::MAX);
+            transport.parts().fleet.counted(count);
+            #[cfg(feature = "metrics")]
+            crate::telemetry::replicas(T::KIND, count.max(1));
+        }
+        // The count last read stands: it is what the fallback needs while Redis is away.
+        Err(error) => tracing::debug!(%error, "tollgate: a heartbeat failed"),
+    }
 }

@@ -14,7 +14,7 @@ use crate::Decision;
 use crate::store::redis::late_reply::Waiting;
 use crate::store::{Adjustment, Charge, RuleRegistry, Store, StoreError, StoreFuture};
 
-pub(crate) use beating::keep_beating;
+pub(crate) use beating::{count_now, keep_beating};
 pub(crate) use changes::give_back_orphan;
 pub(crate) use future::CheckFuture;
 pub(crate) use transport::{Parts, Sent, Transport, runtime};

@@ -23,7 +23,7 @@ use crate::store::redis::error::ConnectError;
 use crate::store::redis::late_reply::Waiting;
 use crate::store::redis::opening::Opening;
 use crate::store::redis::probe::Probed;
-use crate::store::redis::remote::{Parts, Remote, Sent, Transport, store_by_remote};
+use crate::store::redis::remote::{Parts, Remote, Sent, Transport, count_now, store_by_remote};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request, ServerForm};
 use crate::store::redis::settings::{MAX_BATCH, Settings, settings_setters};
 use crate::store::redis::{fleet, forget};
@@ -324,7 +324,8 @@ impl RedisStoreBuilder {
     }
 
     /// Builds the store and waits until it has connected and loaded its script, at most the
-    /// connect timeout: for services that must not start without Redis. The error names the
+    /// connect timeout, then counts the fleet once (with a heartbeat, so that the local
+    /// fallback has a count from the start): for services that must not start without Redis. The error names the
     /// server (without its password).
     pub async fn connect(self) -> Result<RedisStore, ConnectError> {
         let store = self.build()?;
@@ -334,6 +335,7 @@ impl RedisStoreBuilder {
             .parts
             .connected_within(budget, &server.server)
             .await?;
+        count_now(server).await;
         Ok(store)
     }
 }
