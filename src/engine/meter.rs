@@ -651,6 +651,24 @@ impl Meter {
             .filter_map(move |rule| snapshot.rules[usize::from(rule)].meter.as_ref())
     }
 
+    /// Lists the units the store granted each metered rule so far, by the rule's name (for the
+    /// fleet simulation, which cannot see a first chunk cut to what was left otherwise).
+    #[cfg(test)]
+    pub(crate) fn granted(&self) -> Vec<(String, u64)> {
+        let snapshot = &self.own.snapshot;
+        self.own
+            .state()
+            .accounts
+            .iter()
+            .map(|a| {
+                (
+                    snapshot.rules[usize::from(a.rule)].spec.name().to_owned(),
+                    a.taken,
+                )
+            })
+            .collect()
+    }
+
     /// The units spent so far (of this layer's budget).
     pub fn spent(&self) -> u64 {
         self.own.state().spent

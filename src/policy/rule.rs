@@ -388,6 +388,13 @@ impl Rule {
     /// charged the units taken or spent, the more: at least its first chunk (`min(chunk,
     /// remaining)` at admission), never 0.
     /// With the trailer, the charge is its number, up or down.
+    ///
+    /// The bound: with neither spends nor frames, nothing stops a stream before its end, so a
+    /// key's fleet may deliver past its budget by the units of its open streams beyond their
+    /// first chunks. Once a trailer is settled its units are charged whatever the budget, a
+    /// debt the next requests wait for: a token bucket or GCRA repays it at the rule's rate; a
+    /// window or log counts it in the window it is charged in, which ends with its units past
+    /// the limit.
     pub fn meter_usage_trailer(mut self, name: http::HeaderName) -> Self {
         match &mut self.meter {
             Some(metering) => metering.usage_trailer = Some(name),

@@ -18,7 +18,8 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
-use super::network::{Net, Status, Weather};
+use super::audit::Audit;
+use super::network::{Net, NetEvent, Status, Weather};
 use super::plan::{ClientPlan, Fault, Kind, Manner, Metered, OnError, Plan, RulePlan};
 use super::rng::Rng;
 use super::server::Servers;
@@ -53,9 +54,9 @@ pub(crate) enum Happened {
     Released,
     /// The handler sent its usage trailer.
     Reported,
-    /// The admission said nothing was left (`r=0`): its first chunk may have been what was
-    /// left, less than a chunk.
-    Emptied,
+    /// The admission's first chunk of metered rule `rule` (its index in the plan): a chunk,
+    /// or what was left when that was less.
+    Granted { rule: u16, units: u64 },
 }
 
 /// One fact of the run.
@@ -95,6 +96,10 @@ pub(crate) struct Outcome {
     pub(crate) refused: Option<String>,
     /// Requests sent.
     pub(crate) requests: u64,
+    /// What each call of the code did on the servers, in order.
+    pub(crate) audits: Vec<Audit>,
+    /// What the network lost, at server times.
+    pub(crate) events: Vec<(u64, NetEvent)>,
 }
 
 /// The facts of a run as they happen.
@@ -302,6 +307,7 @@ impl Fleet {
             ledger: self.ledger.clone(),
             replica,
             metered,
+            rules: self.plan.rules.iter().map(|r| r.name.clone()).collect(),
         }
     }
 
@@ -356,6 +362,8 @@ struct Handler {
     ledger: Ledger,
     replica: u32,
     metered: Option<Metered>,
+    /// The plan's rules' names, in order.
+    rules: Arc<[String]>,
 }
 
 impl Handler {
@@ -378,6 +386,12 @@ impl Handler {
                 replica: self.replica,
             },
         );
+        for (name, units) in meter.iter().flat_map(Meter::granted) {
+            if let Some(rule) = self.rules.iter().position(|r| *r == name) {
+                let rule = u16::try_from(rule).expect("a plan's rules fit a u16");
+                self.ledger.note(id, key, Happened::Granted { rule, units });
+            }
+        }
         let hold = Hold {
             ledger: self.ledger.clone(),
             request: id,
@@ -476,17 +490,9 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
                 Manner::Polite => Duration::from_secs(after),
                 _ => Duration::from_millis(rng.between(5, 200)),
             };
-            tokio::time::sleep(wait).await;
+            // A wait past the client's end ends it: its task is not a request left unanswered.
+            tokio::time::sleep_until((Instant::now() + wait).min(start + plan.until)).await;
             continue;
-        }
-        let emptied = response
-            .headers()
-            .get_all("ratelimit")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| v.contains(";r=0;") || v.ends_with(";r=0"));
-        if emptied {
-            fleet.ledger.note(id, plan.key, Happened::Emptied);
         }
         let leave_after = match plan.manner {
             Manner::Leaver => Some(rng.between(0, tokens.max(1))),
@@ -646,6 +652,8 @@ async fn run_here(plan: &Plan) -> Outcome {
     outcome.facts = facts;
     outcome.panics = panics;
     outcome.script_errors = script_errors;
+    outcome.audits = net.take_audits();
+    outcome.events = net.take_events();
     outcome.requests = fleet.requests.load(std::sync::atomic::Ordering::SeqCst);
     outcome
 }

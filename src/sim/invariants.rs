@@ -15,11 +15,16 @@
 //!   - **usage trailers** (`meter_usage_trailer`): a stream's units past its first chunk until
 //!     its trailer is settled (two seconds after its end), for good when it ends without one
 //!     (the chunks it took are its charge; the first is what was left when that was less);
+//!     once settled, those units are a debt: a token bucket or GCRA repays it at the rule's
+//!     rate, a window or log keeps it (the window it was charged in ends past its limit);
 //!   - **leases and split keys**: nothing (every unit is charged to Redis before it is spent,
 //!     and the sub-keys' shares add up to at most the quota);
 //!   - rules that fail open, and shadow rules, have no budget.
 //! - **Slots**: a concurrency rule's requests in flight per key are at most its slots (plus
 //!   the fallback's shares of them, as above).
+//! - **No refund beyond a charge** (per store key): what was given back (compensations,
+//!   settles down, slots released) never exceeds what was charged, so no charge is given back
+//!   twice and none that never landed.
 //! - **No panic**, **no script error**, **every request answered** within 75 s.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -69,14 +74,17 @@ pub(crate) fn check(plan: &Plan, outcome: &Outcome) -> Vec<Violation> {
             detail: format!("{} requests waited more than 75 s", outcome.stuck),
         });
     }
-    for rule in &plan.rules {
+    if let Some(violation) = refunds(outcome) {
+        violations.push(violation);
+    }
+    for (index, rule) in plan.rules.iter().enumerate() {
         if rule.shadow || rule.on_error == OnError::Open {
             continue;
         }
         for key in 0..plan.keys {
             let found = match rule.kind {
                 Kind::Concurrency => slots(plan, outcome, rule, key),
-                _ => budget(plan, outcome, rule, key),
+                _ => budget(plan, outcome, index, key),
             };
             if let Some(violation) = found {
                 violations.push(violation);
@@ -204,7 +212,8 @@ fn fallback(
 }
 
 /// Checks the budget of `rule` for `key`.
-fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<Violation> {
+fn budget(plan: &Plan, outcome: &Outcome, index: usize, key: u32) -> Option<Violation> {
+    let rule = &plan.rules[index];
     let period = rule.period.as_micros() as u64;
     let divisors = divisors(plan, outcome);
     let troubled = troubled(plan, outcome);
@@ -220,10 +229,13 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
     let mut open: BTreeMap<u64, (u64, bool, u64)> = BTreeMap::new();
     let mut unsettled = 0u64;
     let mut landing: VecDeque<(u64, u64)> = VecDeque::new();
+    // Settled trailers' units past the budget, and when it was last repaid.
+    let mut debt = Debt::new(rule);
     for fact in outcome.facts.iter().filter(|f| f.key == key) {
         while landing.front().is_some_and(|(at, _)| *at <= fact.at) {
-            let (_, excess) = landing.pop_front().expect("a settle");
+            let (at, excess) = landing.pop_front().expect("a settle");
             unsettled -= excess;
+            debt.add(at, excess);
         }
         match fact.happened {
             Happened::Admitted { .. } => {
@@ -253,11 +265,16 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
                     *reported = true;
                 }
             }
-            Happened::Emptied => {
-                // What was left may have been less than a chunk: at least one unit.
-                if let Some((units, _, taken)) = open.get_mut(&fact.request) {
-                    unsettled += (*units).min(*taken).saturating_sub(1);
-                    *taken = 1;
+            Happened::Granted {
+                rule: granted,
+                units,
+            } => {
+                // The first chunk may have been what was left, less than a chunk.
+                if usize::from(granted) == index
+                    && let Some((read, _, taken)) = open.get_mut(&fact.request)
+                {
+                    unsettled += (*read).min(*taken).saturating_sub(units);
+                    *taken = units;
                 }
             }
             Happened::Released => {
@@ -294,14 +311,18 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
             Kind::TokenBucket | Kind::Gcra => 1.0,
             _ => 0.0,
         };
-        let bound = own + local + wiped + frames + unsettled as f64 + rounding;
+        let owed = debt.at(at);
+        let bound = own + local + wiped + frames + unsettled as f64 + owed + rounding;
         if delivered as f64 > bound {
+            if std::env::var_os("TOLLGATE_SIM_TRACE").is_some() {
+                trace(outcome, key);
+            }
             return Some(Violation {
                 invariant: "budget",
                 detail: format!(
                     "rule {} ({:?}, {} per {:?}, burst {}, cost {}, meter {:?}, on error {:?}) key k{key}: \
                      {delivered} units by {:.3} s, bound {bound:.0} = algorithm {own:.0} + fallback {local:.0} \
-                     + wiped {wiped:.0} + frames {frames:.0} + trailers unsettled {unsettled}",
+                     + wiped {wiped:.0} + frames {frames:.0} + trailers unsettled {unsettled} + debt {owed:.0}",
                     rule.name,
                     rule.kind,
                     rule.limit,
@@ -316,6 +337,78 @@ fn budget(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<V
         }
     }
     None
+}
+
+/// Checks that no key was given back more than it was charged: at every call, the units a
+/// key was refunded so far (cross-slot compensations, settles down, released slots, counted as
+/// asked) are at most the units charged to it so far (what checks took, as the key's state
+/// shows, and settles up). A charge given back twice, or one that never reached the server,
+/// breaks it. Lease give-backs are left out on both sides (their units are within the call).
+fn refunds(outcome: &Outcome) -> Option<Violation> {
+    let mut keys: BTreeMap<&[u8], (f64, f64)> = BTreeMap::new();
+    for audit in outcome.audits.iter().filter(|a| !a.failed) {
+        for key in &audit.keys {
+            let (charged, refunded) = keys.entry(&key.key).or_default();
+            let d = &key.descriptor;
+            match audit.mode {
+                b'p' | b'x' => {}
+                b'r' => *refunded += d.cost as f64,
+                b'a' if d.lease == 1 => *charged += d.cost as f64,
+                b'a' => *refunded += d.cost as f64,
+                _ => *charged += (key.after - key.before).max(0.0),
+            }
+            // A refund may find the units already refilled: a fraction of a unit of rounding.
+            if *refunded > *charged + 0.5 {
+                return Some(Violation {
+                    invariant: "no refund beyond a charge",
+                    detail: format!(
+                        "key {} ({}): {refunded:.0} units refunded by {:.3} s, {charged:.1} charged",
+                        String::from_utf8_lossy(&key.key),
+                        d.algorithm,
+                        audit.at.saturating_sub(outcome.start) as f64 / 1e6,
+                    ),
+                });
+            }
+        }
+    }
+    None
+}
+
+/// The units settled trailers charged past a rule's budget: a token bucket or GCRA repays
+/// them at the rule's rate (its state holds them past the burst, and refills while it does); a
+/// window or log keeps them (each is counted in the window it was charged in).
+struct Debt {
+    /// Units repaid per microsecond.
+    rate: f64,
+    units: f64,
+    since: u64,
+}
+
+impl Debt {
+    fn new(rule: &RulePlan) -> Debt {
+        let rate = match rule.kind {
+            Kind::TokenBucket | Kind::Gcra => {
+                rule.limit as f64 / rule.period.as_micros().max(1) as f64
+            }
+            _ => 0.0,
+        };
+        Debt {
+            rate,
+            units: 0.0,
+            since: 0,
+        }
+    }
+
+    /// Adds `units` owed from `at` on.
+    fn add(&mut self, at: u64, units: u64) {
+        self.units = self.at(at) + units as f64;
+        self.since = at;
+    }
+
+    /// The units still owed at `at`.
+    fn at(&self, at: u64) -> f64 {
+        (self.units - self.rate * at.saturating_sub(self.since) as f64).max(0.0)
+    }
 }
 
 /// Checks the slots of concurrency rule `rule` for `key`.
@@ -358,4 +451,110 @@ fn slots(plan: &Plan, outcome: &Outcome, rule: &RulePlan, key: u32) -> Option<Vi
         }
     }
     None
+}
+
+/// Prints the facts of `key` and every audited call, for a person reading a failure.
+fn trace(outcome: &Outcome, key: u32) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let mut first = false;
+    ONCE.call_once(|| first = true);
+    if !first {
+        return;
+    }
+    for fact in outcome.facts.iter().filter(|f| f.key == key) {
+        eprintln!(
+            "{:>12} r{} {:?}",
+            fact.at - outcome.start,
+            fact.request,
+            fact.happened
+        );
+    }
+    for (at, event) in &outcome.events {
+        eprintln!("{:>12} network: {event}", at.saturating_sub(outcome.start));
+    }
+    for audit in &outcome.audits {
+        for k in &audit.keys {
+            eprintln!(
+                "{:>12} call {} node {} {} {:?} {:.2} -> {:.2}{}",
+                audit.at.saturating_sub(outcome.start),
+                char::from(audit.mode),
+                audit.node,
+                String::from_utf8_lossy(&k.key),
+                k.descriptor,
+                k.before,
+                k.after,
+                if audit.failed { " failed" } else { "" }
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::audit::{Audit, Descriptor, KeyAudit};
+    use super::*;
+
+    fn call(mode: u8, lease: u64, cost: u64, before: f64, after: f64) -> Audit {
+        Audit {
+            at: 0,
+            node: 0,
+            mode,
+            keys: vec![KeyAudit {
+                key: b"tollgate:{k0}:r0".to_vec(),
+                descriptor: Descriptor {
+                    algorithm: "tb".to_owned(),
+                    limit: 10,
+                    period: 1_000_000,
+                    burst: 10,
+                    interval: 100_000,
+                    cost,
+                    lease,
+                    give_back: None,
+                },
+                before,
+                after,
+            }],
+            failed: false,
+        }
+    }
+
+    #[test]
+    fn a_charge_given_back_twice_breaks_the_refund_invariant() {
+        let mut outcome = Outcome {
+            audits: vec![call(b'c', 0, 3, 0.0, 3.0), call(b'a', 0, 3, 3.0, 0.0)],
+            ..Outcome::default()
+        };
+        assert!(refunds(&outcome).is_none());
+        outcome.audits.push(call(b'r', 0, 3, 0.0, 0.0));
+        let violation = refunds(&outcome).expect("a second give-back is seen");
+        assert_eq!(violation.invariant, "no refund beyond a charge");
+        // A settle up is a charge: what it charged may be given back.
+        outcome.audits.insert(2, call(b'a', 1, 3, 0.0, 3.0));
+        assert!(refunds(&outcome).is_none());
+    }
+
+    #[test]
+    fn a_settled_debt_is_repaid_at_the_rate_of_a_bucket_and_kept_by_a_window() {
+        let rule = |kind| RulePlan {
+            name: "r0".to_owned(),
+            kind,
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: None,
+            cost: 1,
+            lease: None,
+            split: None,
+            meter: None,
+            on_error: OnError::Closed,
+            shadow: false,
+            delay: None,
+        };
+        let mut bucket = Debt::new(&rule(Kind::TokenBucket));
+        bucket.add(1_000_000, 20);
+        assert_eq!(bucket.at(1_500_000), 15.0);
+        assert_eq!(bucket.at(4_000_000), 0.0);
+        let mut window = Debt::new(&rule(Kind::FixedWindow));
+        window.add(1_000_000, 20);
+        assert_eq!(window.at(9_000_000), 20.0);
+    }
 }

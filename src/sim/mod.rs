@@ -8,12 +8,6 @@
 //! `TOLLGATE_SIM_SEEDS=<count>` (from `TOLLGATE_SIM_FIRST=<seed>`), or for as long as asked
 //! with `TOLLGATE_SIM_SECONDS=<seconds>`. One seed alone: `TOLLGATE_SIM_SEED=<seed>`. A run
 //! that fails prints its seed, the violations, and its plan shrunk to what still fails.
-#![allow(
-    dead_code,
-    reason = "each call's audit and the network's events are recorded for the refund and \
-              exactly-once invariants, which do not read them yet"
-)]
-
 mod audit;
 mod fleet;
 mod invariants;
@@ -185,5 +179,22 @@ fn every_guarantee_holds_on_the_seeds() {
                 None,
             )
         }
+    }
+}
+
+/// A seed draws the same plan twice, and its run keeps the same verdict: a failure replayed by
+/// its seed is the failure that was seen. (The calls themselves are not yet the same in every
+/// run: seed 13's diverge in a call's timing from about its 40th call on, from a source not
+/// found yet; not the tables' hash seeds, nor the heartbeat's member names.)
+#[test]
+fn a_seed_keeps_its_plan_and_its_verdict() {
+    for seed in [REGRESSIONS[0], REGRESSIONS[2], 3] {
+        let plan = Plan::from_seed(seed);
+        assert_eq!(format!("{plan:?}"), format!("{:?}", Plan::from_seed(seed)));
+        let verdict = || {
+            let (violations, _) = judge(&plan);
+            violations.iter().map(|v| v.invariant).collect::<Vec<_>>()
+        };
+        assert_eq!(verdict(), verdict(), "seed {seed}");
     }
 }

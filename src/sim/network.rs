@@ -75,6 +75,20 @@ pub(crate) enum NetEvent {
     LostMessage { replica: u32 },
 }
 
+impl std::fmt::Display for NetEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NetEvent::LostRequest { replica, node } => {
+                write!(f, "a call of replica {replica} to node {node} lost")
+            }
+            NetEvent::LostReply { replica, node } => {
+                write!(f, "the reply of node {node} to replica {replica} lost")
+            }
+            NetEvent::LostMessage { replica } => write!(f, "a message to replica {replica} lost"),
+        }
+    }
+}
+
 struct Link {
     node: usize,
     replica: u32,
@@ -257,13 +271,6 @@ impl Net {
     /// The errors tollgate's code raised on the servers.
     pub(crate) fn script_errors(&self) -> Vec<String> {
         self.state().servers.script_errors.clone()
-    }
-
-    /// Runs `f` on the servers (the simulation's own reads of their state).
-    pub(crate) fn with_servers<R>(&self, f: impl FnOnce(&mut Servers, u64) -> R) -> R {
-        let mut state = self.state();
-        let now = state.time.now();
-        f(&mut state.servers, now)
     }
 
     /// A latency drawn from the weather.

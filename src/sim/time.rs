@@ -28,11 +28,6 @@ impl SimTime {
     pub(crate) fn now(&self) -> u64 {
         self.epoch + u64::try_from(self.origin.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
-
-    /// The runtime instant at server time `at` (microseconds since the epoch).
-    pub(crate) fn instant_at(&self, at: u64) -> Instant {
-        self.origin + std::time::Duration::from_micros(at.saturating_sub(self.epoch))
-    }
 }
 
 /// A replica's clock: the servers' clock off by a skew (microseconds, either way).

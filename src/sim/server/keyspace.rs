@@ -87,13 +87,6 @@ impl Keyspace {
         self.live(key, now).map(|e| e.value.clone())
     }
 
-    /// The live keys at `now`.
-    pub(crate) fn keys(&mut self, now: u64) -> Vec<Vec<u8>> {
-        self.entries
-            .retain(|_, e| e.expires_at.is_none_or(|at| at > now));
-        self.entries.keys().cloned().collect()
-    }
-
     /// Removes every key for which `moves` says so, and gives them (a slot migrating).
     pub(crate) fn take(
         &mut self,

@@ -12,9 +12,7 @@ pub(crate) mod keyspace;
 pub(crate) mod lua;
 pub(crate) mod reply;
 
-use std::collections::BTreeMap;
-
-use self::keyspace::{Keyspace, Value};
+use self::keyspace::Keyspace;
 use self::lua::Engine;
 use self::reply::Reply;
 use crate::store::redis::simulated::slot;
@@ -138,11 +136,6 @@ impl Servers {
             self.nodes[to].keyspace.put(moved);
             self.owners[usize::from(slot)] = to;
         }
-    }
-
-    /// Whether a slot is migrating.
-    pub(crate) fn is_migrating(&self) -> bool {
-        self.migrating.is_some()
     }
 
     /// `CLUSTER SLOTS`: each range of slots of one owner, with the owner's address.
@@ -301,19 +294,6 @@ impl Servers {
             },
         };
         (reply, None)
-    }
-
-    /// The values of every live key of every node at `now` (microseconds), by key.
-    pub(crate) fn snapshot(&mut self, now: u64) -> BTreeMap<Vec<u8>, Value> {
-        let mut all = BTreeMap::new();
-        for node in &mut self.nodes {
-            for key in node.keyspace.keys(now / 1000) {
-                if let Some(value) = node.keyspace.value(&key, now / 1000) {
-                    all.insert(key, value);
-                }
-            }
-        }
-        all
     }
 
     /// A restart of node `at`: with its data (and its functions, saved with it), or without.
