@@ -17,6 +17,8 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Level, Metadata, Subscriber};
 
+mod support;
+
 /// Collects every event: its level, target and fields; and the fields of every span.
 #[derive(Clone, Default)]
 struct Events(
@@ -472,4 +474,112 @@ async fn the_rejection_log_names_a_tenant_by_a_digest_unless_raw_keys_are_asked_
     send(&mut app, with_api_key("free-bob")).await;
     let line = denial(&events);
     assert!(line.contains("tenant=\"free-bob\""), "{line}");
+}
+
+#[tokio::test]
+async fn a_store_dropped_while_it_connects_says_nothing_of_redis() {
+    // A service that exits on a configuration error drops its store while the first connect
+    // is still out: a "cannot reach Redis" line then would send its operator the wrong way.
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    // A server that accepts and never answers: the connect is out until its timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut sockets = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            sockets.push(socket);
+        }
+    });
+    let store = tollgate::store::RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .connect_timeout(std::time::Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // The background connect is under way.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    drop(store);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    held.abort();
+    let said: Vec<String> = [Level::ERROR, Level::WARN]
+        .into_iter()
+        .flat_map(|level| events.at(level))
+        .collect();
+    assert!(said.is_empty(), "a dropped store says nothing: {said:#?}");
+}
+
+#[tokio::test]
+async fn a_refused_subscription_to_the_forget_channel_is_said_with_its_reason() {
+    // Redis 7 gives a new ACL user no channel (`acl-pubsub-default resetchannels`): its checks
+    // work, but it cannot hear what other replicas reset or refund. That is said, with the
+    // server's reason, at most once a minute, not retried in silence.
+    let events = Events::default();
+    let _guard = tracing::subscriber::set_default(events.clone());
+    let server = support::RedisServer::start();
+    let _: () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg("resetchannels")
+        .query(&mut server.conn())
+        .unwrap();
+    let store = tollgate::store::RedisStore::builder(server.url())
+        .connect()
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::builder()
+        .rule(Rule::new("per-minute", Quota::per_minute(100)))
+        .store(store)
+        .build()
+        .unwrap();
+    let mut app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    assert_eq!(send(&mut app, from([9, 9, 9, 9])).await, StatusCode::OK);
+    // The listener tries again after 0.1, 0.2, 0.4 and 0.8 s.
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+    let said: Vec<String> = events
+        .at(Level::WARN)
+        .into_iter()
+        .filter(|line| line.contains("listen"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {said:#?}");
+    assert!(
+        said[0].to_lowercase().contains("noperm"),
+        "with the reason: {said:#?}"
+    );
+    assert!(said[0].contains("deny_cache_max_age"), "{said:#?}");
+}
+
+#[test]
+fn a_metered_chunk_past_the_fallback_share_is_warned_of_in_rules_and_in_a_policy() {
+    use tollgate::FailureMode;
+    use tollgate::policy::{Policy, Tier};
+
+    // 1,000 a minute over the 8 replicas assumed before a count: a share of 125, and a chunk
+    // of 500 is past it.
+    let metered = || {
+        Rule::new("tokens", Quota::per_minute(1_000))
+            .meter(500)
+            .on_store_error(FailureMode::Local)
+    };
+    let warned = |build: &dyn Fn()| {
+        let events = Events::default();
+        let _guard = tracing::subscriber::set_default(events.clone());
+        build();
+        events
+            .at(Level::WARN)
+            .into_iter()
+            .filter(|line| line.contains("metered chunk"))
+            .count()
+    };
+    let from_rules = warned(&|| {
+        RateLimitLayer::builder().rule(metered()).build().unwrap();
+    });
+    assert_eq!(from_rules, 1, "a builder's rule");
+    let from_policy = warned(&|| {
+        let policy = Policy::new("v1")
+            .tier(Tier::new("base").rule(metered()))
+            .default_tier("base");
+        RateLimitLayer::builder().policy(policy).build().unwrap();
+    });
+    assert_eq!(from_policy, 1, "a policy's rule");
 }

@@ -648,6 +648,17 @@ async fn refusing_server(
     ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
     refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) -> u16 {
+    refusing(refusal, ready, refused, false).await
+}
+
+/// The server of [`refusing_server`]; with `checks_refused`, it answers the checks' commands
+/// with `refusal` too (the connection stays open), as a loading or busy Redis does.
+async fn refusing(
+    refusal: &'static str,
+    ready: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    refused: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    checks_refused: bool,
+) -> u16 {
     use std::sync::atomic::Ordering;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -669,7 +680,14 @@ async fn refusing_server(
                             continue;
                         }
                         if name != b"PING" {
-                            return; // the connection closes: the check fails
+                            if !checks_refused {
+                                return; // the connection closes: the check fails
+                            }
+                            let answer = format!("-{refusal}\r\n");
+                            if link.write_all(answer.as_bytes()).await.is_err() {
+                                return;
+                            }
+                            continue;
                         }
                         pings += 1;
                         let answer = if pings == 1 || ready.load(Ordering::SeqCst) {
@@ -761,5 +779,57 @@ async fn a_probe_answered_loading_or_busy_keeps_the_breaker_open() {
         tokio::time::timeout(Duration::from_secs(5), closed)
             .await
             .expect("a probe answered PONG closes the breaker");
+    }
+}
+
+/// A check answered `LOADING` or `BUSY` is a failure for the circuit breaker, as the probe's
+/// `PING` answered so is: the server answers at once but refuses every command, so it is not
+/// back, and a breaker that counted it as a success would close (or never open) on a server
+/// that refuses every check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_answered_loading_or_busy_counts_against_the_breaker() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+
+    for refusal in [
+        "LOADING Redis is loading the dataset in memory",
+        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+    ] {
+        let (ready, refused) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let port = refusing(refusal, ready, refused, true).await;
+        let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+            .prefix(unique_prefix("refused-checks"))
+            .response_timeout(Duration::from_millis(200))
+            .circuit_breaker(CircuitBreaker::after_failures(2).cooldown(Duration::from_secs(60)))
+            .deny_cache(0)
+            .heartbeat(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        let rule = hourly("refused-checks", 1_000);
+        let key = Key::text("refused-checks");
+        let charge = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 1,
+        }];
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            answers.push(store.check(&charge).await);
+        }
+        assert!(
+            matches!(answers[0], Err(StoreError::Unavailable(_))),
+            "a check answered `{refusal}` is unavailable: {:?}",
+            answers[0]
+        );
+        assert!(
+            matches!(answers[3], Err(StoreError::CircuitOpen)),
+            "two checks answered `{refusal}` open a breaker set to open after two failures; \
+             the fourth got {:?}",
+            answers[3]
+        );
     }
 }

@@ -224,6 +224,14 @@
 //! | `lease(n)` | about one per `n` requests of a key spent one request at a time; for a key spent `d` units per round trip with `n ≥ 2 d + 1`, one per round trip at most, about one per `n − 1.5 d` requests when that is more; with a smaller `n`, one per `n` plus the requests that find no unit, one by one | the budget, as counted when each unit was charged; a unit is spent at most the lease's time to live (1 s) after its charge, never across a fixed or sliding-counter window, so over any period the fleet may spend up to the units held at its start on top | `(n − 1)` units per replica holding some | Redis's at the lease, with the units held counted as remaining |
 //! | `split(k)` | one per request, spread over `k` slots | the budget (each sub-key has `1/k`, rounded down) | about `(k − 1) × R` requests' units with R replicas | the sub-key's, its remaining × `k` |
 //!
+//! The deny cache's "nothing" is exact up to time: a denial is cached until the retry-after
+//! Redis computed, counted from the answer's arrival, so it may outlive Redis's own by the
+//! answer's way back (well under a millisecond on a LAN); a reset or refund made on another
+//! replica ends it one pub/sub hop later, or by the cap
+//! ([`deny_cache_max_age`][deny_cache_max_age], default 5 s) when that
+//! message is lost. While Redis cannot be asked, the rule's [`FailureMode`](crate::FailureMode)
+//! answers instead.
+//!
 //! Leased units left when their time to live ends (never past the end of a fixed or
 //! sliding-counter window, as the leased key's node counts time) go back into the window they
 //! were charged in, for a fixed window or a sliding counter, with the key's next call from that

@@ -111,6 +111,22 @@ pub(crate) fn is_server_answer(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
+/// Whether the server answered this error to every command it is sent, a check's too: it is
+/// loading its data (`LOADING`), a script runs past its time (`BUSY`), the cluster is down
+/// (`CLUSTERDOWN`) or its primary is gone (`MASTERDOWN`). Such an answer comes at once, but it
+/// is not the server back: a circuit breaker counts it as a failure, as its probe does.
+pub(crate) fn refuses_every_command(error: &RedisError) -> bool {
+    match error.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown,
+        ) => true,
+        ErrorKind::Extension => error.code() == Some("BUSY"),
+        _ => false,
+    }
+}
+
 /// Whether the server says it is no longer a primary (`READONLY`, `MASTERDOWN`): it was demoted
 /// by a failover, and a new connection (to the same name) finds the new primary.
 pub(crate) fn is_demoted(error: &RedisError) -> bool {

@@ -14,6 +14,15 @@
 //! So after a reset or refund on replica A returns, replica B admits what Redis admits as soon
 //! as the message reaches it (one hop through Redis: well under a millisecond on a LAN), and at
 //! the latest after the cap when it was lost.
+//!
+//! Every reset or refund publishes, whether or not some replica cached a denial of that key: no
+//! replica can know that without a mark that every denial writes to Redis, a write on the very
+//! path a flood of denials takes. What the messages cost is bounded instead: a replica keeps the
+//! tombstones of 65,536 keys for at least a minute (about 1,090 keys forgotten a second, fleet
+//! wide); past that it drops every cached denial at once. That is safe: the next request of each
+//! denied key asks Redis again, so it costs calls to Redis, never budget. A listener that cannot
+//! subscribe (a user without the channel in its ACL: `NOPERM`) says so, with the server's
+//! reason, at most once a minute; its replica's cached denials then end by their cap.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -25,10 +34,11 @@ pub(crate) use super::push::Push;
 use redis::{AsyncConnectionConfig, Client, ConnectionInfo, ProtocolVersion, PushInfo, PushKind};
 
 use super::connection::Connection;
-use super::error::store_error;
+use super::error::{is_server_answer, store_error};
 use super::replica::Replica;
 use super::startup::{FIRST_RETRY_DELAY, MAX_RETRY_DELAY};
 use crate::store::StoreError;
+use crate::throttle::Every;
 
 /// The channel of a prefix's forgotten keys.
 pub(crate) fn channel(prefix: &str) -> String {
@@ -85,6 +95,16 @@ const WAITING: usize = 4096;
 /// next (a server that drops subscribers at once is not asked in a loop).
 const SETTLED: Duration = Duration::from_secs(10);
 
+/// Why a subscription was not made.
+#[derive(Debug)]
+pub(crate) enum NotSubscribed {
+    /// The server did not answer (the store's own calls say so already).
+    Unreachable,
+    /// The server answered with a refusal, such as `NOPERM` for a user without the channel:
+    /// the server's words.
+    Refused(String),
+}
+
 /// A way to subscribe to the channel: redis-rs's pub/sub (or, in tests, a simulated network).
 pub(crate) trait Subscriber: Send + Sync + 'static {
     /// A subscribed connection.
@@ -98,7 +118,7 @@ pub(crate) trait Subscriber: Send + Sync + 'static {
         attempt: usize,
         channel: &str,
         timeout: Duration,
-    ) -> impl Future<Output = Option<(Self::Link, Heard)>> + Send;
+    ) -> impl Future<Output = Result<(Self::Link, Heard), NotSubscribed>> + Send;
 
     /// Whether `link` still answers, within `timeout`.
     fn ping(&self, link: &mut Self::Link, timeout: Duration) -> impl Future<Output = bool> + Send;
@@ -121,8 +141,11 @@ impl Subscriber for Clients {
         attempt: usize,
         channel: &str,
         timeout: Duration,
-    ) -> Option<(Self::Link, Heard)> {
-        let client = self.0.get(attempt % self.0.len().max(1))?;
+    ) -> Result<(Self::Link, Heard), NotSubscribed> {
+        let client = self
+            .0
+            .get(attempt % self.0.len().max(1))
+            .ok_or(NotSubscribed::Unreachable)?;
         let (pushes, heard) = tokio::sync::mpsc::channel(WAITING);
         let overflowed = Arc::new(AtomicBool::new(false));
         let full = overflowed.clone();
@@ -151,14 +174,17 @@ impl Subscriber for Clients {
             Ok::<_, redis::RedisError>(conn)
         };
         match tokio::time::timeout(timeout, subscribed).await {
-            Ok(Ok(conn)) => Some((
+            Ok(Ok(conn)) => Ok((
                 conn,
                 Heard {
                     pushes: heard,
                     overflowed,
                 },
             )),
-            _ => None,
+            Ok(Err(error)) if is_server_answer(&error) => {
+                Err(NotSubscribed::Refused(error.to_string()))
+            }
+            _ => Err(NotSubscribed::Unreachable),
         }
     }
 
@@ -198,17 +224,32 @@ pub(crate) fn listen_through<S: Subscriber>(
     runtime.spawn(async move {
         let mut delay = FIRST_RETRY_DELAY;
         let mut heard_before = false;
+        let warned = Every::new();
         for attempt in 0.. {
             if replica.strong_count() == 0 {
                 return;
             }
-            let Some((mut link, mut heard)) = subscriber
+            let (mut link, mut heard) = match subscriber
                 .subscribe(attempt, &channel, connect_timeout)
                 .await
-            else {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY_DELAY);
-                continue;
+            {
+                Ok(subscribed) => subscribed,
+                Err(not) => {
+                    if let NotSubscribed::Refused(reason) = not
+                        && warned.due(crate::clock::unix_micros(), 60_000_000)
+                    {
+                        tracing::warn!(
+                            %reason,
+                            channel = %channel,
+                            "tollgate: cannot listen for the keys other replicas reset or refund; \
+                             this replica's cached denials of them end by their cap \
+                             (deny_cache_max_age) (said at most once a minute)"
+                        );
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(MAX_RETRY_DELAY);
+                    continue;
+                }
             };
             let since = tokio::time::Instant::now();
             if heard_before {
@@ -265,18 +306,21 @@ impl Subscriber for super::simulated::Subscribing {
         attempt: usize,
         channel: &str,
         timeout: std::time::Duration,
-    ) -> Option<((), Heard)> {
-        let (host, port) = self.servers.get(attempt % self.servers.len().max(1))?;
+    ) -> Result<((), Heard), NotSubscribed> {
+        let (host, port) = self
+            .servers
+            .get(attempt % self.servers.len().max(1))
+            .ok_or(NotSubscribed::Unreachable)?;
         let subscribed = self.network.subscribe(host, *port, channel);
         match tokio::time::timeout(timeout, subscribed).await {
-            Ok(Ok(pushes)) => Some((
+            Ok(Ok(pushes)) => Ok((
                 (),
                 Heard {
                     pushes,
                     overflowed: Arc::default(),
                 },
             )),
-            _ => None,
+            _ => Err(NotSubscribed::Unreachable),
         }
     }
 

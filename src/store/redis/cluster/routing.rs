@@ -12,7 +12,9 @@ use super::Cluster;
 use super::deadline::Deadline;
 use super::node::Node;
 use crate::store::StoreError;
-use crate::store::redis::error::{breaks_connection, is_server_answer, store_error};
+use crate::store::redis::error::{
+    breaks_connection, is_server_answer, refuses_every_command, store_error,
+};
 use crate::store::redis::script::{self, Mode, Prepared, Reply, Request};
 
 /// The most redirections (`MOVED`, `ASK`, `TRYAGAIN`) one call follows.
@@ -145,10 +147,11 @@ impl Cluster {
                         .min(deadline.saturating_duration_since(Instant::now()));
                     tokio::time::sleep(pause).await;
                 }
-                None if is_server_answer(&error) => {
-                    // The node answered at once (`CLUSTERDOWN` while a primary fails over,
-                    // `LOADING`…): its breaker has nothing to spare; the slot map may be
-                    // changing.
+                None if is_server_answer(&error) && !refuses_every_command(&error) => {
+                    // The node answered at once with a refusal of this call alone (a script
+                    // error, `READONLY`…): its breaker has nothing to spare; the slot map may
+                    // be changing. `CLUSTERDOWN`, `LOADING` or `BUSY` refuse every call, so
+                    // they count against the breaker below.
                     node.breaker().success(permit);
                     self.refresh_soon();
                     return Err(store_error(node.server(), error));

@@ -63,7 +63,8 @@ impl Cluster {
                     None
                 }
                 Err(error) => {
-                    if inner.parts.connect_failed(&error) {
+                    // A store no one holds any more has nothing to say of Redis.
+                    if inner.parts.connect_failed(&error) && Arc::strong_count(&inner) > 1 {
                         tracing::warn!(
                             servers = &*inner.servers,
                             %error,

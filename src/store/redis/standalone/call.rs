@@ -8,7 +8,9 @@ use ::redis::Value;
 use super::Standalone;
 use crate::store::StoreError;
 use crate::store::breaker::Permit;
-use crate::store::redis::error::{breaks_connection, is_demoted, is_server_answer, store_error};
+use crate::store::redis::error::{
+    breaks_connection, is_demoted, is_server_answer, refuses_every_command, store_error,
+};
 use crate::store::redis::probe;
 use crate::store::redis::remote::Transport;
 use crate::store::redis::script::{Mode, Prepared, Request};
@@ -86,6 +88,8 @@ impl Standalone {
             if answered {
                 conn.health().answered();
             }
+            // The connection is sound, but a server that refuses every command is not back.
+            let answered = answered && !matches!(&result, Err(e) if refuses_every_command(e));
             Ok((result.map_err(|e| store_error(&self.server, e)), answered))
         };
         let (result, answered) = match tokio::time::timeout_at(deadline, attempt).await {

@@ -1,6 +1,6 @@
 //! Connecting to the server and loading the code, in the background until it succeeds.
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 
 use super::Standalone;
 use crate::store::StoreError;
@@ -36,7 +36,9 @@ impl Standalone {
                     return;
                 }
                 Err(error) => {
-                    if inner.parts.connect_failed(&error) {
+                    // A store no one holds any more (a service exiting on a configuration
+                    // error drops it while this attempt is out) has nothing to say of Redis.
+                    if inner.parts.connect_failed(&error) && Arc::strong_count(&inner) > 1 {
                         tracing::warn!(
                             server = &*inner.server,
                             %error,

@@ -2,6 +2,7 @@
 //! the code is loaded again on the same stream and the call's checks sent again, once.
 
 use super::*;
+use crate::store::redis::error::refuses_every_command;
 
 impl Driver {
     /// A call of checks answered with something else: an error (the code did not run, the
@@ -26,7 +27,9 @@ impl Driver {
             self.shared.health.broke();
             true
         } else {
-            is_server_answer(&error)
+            // `LOADING`, `BUSY` or `CLUSTERDOWN` come at once, but refuse every check: the
+            // server is not back.
+            is_server_answer(&error) && !refuses_every_command(&error)
         };
         let error = store_error(&self.shared.server, error);
         self.failed_call(call, owner, answered, error);
@@ -98,7 +101,7 @@ impl Driver {
             Loaded::TryScript => self.load(Form::Script, jobs, permit),
             Loaded::Failed(error) => {
                 let owner = self.owner();
-                let answered = is_server_answer(&error);
+                let answered = is_server_answer(&error) && !refuses_every_command(&error);
                 let error = store_error(&self.shared.server, error);
                 if let Some(owner) = &owner {
                     owner.report(permit, answered, Some(&error));
