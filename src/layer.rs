@@ -450,8 +450,6 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             on_denied: self.on_denied,
             name: self.name.map(Arc::from),
         };
-        self.fallback_share
-            .warn_of_chunks_past_shares(&self.rules, self.on_store_error);
         let (policy, source) = match (self.policy, self.rules.is_empty()) {
             (Some(_), false) => {
                 return Err(ConfigError::new(
@@ -474,6 +472,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             }
         };
         self.fallback_share.validate()?;
+        self.fallback_share
+            .warn_of_chunks_past_shares(policy.every_rule(), self.on_store_error);
         let snapshot = Snapshot::compile(&policy, &compiler)?;
         let shedder = self.shed.map(Shedding::build).transpose()?;
         let policy = match source {

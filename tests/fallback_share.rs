@@ -255,3 +255,90 @@ async fn a_replica_that_beats_seldom_stays_counted_after_one_that_beats_often_st
         "the replica that beats every 3 s is still counted"
     );
 }
+
+/// A store that is always down, and whose count of replicas the test sets.
+#[derive(Clone, Default)]
+struct DownCounting(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl Store for DownCounting {
+    type Future = std::future::Ready<Result<tollgate::Decision, tollgate::store::StoreError>>;
+
+    fn check(&self, _: &[Charge<'_>]) -> Self::Future {
+        std::future::ready(Err(tollgate::store::StoreError::Timeout))
+    }
+
+    fn replicas(&self) -> Option<u32> {
+        Some(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    fn counts_replicas(&self) -> bool {
+        true
+    }
+}
+
+/// A charge the fallback made at one share is settled at that share, though the count of
+/// replicas changed while its response was out: 100 a minute is 50 a minute on each of 2
+/// replicas and 10 on each of 10, so one unit given back at the share of 10 would refill
+/// five times what the share of 2 charged.
+#[tokio::test]
+async fn a_fallback_charge_is_settled_at_the_share_it_was_made_at() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    let store = DownCounting::default();
+    store.0.store(2, Ordering::SeqCst);
+    let released = Arc::new(tokio::sync::Notify::new());
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("logins", Quota::per_minute(100))
+                .charge_on_status([401])
+                .on_store_error(FailureMode::Local),
+        )
+        .store(store.clone())
+        .build()
+        .unwrap();
+    let held = released.clone();
+    let app = Router::new()
+        .route("/failed", get(|| async { StatusCode::UNAUTHORIZED }))
+        .route(
+            "/held",
+            get(move || {
+                let held = held.clone();
+                async move {
+                    held.notified().await;
+                    StatusCode::OK
+                }
+            }),
+        )
+        .layer(layer);
+    let send = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            let mut req = Request::get(path).body(Body::empty()).unwrap();
+            req.extensions_mut()
+                .insert(ConnectInfo(SocketAddr::from(([10, 7, 0, 2], 40_000))));
+            app.oneshot(req).await.unwrap().status()
+        }
+    };
+    // At a share of 50: 49 failed logins are charged, then one more request is held.
+    for _ in 0..49 {
+        assert_eq!(send("/failed").await, StatusCode::UNAUTHORIZED);
+    }
+    let out = tokio::spawn(send("/held"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        send("/failed").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the share is spent"
+    );
+    // The fleet grows to 10 while the held request is out; it ends with a 200, so its unit
+    // comes back: at the share it was charged at, a fiftieth of a minute.
+    store.0.store(10, Ordering::SeqCst);
+    released.notify_one();
+    assert_eq!(out.await.unwrap(), StatusCode::OK);
+    assert_eq!(
+        send("/failed").await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "a unit given back at the share it was charged at refills no more than it took"
+    );
+}

@@ -9,6 +9,7 @@
 //! engine.finish_adjust(on_fallback, &adjustments, report, "released outside a Tokio runtime", &origin);
 //! ```
 
+use super::local::Counted;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -24,7 +25,7 @@ impl<St: Store> Engine<St> {
     /// future: on the request's runtime, where its store's connections and timers are.
     pub(crate) fn finish_adjust(
         &self,
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         adjustments: &[Adjustment<'_>],
         report: fn(Result<(), StoreError>),
         outside: &'static str,

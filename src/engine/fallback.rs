@@ -2,6 +2,7 @@
 //! [`FailureMode`]: refused (fail closed), let through (fail open), or decided by the fallback
 //! limiter (`FailureMode::Local`), an in-process memory store made when first needed.
 
+use super::local::Counted;
 use smallvec::SmallVec;
 
 use super::state::Engine;
@@ -43,7 +44,7 @@ impl<St: Store> Engine<St> {
     /// `on_fallback` (and it was made), else on the store.
     pub(super) fn adjust_where(
         &self,
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         adjustments: &[Adjustment<'_>],
     ) -> StoreFuture<()> {
         match self.try_adjust_now_where(on_fallback, adjustments) {
@@ -57,11 +58,11 @@ impl<St: Store> Engine<St> {
     /// store's future.
     pub(super) fn try_adjust_now_where(
         &self,
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         adjustments: &[Adjustment<'_>],
     ) -> Option<Result<(), StoreError>> {
-        if on_fallback
-            && let Some(()) = self.fallback.adjust_now(self.store.replicas(), adjustments)
+        if let Some(Counted(counted)) = on_fallback
+            && let Some(()) = self.fallback.adjust_now(counted, adjustments)
         {
             return Some(Ok(()));
         }
@@ -108,7 +109,8 @@ impl<St: Store> Engine<St> {
             .filter(|Applied { rule: i, .. }| mode(i) == FailureMode::Local)
             .map(|applied| applied.rule)
             .collect();
-        WithoutStore::Decided(self.fallback.decide(self.store.replicas(), &charges))
+        let counted = self.store.replicas();
+        WithoutStore::Decided(self.fallback.decide(counted, &charges), Counted(counted))
     }
 }
 
@@ -116,8 +118,9 @@ impl<St: Store> Engine<St> {
 pub(super) enum WithoutStore {
     /// A rule fails closed.
     Refuse,
-    /// The fallback limiter decided the rules that fall back to it.
-    Decided(Decision),
+    /// The fallback limiter decided the rules that fall back to it, at the count of replicas
+    /// the store had then.
+    Decided(Decision, Counted),
     /// Every rule fails open.
     Unlimited,
 }

@@ -17,6 +17,12 @@ use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
 
+/// The store's count of replicas when the fallback limiter decided a request (`None`: it never
+/// counted): what the request gives back later is given back at the same share, whatever the
+/// count is by then, so that a refund never refills a share by more than it charged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Counted(pub(crate) Option<u32>);
+
 /// The fallback limiter of a layer.
 pub(crate) struct Local {
     share: FallbackShare,
@@ -192,6 +198,29 @@ mod tests {
             cost: 1,
         }];
         assert!(!local.decide(Some(3), &one_more).allowed(), "in debt");
+    }
+
+    /// An answer admitted in debt tells it: the budget is whole again once the whole cost is
+    /// repaid, and a next unit is there once the debt and that unit are.
+    #[test]
+    fn a_charge_admitted_in_debt_answers_when_its_debt_is_repaid() {
+        let local = Local::new(FallbackShare::per_replica());
+        // 30 a minute: 10 each on 3 replicas, a unit every 6 s.
+        let rule = bucket(30);
+        let key = Key::text("client");
+        let twelve = [Charge {
+            rule: &rule,
+            key: &key,
+            cost: 12,
+        }];
+        let decision = local.decide(Some(3), &twelve);
+        assert!(decision.allowed());
+        let outcome = decision.outcomes()[0];
+        assert_eq!(outcome.remaining, 0, "{outcome:?}");
+        // 12 units at 6 s each: 72 s until whole, not the 60 s of the 10 the share holds.
+        assert!(outcome.reset >= 71_900_000, "{outcome:?}");
+        // The debt of 2 and one unit more: 18 s.
+        assert!(outcome.window >= 17_900_000, "{outcome:?}");
     }
 
     /// Ten replicas, 100 a minute, cost 20: each replica's share is 10, so the fleet admits

@@ -19,6 +19,7 @@
 //! }
 //! ```
 
+use super::local::Counted;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -118,7 +119,12 @@ pub(crate) trait Spender: Send + Sync {
     /// Takes `charges` (rule index, key, units) in one check: answered at once where that
     /// check never waits (the memory store, the fallback limiter), wherever it is asked; else
     /// the store's future, not polled yet.
-    fn take(&self, snapshot: &Snapshot, charges: &[(u16, Key, u64)], on_fallback: bool) -> Taking;
+    fn take(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: Option<Counted>,
+    ) -> Taking;
 
     /// Settles the meter's charges. Never blocks: a store that cannot answer at once finishes
     /// on the runtime (on `origin`, when this thread runs none).
@@ -126,7 +132,7 @@ pub(crate) trait Spender: Send + Sync {
         &self,
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         origin: &Origin,
     );
 }
@@ -141,7 +147,9 @@ pub(crate) enum Taking {
 struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
-    on_fallback: bool,
+    /// Admitted by the fallback limiter, at this count: every chunk is taken and settled
+    /// there, at the same share.
+    on_fallback: Option<Counted>,
     /// The request's tier, for the metrics.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     tier: u16,
@@ -259,7 +267,7 @@ impl Meter {
         spender: Arc<dyn Spender>,
         snapshot: Arc<Snapshot>,
         charges: impl IntoIterator<Item = (u16, Key, u64, u64)>,
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         tier: u16,
     ) -> Meter {
         let accounts: SmallVec<[Account; 1]> = charges
@@ -749,7 +757,12 @@ impl Drop for Metered {
 }
 
 impl<St: Store> Spender for Engine<St> {
-    fn take(&self, snapshot: &Snapshot, charges: &[(u16, Key, u64)], on_fallback: bool) -> Taking {
+    fn take(
+        &self,
+        snapshot: &Snapshot,
+        charges: &[(u16, Key, u64)],
+        on_fallback: Option<Counted>,
+    ) -> Taking {
         let charges: SmallVec<[Charge<'_>; 1]> = charges
             .iter()
             .map(|(rule, key, cost)| Charge {
@@ -758,10 +771,8 @@ impl<St: Store> Spender for Engine<St> {
                 cost: *cost,
             })
             .collect();
-        if on_fallback
-            && let Some(decision) = self
-                .fallback
-                .decide_if_made(self.store.replicas(), &charges)
+        if let Some(Counted(counted)) = on_fallback
+            && let Some(decision) = self.fallback.decide_if_made(counted, &charges)
         {
             return Taking::Now(Ok(decision));
         }
@@ -775,7 +786,7 @@ impl<St: Store> Spender for Engine<St> {
         &self,
         snapshot: &Snapshot,
         changes: &[(u16, Key, Change, u64)],
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         origin: &Origin,
     ) {
         let adjustments: SmallVec<[Adjustment<'_>; 1]> = changes

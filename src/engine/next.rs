@@ -2,6 +2,7 @@
 //! (with what the request carries to its response), an answer for it, or a second check
 //! (shadow and delay rules); a store failure goes to the fallback.
 
+use super::local::Counted;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -60,14 +61,7 @@ impl<St: Store> Engine<St> {
                     Verdict::Allowed
                 };
                 self.emit(snapshot, ctx, applied, Some(&decision), keys, verdict);
-                self.admitted(
-                    snapshot,
-                    applied,
-                    keys,
-                    decision,
-                    false,
-                    ctx.resolution.tier,
-                )
+                self.admitted(snapshot, applied, keys, decision, None, ctx.resolution.tier)
             }
             Ok(decision) if snapshot.watches => {
                 self.watched_denial(snapshot, applied, keys, decision, ctx)
@@ -88,10 +82,10 @@ impl<St: Store> Engine<St> {
                             grpc(),
                         )
                     }
-                    WithoutStore::Decided(decision) if !decision.allowed() => {
+                    WithoutStore::Decided(decision, _) if !decision.allowed() => {
                         self.deny(snapshot, ctx, applied, keys, decision, Verdict::LocalDenied)
                     }
-                    WithoutStore::Decided(decision) => {
+                    WithoutStore::Decided(decision, counted) => {
                         self.emit(
                             snapshot,
                             ctx,
@@ -101,7 +95,8 @@ impl<St: Store> Engine<St> {
                             Verdict::LocalAllowed,
                         );
                         // Decided by the fallback limiter: settled there, slots given back there.
-                        self.admitted(snapshot, applied, keys, decision, true, ctx.resolution.tier)
+                        let tier = ctx.resolution.tier;
+                        self.admitted(snapshot, applied, keys, decision, Some(counted), tier)
                     }
                     WithoutStore::Unlimited => {
                         self.emit(snapshot, ctx, applied, None, keys, Verdict::FailedOpen);
@@ -206,7 +201,7 @@ impl<St: Store> Engine<St> {
         applied: &mut RuleIndices,
         keys: Option<&AppliedRules>,
         decision: Decision,
-        on_fallback: bool,
+        on_fallback: Option<Counted>,
         tier: u16,
     ) -> Decide<St::Future> {
         let rule = |i: u16| &snapshot.rules[usize::from(i)];

@@ -2,6 +2,7 @@
 //! rule does not charge, the difference for a cost known after the response, in one store
 //! call (on the fallback limiter for what it decided).
 
+use super::local::Counted;
 use std::task::{Context, Poll};
 
 use http::Response;
@@ -20,8 +21,9 @@ use crate::throttle::Every;
 pub(crate) struct Settle {
     /// The rule, the key, the units reserved and when they were charged (0: not known).
     pub(crate) charges: SmallVec<[(u16, Key, u64, u64); 1]>,
-    /// Decided by the fallback limiter (the store failed): settled there too.
-    pub(crate) on_fallback: bool,
+    /// Decided by the fallback limiter (the store failed), at this count: settled there too,
+    /// at the same share.
+    pub(crate) on_fallback: Option<Counted>,
 }
 
 impl<St: Store> Engine<St> {

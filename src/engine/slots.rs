@@ -6,6 +6,7 @@
 //! is dropped, the client leaves, the inner service fails or panics), the one `Slots` is
 //! dropped once, and gives the slots back in one store call.
 
+use super::local::Counted;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -37,7 +38,7 @@ pub(crate) struct Taken {
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
     /// Taken by the fallback limiter (the store failed): given back there.
-    pub(crate) on_fallback: bool,
+    pub(crate) on_fallback: Option<Counted>,
     /// The runtime the request was served on: the give-back finishes there when the slots are
     /// dropped on a thread that runs none.
     pub(crate) origin: Origin,

@@ -236,6 +236,25 @@ impl Policy {
     pub fn version(&self) -> &str {
         &self.version
     }
+
+    /// Lists every rule the policy names: its tiers' and their routes', its tenants'
+    /// exceptions, and the rules of every tier.
+    pub(crate) fn every_rule(&self) -> impl Iterator<Item = &Rule> {
+        let tiers = self.tiers.iter().flat_map(|tier| {
+            let routes = tier.routes.iter().flat_map(|(_, rules)| rules);
+            tier.rules.iter().chain(routes)
+        });
+        let tenants = self
+            .tenants
+            .iter()
+            .flat_map(|tenant| tenant.routes.iter().flat_map(|(_, rules)| rules));
+        let everywhere = self
+            .all_tiers_routes
+            .iter()
+            .flat_map(|(_, rules)| rules)
+            .chain(&self.all_tiers);
+        tiers.chain(tenants).chain(everywhere)
+    }
 }
 
 /// A tier (a plan: free, pro, enterprise…): its own rules, and rules for some routes.

@@ -265,7 +265,10 @@ impl Rule {
     /// its handler set on the response. The layer charges the difference, or gives back what
     /// was not used, in one store call; past the budget, the key is in debt and its next
     /// requests wait (see [`algorithm::Algorithm::force`](crate::Algorithm::force)). A response
-    /// without an `ActualCost` keeps the estimate. Not for the sliding window log (one entry per
+    /// without an `ActualCost` keeps the estimate, and so does a settle the store fails: what a
+    /// request cost past its estimate is then never charged, so a fleet may deliver past its
+    /// budget by exactly that, for the settles that failed (and, until a settle lands, by the
+    /// excess of the responses being settled). Not for the sliding window log (one entry per
     /// unit cannot hold a debt), leased or split rules.
     pub fn settle(mut self) -> Self {
         self.after.settle = Some(SettleFrom::Extension);

@@ -146,7 +146,11 @@ impl FallbackShare {
     /// ([`until_counted`](Self::until_counted)): while the
     /// store is away, such a stream starts only when the share is whole, and its chunk past
     /// the share is a debt.
-    pub(crate) fn warn_of_chunks_past_shares(&self, rules: &[crate::Rule], layer: FailureMode) {
+    pub(crate) fn warn_of_chunks_past_shares<'a>(
+        &self,
+        rules: impl IntoIterator<Item = &'a crate::Rule>,
+        layer: FailureMode,
+    ) {
         for rule in rules {
             let Some(metering) = &rule.meter else {
                 continue;

@@ -192,21 +192,40 @@ impl MemoryStore {
                 ..*c
             })
             .collect();
-        let decision = match capped.as_slice() {
+        let mut decision = match capped.as_slice() {
             [charge] => self.check_one(charge, now),
             _ => self.check_many(&capped, now).made_at_time(now),
         };
         if decision.allowed() {
-            for (charge, checked) in charges.iter().zip(&capped) {
+            for (position, (charge, checked)) in charges.iter().zip(&capped).enumerate() {
                 if charge.cost > checked.cost {
                     let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
                     self.modify(charge, now, |state| {
                         algorithm.force(limits, state, now, charge.cost - checked.cost)
                     });
+                    // The answer tells the debt: when the budget is whole again, and when a
+                    // next unit is there.
+                    let after = self.uncharged(charge, now, 1);
+                    if let Some(outcome) = decision.outcome_mut(position) {
+                        outcome.remaining = 0;
+                        outcome.reset = after.reset;
+                        outcome.window = after.window;
+                    }
                 }
             }
         }
         decision
+    }
+
+    /// The outcome of `cost` units of `charge`'s rule and key at `now`, uncharged.
+    fn uncharged(&self, charge: &Charge<'_>, now: u64, cost: u64) -> crate::algorithm::Outcome {
+        let hash = self.hash(charge.rule.id(), charge.key);
+        let shard = self.inner.table.lock(self.shard_of(hash));
+        let state = shard.find(hash, charge, now);
+        charge
+            .rule
+            .algorithm()
+            .uncharged(charge.rule.limits(), state, now, cost)
     }
 
     fn now(&self) -> u64 {
@@ -292,15 +311,9 @@ impl MemoryStore {
     /// [`Store::peek`], at once: every charge's outcome, uncharged.
     pub fn peek_now(&self, charges: &[Charge<'_>]) -> Decision {
         let now = self.now();
-        let outcomes = charges.iter().map(|charge| {
-            let hash = self.hash(charge.rule.id(), charge.key);
-            let shard = self.inner.table.lock(self.shard_of(hash));
-            let state = shard.find(hash, charge, now);
-            charge
-                .rule
-                .algorithm()
-                .uncharged(charge.rule.limits(), state, now, charge.cost)
-        });
+        let outcomes = charges
+            .iter()
+            .map(|charge| self.uncharged(charge, now, charge.cost));
         Decision::from_outcomes(outcomes.collect::<SmallVec<[_; 2]>>()).made_at_time(now)
     }
 
