@@ -20,13 +20,16 @@ use tower::{Layer, ServiceExt};
 
 use super::audit::Audit;
 use super::network::{Net, NetEvent, Status, Weather};
-use super::plan::{ClientPlan, Fault, Kind, Manner, Metered, OnError, Plan, RulePlan};
+use super::plan::{
+    Charged, ClientPlan, Fault, Kind, Manner, Metered, OnError, Plan, PolicyPlan, RulePlan,
+};
 use super::rng::Rng;
 use super::server::Servers;
 use super::time::{SharedClock, SimTime, Skewed};
 use crate::algorithm::kind::Algorithm;
 use crate::clock::Clock;
 use crate::key::FromHeader;
+use crate::policy::{Policy, PolicyHandle, TenantFromHeader, TenantRules, Tier};
 use crate::store::redis::simulated::Simulated;
 use crate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
 use crate::{FailureMode, FallbackShare, Meter, Quota, RateLimitLayer, Rule, Spend};
@@ -43,6 +46,12 @@ const STUCK: Duration = Duration::from_secs(75);
 /// The trailer by which the handler reports its units.
 const USAGE: &str = "x-usage-tokens";
 
+/// The header a handler reports a request's real cost in, for the rules that settle by it.
+const ACTUAL: &str = "x-actual-cost";
+
+/// The status the rules that charge by status charge.
+pub(crate) const CHARGED_STATUS: u16 = 401;
+
 /// What happened to a request, at a server time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Happened {
@@ -57,6 +66,11 @@ pub(crate) enum Happened {
     /// The admission's first chunk of metered rule `rule` (its index in the plan): a chunk,
     /// or what was left when that was less.
     Granted { rule: u16, units: u64 },
+    /// Replica `replica` answered `429 Too Many Requests`.
+    Refused { replica: u32 },
+    /// The handler answered with `status` and reported the request's real cost, `actual`
+    /// (for the rules that charge by the response).
+    Answered { status: u16, actual: u64 },
 }
 
 /// One fact of the run.
@@ -143,6 +157,26 @@ type Replica = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 struct Member {
     service: Replica,
     counted: Box<dyn Fn() -> Option<u32> + Send>,
+    /// Its live policy, when the rules come from one.
+    policy: Option<PolicyHandle>,
+}
+
+/// Version `version` of the policy of `plan`: a `base` tier with the plan's rules (the
+/// default), a `gold` tier with their gold forms for the tenants the plan names, the rules in
+/// the plan's order in even versions and reversed in odd ones.
+fn policy(plan: &Plan, tiers: &PolicyPlan, version: u32) -> Policy {
+    let mut rules = plan.rules.clone();
+    if version % 2 == 1 {
+        rules.reverse();
+    }
+    let mut policy = Policy::new(format!("v{version}"))
+        .tier(Tier::new("base").rules(rules.iter().map(rule)))
+        .tier(Tier::new("gold").rules(rules.iter().map(|r| rule(&r.gold()))))
+        .default_tier("base");
+    for key in &tiers.gold {
+        policy = policy.tenant(TenantRules::new(format!("t{key}")).tier("gold"));
+    }
+    policy
 }
 
 /// The layer's rule for `plan`.
@@ -194,6 +228,11 @@ pub(crate) fn rule(plan: &RulePlan) -> Rule {
     if let Some(max) = plan.delay {
         rule = rule.delay(max);
     }
+    match plan.charged {
+        Some(Charged::Settle) => rule = rule.settle_from_header(HeaderName::from_static(ACTUAL)),
+        Some(Charged::OnStatus) => rule = rule.charge_on_status([CHARGED_STATUS]),
+        None => {}
+    }
     rule
 }
 
@@ -220,6 +259,8 @@ struct Fleet {
     members: Arc<Mutex<BTreeMap<u32, Member>>>,
     outcome: Arc<Mutex<Outcome>>,
     requests: Arc<std::sync::atomic::AtomicU64>,
+    /// The version of the policy in force (0 before any reload).
+    version: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Fleet {
@@ -274,12 +315,22 @@ impl Fleet {
         clock: Arc<dyn Clock>,
         handler: Handler,
     ) -> Result<Member, String> {
-        let layer = RateLimitLayer::builder()
-            .rules(self.plan.rules.iter().map(rule))
+        let builder = RateLimitLayer::builder();
+        let builder = match &self.plan.policy {
+            None => builder.rules(self.plan.rules.iter().map(rule)),
+            Some(tiers) => {
+                let version = self.version.load(std::sync::atomic::Ordering::SeqCst);
+                builder
+                    .policy_source(policy(&self.plan, tiers, version))
+                    .tenant(TenantFromHeader::new("x-tenant"))
+            }
+        };
+        let layer = builder
             .fallback_share(FallbackShare::per_replica().until_counted(self.plan.until_counted))
             .store(store.clone())
             .build()
             .map_err(|e| e.to_string())?;
+        let handle = layer.policy_handle();
         let local = MemoryStore::builder()
             .clock(SharedClock(clock))
             .build()
@@ -294,7 +345,26 @@ impl Fleet {
         Ok(Member {
             service: BoxCloneService::new(service),
             counted: Box::new(move || store.replicas()),
+            policy: handle,
         })
+    }
+
+    /// Every replica installs the policy's next version.
+    fn reload(&self) -> Result<(), String> {
+        let Some(tiers) = &self.plan.policy else {
+            return Ok(());
+        };
+        let version = self
+            .version
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        let next = policy(&self.plan, tiers, version);
+        for member in self.lock_members().values() {
+            if let Some(handle) = &member.policy {
+                handle.install(next.clone()).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
     }
 
     fn handler(&self, replica: u32) -> Handler {
@@ -325,14 +395,17 @@ impl Fleet {
         }
     }
 
-    /// A replica to send to, if any is there.
-    fn pick(&self, rng: &mut Rng) -> Option<Replica> {
+    /// A replica to send to, and its id, if any is there.
+    fn pick(&self, rng: &mut Rng) -> Option<(u32, Replica)> {
         let members = self.lock_members();
         if members.is_empty() {
             return None;
         }
         let index = rng.between(0, members.len() as u64 - 1) as usize;
-        members.values().nth(index).map(|m| m.service.clone())
+        members
+            .iter()
+            .nth(index)
+            .map(|(id, m)| (*id, m.service.clone()))
     }
 
     /// Notes each replica's count of replicas.
@@ -378,6 +451,8 @@ impl Handler {
         let id = number("x-request").unwrap_or(0);
         let tokens = number("x-tokens").unwrap_or(0);
         let forget = number("x-forget").is_some();
+        let actual = number(ACTUAL);
+        let status = number("x-status").map_or(200, |s| s as u16);
         let meter = request.extensions().get::<Meter>().cloned();
         self.ledger.note(
             id,
@@ -386,8 +461,18 @@ impl Handler {
                 replica: self.replica,
             },
         );
+        if let Some(actual) = actual {
+            self.ledger
+                .note(id, key, Happened::Answered { status, actual });
+        }
         for (name, units) in meter.iter().flat_map(Meter::granted) {
-            if let Some(rule) = self.rules.iter().position(|r| *r == name) {
+            // A gold tier's rule is named `g<name>`.
+            let plain = self.rules.iter().position(|r| *r == name);
+            let gold = || {
+                let name = name.strip_prefix('g')?;
+                self.rules.iter().position(|r| r == name)
+            };
+            if let Some(rule) = plain.or_else(gold) {
                 let rule = u16::try_from(rule).expect("a plan's rules fit a u16");
                 self.ledger.note(id, key, Happened::Granted { rule, units });
             }
@@ -431,8 +516,13 @@ impl Handler {
             let frame = receiver.recv().await?;
             Some((Ok::<_, Infallible>(frame), (receiver, hold)))
         });
-        Response::builder()
-            .header(http::header::CONTENT_TYPE, "text/event-stream")
+        let mut response = Response::builder()
+            .status(status)
+            .header(http::header::CONTENT_TYPE, "text/event-stream");
+        if let Some(actual) = actual {
+            response = response.header(ACTUAL, actual);
+        }
+        response
             .body(Body::new(http_body_util::StreamBody::new(stream)))
             .expect("a response")
     }
@@ -441,6 +531,17 @@ impl Handler {
 /// One client's requests, one at a time, until its plan's end.
 async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
     let mut rng = Rng::new(fleet.plan.seed).fork(1000 + index as u64);
+    // The responses' costs and statuses, from a stream of their own.
+    let mut answers = Rng::new(fleet.plan.seed).fork(3000 + index as u64);
+    let charged = fleet.plan.rules.iter().any(|r| r.charged.is_some());
+    let most = fleet
+        .plan
+        .rules
+        .iter()
+        .filter(|r| r.charged == Some(Charged::Settle))
+        .map(|r| r.cost * 2)
+        .max()
+        .unwrap_or(2);
     tokio::time::sleep_until(start + plan.from).await;
     while start.elapsed() < plan.until {
         let pause = rng.between(
@@ -448,7 +549,7 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
             plan.pace.as_micros() as u64 * 3 / 2,
         );
         tokio::time::sleep(Duration::from_micros(pause)).await;
-        let Some(replica) = fleet.pick(&mut rng) else {
+        let Some((member, replica)) = fleet.pick(&mut rng) else {
             continue;
         };
         let id = fleet
@@ -462,11 +563,18 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
         };
         let mut request = Request::post("/v1/stream")
             .header("x-key", format!("k{}", plan.key))
+            .header("x-tenant", format!("t{}", plan.key))
             .header("x-key-index", plan.key.to_string())
             .header("x-request", id.to_string())
             .header("x-tokens", tokens.to_string());
         if rng.chance(0.2) {
             request = request.header("x-forget", "1");
+        }
+        if charged {
+            request = request.header(ACTUAL, answers.between(0, most).to_string());
+            if answers.chance(0.5) {
+                request = request.header("x-status", CHARGED_STATUS.to_string());
+            }
         }
         let request = request.body(Body::empty()).expect("a request");
         let answered = tokio::time::timeout(STUCK, replica.oneshot(request)).await;
@@ -480,6 +588,10 @@ async fn client(fleet: Fleet, index: usize, plan: ClientPlan, start: Instant) {
         };
         let status = response.status().as_u16();
         *fleet.lock_outcome().statuses.entry(status).or_default() += 1;
+        if status == 429 {
+            let refused = Happened::Refused { replica: member };
+            fleet.ledger.note(id, plan.key, refused);
+        }
         if status == 429 || status == 503 {
             let after = response
                 .headers()
@@ -562,6 +674,11 @@ async fn faults(fleet: Fleet, start: Instant) {
             }
             Fault::DropConnections => fleet.net.drop_connections(None),
             Fault::DropSubscriptions => fleet.net.drop_subscriptions(),
+            Fault::Reload => {
+                if let Err(error) = fleet.reload() {
+                    fleet.lock_outcome().refused = Some(error);
+                }
+            }
             Fault::Migrate { slot, to, lasting } => {
                 fleet.net.start_migration(slot, to);
                 let net = fleet.net.clone();
@@ -601,6 +718,7 @@ async fn run_here(plan: &Plan) -> Outcome {
         members: Arc::default(),
         outcome: Arc::default(),
         requests: Arc::default(),
+        version: Arc::default(),
     };
     fleet.lock_outcome().start = time.now();
     for id in 0..plan.replicas {

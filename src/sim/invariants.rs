@@ -17,11 +17,27 @@
 //!     (the chunks it took are its charge; the first is what was left when that was less);
 //!     once settled, those units are a debt: a token bucket or GCRA repays it at the rule's
 //!     rate, a window or log keeps it (the window it was charged in ends past its limit);
+//!   - **settled costs** (`settle`): a request's real cost past its estimate until its settle
+//!     lands (two seconds after its head), then a debt as a trailer's; for good when the
+//!     settle's store call can fail (a fault, and 10 s after it): the estimate stays charged;
+//!   - **responses not charged** (`charge_when`): nothing (only the responses of the charged
+//!     status are budget; the others' units come back);
 //!   - **leases and split keys**: nothing (every unit is charged to Redis before it is spent,
 //!     and the sub-keys' shares add up to at most the quota);
 //!   - rules that fail open, and shadow rules, have no budget.
 //! - **Slots**: a concurrency rule's requests in flight per key are at most its slots (plus
 //!   the fallback's shares of them, as above).
+//! - **Under-admission** (the deny cache's "may refuse early by: nothing", [`crate::store`]):
+//!   a `429` comes only when some enforcing rule's key, in Redis, held less than what the
+//!   request needed free (its cost; a metered rule's chunk; a slot) at a moment of the
+//!   [`ANSWER_SLACK`] before it (a delay rule's: its longest wait more; a bucket's rounding: one
+//!   unit more). A split key's sub-keys each hold their share, and the refusal is the spent
+//!   sub-key's; a leased rule may refuse early by `n − 1` units per replica alive, as the
+//!   docs' table of precision says (units given back while denials stay cached). Refusals
+//!   while the store can fail (as above), and a replica's before it first counted the fleet
+//!   (it may not have reached Redis), are its `FailureMode`'s; a refusal within the cap of a
+//!   cached denial ([`DENY_CAP`]) after the subscriptions drop may answer a denial whose
+//!   refund went unheard, as the docs say.
 //! - **No refund beyond a charge** (per store key): what was given back (compensations,
 //!   settles down, slots released) never exceeds what was charged, so no charge is given back
 //!   twice and none that never landed.
@@ -32,7 +48,8 @@ use std::collections::{BTreeMap, VecDeque};
 use super::fleet::{Happened, Outcome};
 use std::time::Duration;
 
-use super::plan::{Fault, Kind, Metered, OnError, Plan, RulePlan};
+use super::fleet::CHARGED_STATUS;
+use super::plan::{Charged, Fault, Kind, Metered, OnError, Plan, RulePlan};
 
 /// How long after its stream's end a trailer's settle is given to land (microseconds).
 const SETTLE_LANDS: u64 = 2_000_000;
@@ -44,6 +61,15 @@ const RECOVERY: u64 = 10_000_000;
 /// How long a replica may take to count the fleet after it starts before the fallback is
 /// taken to have used `until_counted` (microseconds).
 const FIRST_COUNT: u64 = 1_000_000;
+
+/// How long before a refusal the key's state in Redis may justify it (microseconds): on a
+/// calm network, an answer's way back (a cached denial's retry-after is counted from its
+/// arrival), a pub/sub hop (a refund elsewhere is heard that late), a millisecond each, and
+/// the timer's millisecond, with room to spare.
+const ANSWER_SLACK: u64 = 5_000;
+
+/// The longest a cached denial lives (`deny_cache_max_age`'s default, microseconds).
+const DENY_CAP: u64 = 5_000_000;
 
 /// An invariant that did not hold.
 #[derive(Clone, Debug)]
@@ -77,13 +103,16 @@ pub(crate) fn check(plan: &Plan, outcome: &Outcome) -> Vec<Violation> {
     if let Some(violation) = refunds(outcome) {
         violations.push(violation);
     }
+    if let Some(violation) = under_admission(plan, outcome) {
+        violations.push(violation);
+    }
     for (index, rule) in plan.rules.iter().enumerate() {
         if rule.shadow || rule.on_error == OnError::Open {
             continue;
         }
         for key in 0..plan.keys {
             let found = match rule.kind {
-                Kind::Concurrency => slots(plan, outcome, rule, key),
+                Kind::Concurrency => slots(plan, outcome, &plan.rule_for(index, key), key),
                 _ => budget(plan, outcome, index, key),
             };
             if let Some(violation) = found {
@@ -157,6 +186,7 @@ pub(crate) fn troubled(plan: &Plan, outcome: &Outcome) -> Vec<(u64, u64)> {
                     Duration::ZERO
                 }
                 Fault::DropSubscriptions
+                | Fault::Reload
                 | Fault::Crash { .. }
                 | Fault::Leave { .. }
                 | Fault::Join { .. } => {
@@ -213,7 +243,7 @@ fn fallback(
 
 /// Checks the budget of `rule` for `key`.
 fn budget(plan: &Plan, outcome: &Outcome, index: usize, key: u32) -> Option<Violation> {
-    let rule = &plan.rules[index];
+    let rule = &plan.rule_for(index, key);
     let period = rule.period.as_micros() as u64;
     let divisors = divisors(plan, outcome);
     let troubled = troubled(plan, outcome);
@@ -239,7 +269,9 @@ fn budget(plan: &Plan, outcome: &Outcome, index: usize, key: u32) -> Option<Viol
         }
         match fact.happened {
             Happened::Admitted { .. } => {
-                if rule.meter.is_none() {
+                if rule.charged.is_some() {
+                    // Counted when the response says what it cost.
+                } else if rule.meter.is_none() {
                     delivered += rule.cost;
                 } else {
                     streams += 1;
@@ -277,13 +309,33 @@ fn budget(plan: &Plan, outcome: &Outcome, index: usize, key: u32) -> Option<Viol
                     *taken = units;
                 }
             }
+            Happened::Refused { .. } => {}
+            Happened::Answered { status, actual } => match rule.charged {
+                Some(Charged::Settle) => {
+                    delivered += actual;
+                    let excess = actual.saturating_sub(rule.cost);
+                    unsettled += excess;
+                    // A settle the store fails keeps the estimate: its excess is never charged.
+                    let failed = troubled
+                        .iter()
+                        .any(|&(from, until)| from <= fact.at && fact.at <= until);
+                    if excess > 0 && !failed {
+                        landing.push_back((fact.at + SETTLE_LANDS, excess));
+                    }
+                }
+                Some(Charged::OnStatus) if status == CHARGED_STATUS => delivered += rule.cost,
+                Some(Charged::OnStatus) | None => {}
+            },
             Happened::Released => {
                 if let Some((units, true, taken)) = open.remove(&fact.request) {
                     landing.push_back((fact.at + SETTLE_LANDS, units.saturating_sub(taken)));
                 }
             }
         }
-        if !matches!(fact.happened, Happened::Admitted { .. } | Happened::Unit) {
+        if !matches!(
+            fact.happened,
+            Happened::Admitted { .. } | Happened::Unit | Happened::Answered { .. }
+        ) {
             continue;
         }
         let at = fact.at;
@@ -372,6 +424,170 @@ fn refunds(outcome: &Outcome) -> Option<Violation> {
         }
     }
     None
+}
+
+/// Checks that no request was refused while Redis held every enforcing rule's cost free for
+/// its key (see the module's docs for the plans it judges and the refusals it leaves out).
+fn under_admission(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
+    if plan.rules.iter().all(|r| r.shadow) {
+        return None;
+    }
+    let mut troubled = troubled(plan, outcome);
+    // Refunds published while the listeners resubscribe are not heard: cached denials end by
+    // their cap.
+    troubled.extend(plan.faults.iter().filter_map(|(at, fault)| {
+        let from = outcome.start + at.as_micros() as u64;
+        matches!(fault, Fault::DropSubscriptions).then_some((from, from + DENY_CAP + RECOVERY))
+    }));
+    // Each store key's calls, in order: their time, the units in use before and after, and the
+    // microseconds one unit takes to refill.
+    let mut calls: BTreeMap<&[u8], Vec<Call>> = BTreeMap::new();
+    for audit in outcome.audits.iter().filter(|a| !a.failed) {
+        for key in &audit.keys {
+            calls.entry(&key.key).or_default().push(Call {
+                at: audit.at,
+                before: key.before,
+                after: key.after,
+                interval: key.descriptor.interval,
+                period: key.descriptor.period,
+            });
+        }
+    }
+    for fact in &outcome.facts {
+        let Happened::Refused { replica } = fact.happened else {
+            continue;
+        };
+        let at = fact.at;
+        let in_trouble = troubled
+            .iter()
+            .any(|&(from, until)| from <= at && at <= until);
+        let unready = outcome
+            .first_counted
+            .get(&replica)
+            .is_none_or(|&counted| counted > at);
+        if in_trouble || unready {
+            continue;
+        }
+        let enforcing: Vec<RulePlan> = (0..plan.rules.len())
+            .map(|index| plan.rule_for(index, fact.key))
+            .filter(|r| !r.shadow)
+            .collect();
+        let free: Vec<(f64, &RulePlan)> = enforcing
+            .iter()
+            .map(|rule| {
+                let from = at
+                    .saturating_sub(ANSWER_SLACK + rule.delay.map_or(0, |d| d.as_micros() as u64));
+                // The spent sub-key's, for a split key: each holds its share.
+                let parts = rule.split.unwrap_or(1);
+                let names: Vec<String> = match rule.split {
+                    None => vec![format!("tollgate:{{k{}}}:{}", fact.key, rule.name)],
+                    Some(parts) => (0..parts)
+                        .map(|part| format!("tollgate:{{k{}~{part}}}:{}", fact.key, rule.name))
+                        .collect(),
+                };
+                let used = names
+                    .iter()
+                    .map(|name| {
+                        let calls = calls.get(name.as_bytes()).map_or(&[][..], Vec::as_slice);
+                        most_in_use(rule.kind, calls, from, at)
+                    })
+                    .fold(0.0, f64::max);
+                ((rule.burst() / u64::from(parts)) as f64 - used, rule)
+            })
+            .collect();
+        // The replicas alive: each may hold a lease's units.
+        let alive = outcome
+            .lives
+            .values()
+            .filter(|(from, until)| *from <= at && at < *until)
+            .count() as u64;
+        let admissible = free.iter().all(|(free, rule)| {
+            let rounding = match rule.kind {
+                Kind::TokenBucket | Kind::Gcra => 1.0,
+                _ => 0.0,
+            };
+            // The docs' "(n − 1) units per replica holding some": units a lease gave back
+            // while the other replicas' denials stay cached.
+            let leased = rule.lease.map_or(0, |n| (n - 1) * alive);
+            let needed = match (rule.kind, rule.meter) {
+                (Kind::Concurrency, _) => 1,
+                (_, Some((chunk, _))) => chunk,
+                _ => rule.cost,
+            };
+            *free >= (needed + leased) as f64 + rounding
+        });
+        if admissible {
+            if std::env::var_os("TOLLGATE_SIM_TRACE").is_some() {
+                trace(outcome, fact.key);
+            }
+            let free: Vec<String> = free
+                .iter()
+                .map(|(free, rule)| {
+                    format!(
+                        "{} ({:?}, {} per {:?}, burst {}, cost {}) {free:.1} free",
+                        rule.name,
+                        rule.kind,
+                        rule.limit,
+                        rule.period,
+                        rule.burst(),
+                        rule.cost
+                    )
+                })
+                .collect();
+            return Some(Violation {
+                invariant: "under-admission",
+                detail: format!(
+                    "request r{} of key k{} refused by replica {replica} at {:.3} s, though Redis \
+                     held for the {} ms before it: {}",
+                    fact.request,
+                    fact.key,
+                    (at - outcome.start) as f64 / 1e6,
+                    ANSWER_SLACK / 1000,
+                    free.join("; "),
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// One call's effect on one key, for [`under_admission`].
+#[derive(Clone, Copy, Debug)]
+struct Call {
+    at: u64,
+    before: f64,
+    after: f64,
+    /// The microseconds one unit takes to refill (a token bucket's or GCRA's).
+    interval: u64,
+    /// The rule's period (a window's, a log's, a slot's hold).
+    period: u64,
+}
+
+/// The most units in use on a key of algorithm `kind` from `from` to `to`, by its `calls` (in
+/// order): what the last call before `from` left, refilled (a bucket) or expired (a window, a
+/// log, a slot's hold) by `from` — for a sliding counter or log, at most what it left — and
+/// what each call within the span found and left.
+fn most_in_use(kind: Kind, calls: &[Call], from: u64, to: u64) -> f64 {
+    let mut most = match calls.iter().rev().find(|c| c.at < from) {
+        Some(call) => {
+            let period = call.period.max(1);
+            let windows = from / period - call.at / period;
+            match kind {
+                Kind::TokenBucket | Kind::Gcra => {
+                    (call.after - (from - call.at) as f64 / call.interval.max(1) as f64).max(0.0)
+                }
+                Kind::FixedWindow if windows == 0 => call.after,
+                Kind::SlidingWindowCounter if windows <= 1 => call.after,
+                Kind::SlidingWindowLog | Kind::Concurrency if from - call.at < period => call.after,
+                _ => 0.0,
+            }
+        }
+        None => 0.0,
+    };
+    for call in calls.iter().filter(|c| (from..=to).contains(&c.at)) {
+        most = most.max(call.before).max(call.after);
+    }
+    most
 }
 
 /// The units settled trailers charged past a rule's budget: a token bucket or GCRA repays
@@ -492,6 +708,7 @@ fn trace(outcome: &Outcome, key: u32) {
 #[cfg(test)]
 mod tests {
     use super::super::audit::{Audit, Descriptor, KeyAudit};
+    use super::super::fleet::Fact;
     use super::*;
 
     fn call(mode: u8, lease: u64, cost: u64, before: f64, after: f64) -> Audit {
@@ -534,6 +751,62 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_while_redis_held_the_cost_free_is_under_admission() {
+        let mut plan = Plan::from_seed(1);
+        plan.rules = vec![RulePlan {
+            name: "r0".to_owned(),
+            kind: Kind::TokenBucket,
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: None,
+            cost: 1,
+            lease: None,
+            split: None,
+            meter: None,
+            on_error: OnError::Closed,
+            shadow: false,
+            delay: None,
+            charged: None,
+        }];
+        plan.faults.clear();
+        plan.policy = None;
+        let start = 1_000_000_000;
+        let at = |micros: u64, audit: Audit| Audit {
+            at: start + micros,
+            ..audit
+        };
+        let refused = |micros: u64| Fact {
+            at: start + micros,
+            request: 1,
+            key: 0,
+            happened: Happened::Refused { replica: 0 },
+        };
+        // The tenth unit charged at 1 s: the bucket is empty.
+        let mut outcome = Outcome {
+            start,
+            end: start + 10_000_000,
+            first_counted: [(0, start)].into(),
+            audits: vec![at(1_000_000, call(b'c', 0, 1, 9.0, 10.0))],
+            facts: vec![refused(1_001_000)],
+            ..Outcome::default()
+        };
+        assert!(
+            under_admission(&plan, &outcome).is_none(),
+            "refused when spent"
+        );
+        // 600 ms later six units are back: a refusal then is early.
+        outcome.facts.push(refused(1_600_000));
+        let violation = under_admission(&plan, &outcome).expect("an early refusal is seen");
+        assert_eq!(violation.invariant, "under-admission");
+        // Within a troubled span, the rule's FailureMode answers.
+        plan.faults = vec![(Duration::from_millis(1_500), Fault::DropConnections)];
+        assert!(
+            under_admission(&plan, &outcome).is_none(),
+            "a fault's refusal"
+        );
+    }
+
+    #[test]
     fn a_settled_debt_is_repaid_at_the_rate_of_a_bucket_and_kept_by_a_window() {
         let rule = |kind| RulePlan {
             name: "r0".to_owned(),
@@ -548,6 +821,7 @@ mod tests {
             on_error: OnError::Closed,
             shadow: false,
             delay: None,
+            charged: None,
         };
         let mut bucket = Debt::new(&rule(Kind::TokenBucket));
         bucket.add(1_000_000, 20);

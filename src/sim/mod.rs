@@ -48,10 +48,15 @@ fn judge(plan: &Plan) -> (Vec<Violation>, String) {
         );
     }
     let line = format!(
-        "seed {}: {} replicas{}, {:?}, {} requests {:?}",
+        "seed {}: {} replicas{}{}, {:?}, {} requests {:?}",
         plan.seed,
         plan.replicas,
         if plan.cluster { " (cluster)" } else { "" },
+        if plan.policy.is_some() {
+            ", rules from a policy"
+        } else {
+            ""
+        },
         plan.length,
         outcome.requests,
         outcome.statuses

@@ -1,6 +1,7 @@
 //! [`Plan`]: one run of the fleet simulation, drawn from a seed — the topology, the rules
 //! (every algorithm, costs, leases, split keys, metering by spends, frames or usage trailers,
-//! delay and shadow rules, every failure mode), the replicas and their lives, the clients and
+//! delay and shadow rules, costs settled by the response or charged by its status, every
+//! failure mode; or the same from a policy of two tiers, reloaded), the replicas and their lives, the clients and
 //! their manners, and the faults, each at its time.
 //!
 //! A plan is plain data: the runner ([`super::fleet`]) makes it happen, the invariants
@@ -33,6 +34,15 @@ pub(crate) enum Metered {
     Trailer,
 }
 
+/// How a rule charges by its response, once the response head is there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Charged {
+    /// `settle_from_header`: the cost is an estimate, settled to what the handler reports.
+    Settle,
+    /// `charge_on_status([401])`: a response of another status gets its units back.
+    OnStatus,
+}
+
 /// What a rule does when the store fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum OnError {
@@ -59,9 +69,22 @@ pub(crate) struct RulePlan {
     pub(crate) on_error: OnError,
     pub(crate) shadow: bool,
     pub(crate) delay: Option<Duration>,
+    /// How the response settles the charge, when it does.
+    pub(crate) charged: Option<Charged>,
 }
 
 impl RulePlan {
+    /// The rule as the `gold` tier of a policy has it: its own name, twice the quota (or the
+    /// slots) and the burst.
+    pub(crate) fn gold(&self) -> RulePlan {
+        RulePlan {
+            name: format!("g{}", self.name),
+            limit: self.limit * 2,
+            burst: self.burst.map(|b| b * 2),
+            ..self.clone()
+        }
+    }
+
     /// The burst the rule enforces.
     pub(crate) fn burst(&self) -> u64 {
         match self.kind {
@@ -115,6 +138,9 @@ pub(crate) enum Fault {
     DropConnections,
     /// Every subscription drops.
     DropSubscriptions,
+    /// Every replica installs the policy's next version (the same tiers, its rules in the
+    /// other order).
+    Reload,
     /// A slot of the cluster moves to another node (ASK, then MOVED).
     Migrate {
         slot: u16,
@@ -150,6 +176,16 @@ pub(crate) struct Plan {
     pub(crate) length: Duration,
     /// The keys the clients use.
     pub(crate) keys: u32,
+    /// The rules come from a policy, with tiers, when there is one.
+    pub(crate) policy: Option<PolicyPlan>,
+}
+
+/// A policy of two tiers: `base`, with the plan's rules (the default), and `gold`, with each
+/// rule's [`gold`](RulePlan::gold) form, for the tenants of some keys.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicyPlan {
+    /// The keys whose tenant (`t<key>`) is on the gold tier.
+    pub(crate) gold: Vec<u32>,
 }
 
 /// The most replicas a run has at once.
@@ -164,7 +200,9 @@ impl Plan {
         let replicas = rng.between(1, 10) as u32;
         let length = Duration::from_secs(rng.between(20, 120));
         let keys = rng.between(1, 3) as u32;
-        let rules = rules(&mut rng);
+        let mut rules = rules(&mut rng);
+        // Drawn from a stream of their own: what the other streams draw stays as it was.
+        charged_by_response(&mut Rng::new(seed).fork(2), &mut rules);
         let metered = rules.iter().any(|r| r.meter.is_some());
         let mut clients = Vec::new();
         for _ in 0..rng.between(2, 8) {
@@ -251,6 +289,17 @@ impl Plan {
                 ));
             }
         }
+        // Drawn from a stream of their own: what the other streams draw stays as it was.
+        let mut policies = Rng::new(seed).fork(4);
+        let policy = policies.chance(0.3).then(|| PolicyPlan {
+            gold: (0..keys).filter(|_| policies.chance(0.5)).collect(),
+        });
+        if policy.is_some() {
+            for _ in 0..policies.between(0, 3) {
+                let at = Duration::from_millis(policies.between(500, length.as_millis() as u64));
+                faults.push((at, Fault::Reload));
+            }
+        }
         faults.sort_by_key(|(at, _)| *at);
         let heartbeats = (0..MAX_REPLICAS)
             .map(|_| Duration::from_millis(*rng.pick(&[1_000, 1_000, 2_000, 5_000])))
@@ -271,6 +320,16 @@ impl Plan {
             faults,
             length,
             keys,
+            policy,
+        }
+    }
+
+    /// The rule `index` of the plan as key `key` has it: its tier's form.
+    pub(crate) fn rule_for(&self, index: usize, key: u32) -> RulePlan {
+        let rule = &self.rules[index];
+        match &self.policy {
+            Some(policy) if policy.gold.contains(&key) => rule.gold(),
+            _ => rule.clone(),
         }
     }
 }
@@ -284,6 +343,28 @@ fn weather(rng: &mut Rng) -> Weather {
         lose_reply: *rng.pick(&[0.0, 0.01, 0.05]),
         lose_message: *rng.pick(&[0.0, 0.1, 0.5]),
         message_delay: (200, 200 + rng.between(0, 50_000)),
+    }
+}
+
+/// Makes some plain rules charge by their response: settled to a reported cost, or charged
+/// only for one status.
+fn charged_by_response(rng: &mut Rng, rules: &mut [RulePlan]) {
+    for rule in rules {
+        let plain = rule.meter.is_none()
+            && rule.kind != Kind::Concurrency
+            && rule.lease.is_none()
+            && rule.split.is_none()
+            && rule.delay.is_none()
+            && !rule.shadow;
+        let chosen = rng.chance(0.3);
+        let settle = rng.chance(0.5) && rule.kind != Kind::SlidingWindowLog;
+        if plain && chosen {
+            rule.charged = Some(if settle {
+                Charged::Settle
+            } else {
+                Charged::OnStatus
+            });
+        }
     }
 }
 
@@ -348,6 +429,7 @@ fn rules(rng: &mut Rng) -> Vec<RulePlan> {
             shadow: plain && rng.chance(0.1),
             delay: (plain && lease.is_none() && rng.chance(0.1))
                 .then(|| Duration::from_millis(rng.between(10, 500))),
+            charged: None,
         });
     }
     rules
