@@ -17,9 +17,9 @@ use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
 
-/// The store's count of replicas when the fallback limiter decided a request (`None`: it never
-/// counted): what the request gives back later is given back at the same share, whatever the
-/// count is by then, so that a refund never refills a share by more than it charged.
+/// Holds the store's count of replicas when the fallback limiter decided a request (`None`: it
+/// never counted): what the request gives back later is given back at the same share, whatever
+/// the count is by then, so that a refund never refills a share by more than it charged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Counted(pub(crate) Option<u32>);
 
@@ -27,8 +27,9 @@ pub(crate) struct Counted(pub(crate) Option<u32>);
 pub(crate) struct Local {
     share: FallbackShare,
     store: OnceLock<MemoryStore>,
-    /// The rules as last divided: by how many replicas, and each by its fingerprint.
-    divided: Mutex<(u32, HashMap<u64, RuleSpec>)>,
+    /// The rules as divided, by how many replicas and their fingerprint (a request decided
+    /// before the count changed gives back at its own share while new ones use the new).
+    divided: Mutex<HashMap<(u32, u64), RuleSpec>>,
 }
 
 impl Local {
@@ -36,7 +37,7 @@ impl Local {
         Local {
             share,
             store: OnceLock::new(),
-            divided: Mutex::new((1, HashMap::new())),
+            divided: Mutex::new(HashMap::new()),
         }
     }
 
@@ -52,6 +53,18 @@ impl Local {
     pub(crate) fn decide(&self, counted: Option<u32>, charges: &[Charge<'_>]) -> Decision {
         let store = self.store.get_or_init(MemoryStore::new);
         self.decide_on(store, counted, charges)
+    }
+
+    /// Returns whichever of two counts gives the smaller share: a metered response's next
+    /// chunk is taken at it (at most the share the fleet has now, so a stream admitted before
+    /// the fleet grew does not keep a larger share), and its units given back at the count it
+    /// was admitted at, which gives back no more than the smaller share took.
+    pub(crate) fn smaller_share(&self, admitted: Option<u32>, now: Option<u32>) -> Option<u32> {
+        if self.share.replicas(now) > self.share.replicas(admitted) {
+            now
+        } else {
+            admitted
+        }
     }
 
     /// Decides `charges` on the limiter at once, if it was made (a metered response's next
@@ -133,14 +146,13 @@ impl Local {
         }
         let specs: SmallVec<[RuleSpec; 2]> = {
             let mut table = self.divided.lock().unwrap_or_else(|p| p.into_inner());
-            if table.0 != replicas || table.1.len() >= MAX_DIVIDED {
-                *table = (replicas, HashMap::new());
+            if table.len() >= MAX_DIVIDED {
+                table.clear();
             }
             rules
                 .map(|rule| {
                     table
-                        .1
-                        .entry(rule.fingerprint())
+                        .entry((replicas, rule.fingerprint()))
                         .or_insert_with(|| divided(rule, replicas))
                         .clone()
                 })

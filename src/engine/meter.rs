@@ -147,8 +147,9 @@ pub(crate) enum Taking {
 struct Metered {
     spender: Arc<dyn Spender>,
     snapshot: Arc<Snapshot>,
-    /// Admitted by the fallback limiter, at this count: every chunk is taken and settled
-    /// there, at the same share.
+    /// Holds the count of replicas the fallback limiter admitted the request at, when it did:
+    /// every chunk is taken there (at that share, or a smaller one if the fleet grew) and
+    /// settled there at that share.
     on_fallback: Option<Counted>,
     /// The request's tier, for the metrics.
     #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
@@ -771,7 +772,8 @@ impl<St: Store> Spender for Engine<St> {
                 cost: *cost,
             })
             .collect();
-        if let Some(Counted(counted)) = on_fallback
+        if let Some(Counted(admitted)) = on_fallback
+            && let counted = self.fallback.smaller_share(admitted, self.store.replicas())
             && let Some(decision) = self.fallback.decide_if_made(counted, &charges)
         {
             return Taking::Now(Ok(decision));

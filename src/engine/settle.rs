@@ -21,8 +21,8 @@ use crate::throttle::Every;
 pub(crate) struct Settle {
     /// The rule, the key, the units reserved and when they were charged (0: not known).
     pub(crate) charges: SmallVec<[(u16, Key, u64, u64); 1]>,
-    /// Decided by the fallback limiter (the store failed), at this count: settled there too,
-    /// at the same share.
+    /// Holds the count of replicas the fallback limiter decided the request at, when it did
+    /// (the store failed): it is settled there too, at the same share.
     pub(crate) on_fallback: Option<Counted>,
 }
 

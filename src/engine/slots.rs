@@ -37,7 +37,8 @@ pub(crate) struct Taken {
     /// The policy the request was decided under (its rules' numbers).
     pub(crate) snapshot: Arc<Snapshot>,
     pub(crate) taken: SmallVec<[(u16, Key, u64, u64); 1]>,
-    /// Taken by the fallback limiter (the store failed): given back there.
+    /// Holds the count of replicas the fallback limiter took the slots at, when it did (the
+    /// store failed): they are given back there, at the same share.
     pub(crate) on_fallback: Option<Counted>,
     /// The runtime the request was served on: the give-back finishes there when the slots are
     /// dropped on a thread that runs none.

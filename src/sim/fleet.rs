@@ -46,10 +46,11 @@ const STUCK: Duration = Duration::from_secs(75);
 /// The trailer by which the handler reports its units.
 const USAGE: &str = "x-usage-tokens";
 
-/// The header a handler reports a request's real cost in, for the rules that settle by it.
+/// Names the header a handler reports a request's real cost in, for the rules that settle by
+/// it.
 const ACTUAL: &str = "x-actual-cost";
 
-/// The status the rules that charge by status charge.
+/// Names the status that the rules charging by status charge.
 pub(crate) const CHARGED_STATUS: u16 = 401;
 
 /// What happened to a request, at a server time.
@@ -157,11 +158,11 @@ type Replica = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 struct Member {
     service: Replica,
     counted: Box<dyn Fn() -> Option<u32> + Send>,
-    /// Its live policy, when the rules come from one.
+    /// Holds its live policy, when the rules come from one.
     policy: Option<PolicyHandle>,
 }
 
-/// Version `version` of the policy of `plan`: a `base` tier with the plan's rules (the
+/// Builds version `version` of the policy of `plan`: a `base` tier with the plan's rules (the
 /// default), a `gold` tier with their gold forms for the tenants the plan names, the rules in
 /// the plan's order in even versions and reversed in odd ones.
 fn policy(plan: &Plan, tiers: &PolicyPlan, version: u32) -> Policy {

@@ -29,7 +29,7 @@
 //!   the fallback's shares of them, as above).
 //! - **Under-admission** (the deny cache's "may refuse early by: nothing", [`crate::store`]):
 //!   a `429` comes only when some enforcing rule's key, in Redis, held less than what the
-//!   request needed free (its cost; a metered rule's chunk; a slot) at a moment of the
+//!   request needed free (its cost; a unit, for a metered rule or a slot) at a moment of the
 //!   [`ANSWER_SLACK`] before it (a delay rule's: its longest wait more; a bucket's rounding: one
 //!   unit more). A split key's sub-keys each hold their share, and the refusal is the spent
 //!   sub-key's; a leased rule may refuse early by `n − 1` units per replica alive, as the
@@ -38,6 +38,13 @@
 //!   (it may not have reached Redis), are its `FailureMode`'s; a refusal within the cap of a
 //!   cached denial ([`DENY_CAP`]) after the subscriptions drop may answer a denial whose
 //!   refund went unheard, as the docs say.
+//! - **Every settle once** (per rule charged by its response, and key): each response that
+//!   changes its charge (a real cost other than the estimate, a status not charged) is
+//!   settled in Redis by one call made within [`SETTLE_LANDS`] of its head, and no call
+//!   settles what no response asked. Responses within a second before a span when the store can
+//!   fail, or in it, may be settled on the fallback or not at all (the estimate stays, as the
+//!   docs say); plans with split keys are left out (their cross-slot give-backs are calls of
+//!   the same kind).
 //! - **No refund beyond a charge** (per store key): what was given back (compensations,
 //!   settles down, slots released) never exceeds what was charged, so no charge is given back
 //!   twice and none that never landed.
@@ -62,13 +69,13 @@ const RECOVERY: u64 = 10_000_000;
 /// taken to have used `until_counted` (microseconds).
 const FIRST_COUNT: u64 = 1_000_000;
 
-/// How long before a refusal the key's state in Redis may justify it (microseconds): on a
+/// Bounds how long before a refusal the key's state in Redis may justify it (microseconds): on a
 /// calm network, an answer's way back (a cached denial's retry-after is counted from its
-/// arrival), a pub/sub hop (a refund elsewhere is heard that late), a millisecond each, and
+/// arrival), a refund elsewhere heard (its answer, its `PUBLISH`, the push), a millisecond each, and
 /// the timer's millisecond, with room to spare.
 const ANSWER_SLACK: u64 = 5_000;
 
-/// The longest a cached denial lives (`deny_cache_max_age`'s default, microseconds).
+/// Caps how long a cached denial lives (`deny_cache_max_age`'s default, microseconds).
 const DENY_CAP: u64 = 5_000_000;
 
 /// An invariant that did not hold.
@@ -104,6 +111,9 @@ pub(crate) fn check(plan: &Plan, outcome: &Outcome) -> Vec<Violation> {
         violations.push(violation);
     }
     if let Some(violation) = under_admission(plan, outcome) {
+        violations.push(violation);
+    }
+    if let Some(violation) = settled_once(plan, outcome) {
         violations.push(violation);
     }
     for (index, rule) in plan.rules.iter().enumerate() {
@@ -509,9 +519,9 @@ fn under_admission(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
             // The docs' "(n − 1) units per replica holding some": units a lease gave back
             // while the other replicas' denials stay cached.
             let leased = rule.lease.map_or(0, |n| (n - 1) * alive);
+            // A metered request starts with what is left when that is less than a chunk.
             let needed = match (rule.kind, rule.meter) {
-                (Kind::Concurrency, _) => 1,
-                (_, Some((chunk, _))) => chunk,
+                (Kind::Concurrency, _) | (_, Some(_)) => 1,
                 _ => rule.cost,
             };
             *free >= (needed + leased) as f64 + rounding
@@ -551,7 +561,108 @@ fn under_admission(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
     None
 }
 
-/// One call's effect on one key, for [`under_admission`].
+/// Checks that each response that changes a charge of a rule charged by its response is settled
+/// by one call, and that no call settles more (see the module's docs).
+fn settled_once(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
+    if plan.rules.iter().any(|r| r.split.is_some()) {
+        return None;
+    }
+    let troubled = troubled(plan, outcome);
+    // Which replica admitted each request: one that has not counted the fleet yet may not
+    // have reached Redis, and settles on its fallback.
+    let admitted_by: BTreeMap<u64, u32> = outcome
+        .facts
+        .iter()
+        .filter_map(|f| match f.happened {
+            Happened::Admitted { replica } => Some((f.request, replica)),
+            _ => None,
+        })
+        .collect();
+    let calm = |at: u64, request: u64| {
+        let ready = admitted_by
+            .get(&request)
+            .and_then(|replica| outcome.first_counted.get(replica))
+            .is_some_and(|&counted| counted <= at);
+        ready
+            && !troubled
+                .iter()
+                .any(|&(from, until)| from.saturating_sub(1_000_000) <= at && at <= until)
+    };
+    for (index, _) in plan
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.charged.is_some())
+    {
+        for key in 0..plan.keys {
+            let rule = plan.rule_for(index, key);
+            let name = format!("tollgate:{{k{key}}}:{}", rule.name);
+            // The responses that change their charge, and whether each must land.
+            let asked: Vec<(u64, bool)> = outcome
+                .facts
+                .iter()
+                .filter(|f| f.key == key)
+                .filter(|f| match (f.happened, rule.charged) {
+                    (Happened::Answered { actual, .. }, Some(Charged::Settle)) => {
+                        actual != rule.cost
+                    }
+                    (Happened::Answered { status, .. }, Some(Charged::OnStatus)) => {
+                        status != CHARGED_STATUS
+                    }
+                    _ => false,
+                })
+                .map(|f| (f.at, calm(f.at, f.request)))
+                .collect();
+            let calls: Vec<u64> = outcome
+                .audits
+                .iter()
+                .filter(|a| !a.failed && matches!(a.mode, b'a' | b'r'))
+                .filter(|a| a.keys.iter().any(|k| k.key == name.as_bytes()))
+                .map(|a| a.at)
+                .collect();
+            // Each call is the settle of the earliest response before it not settled yet.
+            let mut settled = vec![false; asked.len()];
+            for &at in &calls {
+                let first = asked.iter().enumerate().position(|(i, &(asked_at, _))| {
+                    !settled[i] && asked_at <= at && at <= asked_at + SETTLE_LANDS
+                });
+                match first {
+                    Some(i) => settled[i] = true,
+                    None => {
+                        return Some(Violation {
+                            invariant: "every settle once",
+                            detail: format!(
+                                "rule {} key k{key}: a settle call at {:.3} s that no response \
+                                 asked for ({} responses asked, {} calls)",
+                                rule.name,
+                                at.saturating_sub(outcome.start) as f64 / 1e6,
+                                asked.len(),
+                                calls.len()
+                            ),
+                        });
+                    }
+                }
+            }
+            let lost = asked
+                .iter()
+                .zip(&settled)
+                .find(|((_, must), settled)| *must && !**settled);
+            if let Some(((at, _), _)) = lost {
+                return Some(Violation {
+                    invariant: "every settle once",
+                    detail: format!(
+                        "rule {} key k{key}: the response at {:.3} s was never settled",
+                        rule.name,
+                        at.saturating_sub(outcome.start) as f64 / 1e6
+                    ),
+                });
+            }
+        }
+    }
+    None
+}
+
+/// Holds one call's effect on one key, for [`under_admission`].
 #[derive(Clone, Copy, Debug)]
 struct Call {
     at: u64,
@@ -563,7 +674,7 @@ struct Call {
     period: u64,
 }
 
-/// The most units in use on a key of algorithm `kind` from `from` to `to`, by its `calls` (in
+/// Finds the most units in use on a key of algorithm `kind` from `from` to `to`, by its `calls` (in
 /// order): what the last call before `from` left, refilled (a bucket) or expired (a window, a
 /// log, a slot's hold) by `from` — for a sliding counter or log, at most what it left — and
 /// what each call within the span found and left.
@@ -804,6 +915,61 @@ mod tests {
             under_admission(&plan, &outcome).is_none(),
             "a fault's refusal"
         );
+    }
+
+    #[test]
+    fn a_settle_lost_or_made_twice_breaks_the_settle_invariant() {
+        let mut plan = Plan::from_seed(1);
+        plan.rules = vec![RulePlan {
+            name: "r0".to_owned(),
+            kind: Kind::TokenBucket,
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: None,
+            cost: 1,
+            lease: None,
+            split: None,
+            meter: None,
+            on_error: OnError::Closed,
+            shadow: false,
+            delay: None,
+            charged: Some(Charged::OnStatus),
+        }];
+        plan.faults.clear();
+        plan.policy = None;
+        plan.keys = 1;
+        let start = 1_000_000_000;
+        let fact = |happened| Fact {
+            at: start + 1_000_000,
+            request: 7,
+            key: 0,
+            happened,
+        };
+        let settle = Audit {
+            at: start + 1_001_000,
+            ..call(b'a', 0, 1, 1.0, 0.0)
+        };
+        // A 200 of a rule that charges 401s only: its unit comes back, in one call.
+        let mut outcome = Outcome {
+            start,
+            end: start + 10_000_000,
+            first_counted: [(0, start)].into(),
+            facts: vec![
+                fact(Happened::Admitted { replica: 0 }),
+                fact(Happened::Answered {
+                    status: 200,
+                    actual: 0,
+                }),
+            ],
+            ..Outcome::default()
+        };
+        let lost = settled_once(&plan, &outcome).expect("a settle never made is seen");
+        assert_eq!(lost.invariant, "every settle once");
+        outcome.audits.push(settle.clone());
+        assert!(settled_once(&plan, &outcome).is_none(), "{outcome:?}");
+        outcome.audits.push(settle);
+        let twice = settled_once(&plan, &outcome).expect("a settle made twice is seen");
+        assert!(twice.detail.contains("no response"), "{twice:?}");
     }
 
     #[test]

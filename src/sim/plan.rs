@@ -34,7 +34,7 @@ pub(crate) enum Metered {
     Trailer,
 }
 
-/// How a rule charges by its response, once the response head is there.
+/// Says how a rule charges by its response, once the response head is there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Charged {
     /// `settle_from_header`: the cost is an estimate, settled to what the handler reports.
@@ -74,8 +74,8 @@ pub(crate) struct RulePlan {
 }
 
 impl RulePlan {
-    /// The rule as the `gold` tier of a policy has it: its own name, twice the quota (or the
-    /// slots) and the burst.
+    /// Returns the rule as the `gold` tier of a policy has it: its own name, twice the quota
+    /// (or the slots) and the burst.
     pub(crate) fn gold(&self) -> RulePlan {
         RulePlan {
             name: format!("g{}", self.name),
@@ -180,7 +180,7 @@ pub(crate) struct Plan {
     pub(crate) policy: Option<PolicyPlan>,
 }
 
-/// A policy of two tiers: `base`, with the plan's rules (the default), and `gold`, with each
+/// Describes a policy of two tiers: `base`, with the plan's rules (the default), and `gold`, with each
 /// rule's [`gold`](RulePlan::gold) form, for the tenants of some keys.
 #[derive(Clone, Debug)]
 pub(crate) struct PolicyPlan {
@@ -324,7 +324,7 @@ impl Plan {
         }
     }
 
-    /// The rule `index` of the plan as key `key` has it: its tier's form.
+    /// Returns the rule `index` of the plan as key `key` has it: its tier's form.
     pub(crate) fn rule_for(&self, index: usize, key: u32) -> RulePlan {
         let rule = &self.rules[index];
         match &self.policy {
@@ -415,6 +415,12 @@ fn rules(rng: &mut Rng) -> Vec<RulePlan> {
             .then(|| rng.between(2, 4) as u16);
         let burst = (matches!(kind, Kind::TokenBucket | Kind::Gcra) && rng.chance(0.3))
             .then(|| rng.between(cost.max(1), limit.max(cost) * 2));
+        let shadow = plain && rng.chance(0.1);
+        let delay = (plain && lease.is_none() && rng.chance(0.1))
+            .then(|| Duration::from_millis(rng.between(10, 500)));
+        // A rule's mode is the last one set, and the layer sets a delay after a shadow: a rule
+        // drawn both is a delay rule.
+        let shadow = shadow && delay.is_none();
         rules.push(RulePlan {
             name: format!("r{index}"),
             kind,
@@ -426,9 +432,8 @@ fn rules(rng: &mut Rng) -> Vec<RulePlan> {
             split,
             meter,
             on_error,
-            shadow: plain && rng.chance(0.1),
-            delay: (plain && lease.is_none() && rng.chance(0.1))
-                .then(|| Duration::from_millis(rng.between(10, 500))),
+            shadow,
+            delay,
             charged: None,
         });
     }

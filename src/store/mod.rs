@@ -227,7 +227,8 @@
 //! The deny cache's "nothing" is exact up to time: a denial is cached until the retry-after
 //! Redis computed, counted from the answer's arrival, so it may outlive Redis's own by the
 //! answer's way back (well under a millisecond on a LAN); a reset or refund made on another
-//! replica ends it one pub/sub hop later, or by the cap
+//! replica ends it once the message reaches it (the refund's answer, its `PUBLISH`, and the
+//! push to the other replica: three trips, a few milliseconds at most on a LAN), or by the cap
 //! ([`deny_cache_max_age`][deny_cache_max_age], default 5 s) when that
 //! message is lost. While Redis cannot be asked, the rule's [`FailureMode`](crate::FailureMode)
 //! answers instead.

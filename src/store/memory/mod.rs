@@ -217,7 +217,7 @@ impl MemoryStore {
         decision
     }
 
-    /// The outcome of `cost` units of `charge`'s rule and key at `now`, uncharged.
+    /// Computes the outcome of `cost` units of `charge`'s rule and key at `now`, uncharged.
     fn uncharged(&self, charge: &Charge<'_>, now: u64, cost: u64) -> crate::algorithm::Outcome {
         let hash = self.hash(charge.rule.id(), charge.key);
         let shard = self.inner.table.lock(self.shard_of(hash));

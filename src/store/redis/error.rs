@@ -106,22 +106,21 @@ pub(crate) fn breaks_connection(error: &RedisError) -> bool {
 
 /// Whether the server answered this error itself (a refusal such as `CLUSTERDOWN`, `LOADING`
 /// or `READONLY`, a script error): the server is reachable and answers at once, so it says
-/// nothing against the connection or to a circuit breaker, whose purpose is to stop waiting.
+/// nothing against the connection, nor to a circuit breaker, whose purpose is to stop waiting,
+/// unless it [refuses every command](refuses_every_command).
 pub(crate) fn is_server_answer(error: &RedisError) -> bool {
     matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension)
 }
 
-/// Whether the server answered this error to every command it is sent, a check's too: it is
-/// loading its data (`LOADING`), a script runs past its time (`BUSY`), the cluster is down
-/// (`CLUSTERDOWN`) or its primary is gone (`MASTERDOWN`). Such an answer comes at once, but it
-/// is not the server back: a circuit breaker counts it as a failure, as its probe does.
+/// Whether the server answered this error to every command it is sent, its probe's `PING`
+/// too: it is loading its data (`LOADING`) or a script runs past its time (`BUSY`). Such an
+/// answer comes at once, but it is not the server back: a circuit breaker counts it as a
+/// failure, as its probe does. `CLUSTERDOWN` and `MASTERDOWN` are not such answers: a `PING`
+/// still gets `PONG` (a breaker that counted them would open and close by turns), a
+/// `CLUSTERDOWN` may be one slot's, and a demoted server is left for a new connection.
 pub(crate) fn refuses_every_command(error: &RedisError) -> bool {
     match error.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::BusyLoading
-            | ServerErrorKind::ClusterDown
-            | ServerErrorKind::MasterDown,
-        ) => true,
+        ErrorKind::Server(ServerErrorKind::BusyLoading) => true,
         ErrorKind::Extension => error.code() == Some("BUSY"),
         _ => false,
     }

@@ -95,7 +95,7 @@ const WAITING: usize = 4096;
 /// next (a server that drops subscribers at once is not asked in a loop).
 const SETTLED: Duration = Duration::from_secs(10);
 
-/// Why a subscription was not made.
+/// Says why a subscription was not made.
 #[derive(Debug)]
 pub(crate) enum NotSubscribed {
     /// The server did not answer (the store's own calls say so already).

@@ -148,10 +148,10 @@ impl Cluster {
                     tokio::time::sleep(pause).await;
                 }
                 None if is_server_answer(&error) && !refuses_every_command(&error) => {
-                    // The node answered at once with a refusal of this call alone (a script
-                    // error, `READONLY`…): its breaker has nothing to spare; the slot map may
-                    // be changing. `CLUSTERDOWN`, `LOADING` or `BUSY` refuse every call, so
-                    // they count against the breaker below.
+                    // The node answered at once (`CLUSTERDOWN` while a primary fails over, a
+                    // script error…): its breaker has nothing to spare; the slot map may be
+                    // changing. `LOADING` or `BUSY` refuse every call, so they count against
+                    // the breaker below.
                     node.breaker().success(permit);
                     self.refresh_soon();
                     return Err(store_error(node.server(), error));

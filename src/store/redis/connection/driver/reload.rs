@@ -27,8 +27,8 @@ impl Driver {
             self.shared.health.broke();
             true
         } else {
-            // `LOADING`, `BUSY` or `CLUSTERDOWN` come at once, but refuse every check: the
-            // server is not back.
+            // `LOADING` or `BUSY` come at once, but refuse every check: the server is not
+            // back.
             is_server_answer(&error) && !refuses_every_command(&error)
         };
         let error = store_error(&self.shared.server, error);
