@@ -1087,3 +1087,58 @@ async fn the_final_event_says_when_to_retry() {
         .unwrap();
     assert_eq!(seconds, header, "the refused request's Retry-After");
 }
+
+/// A metered request on Redis starts with what is left after a chunk was denied: 300 left of a
+/// key, a stream takes them (its first check, for a whole chunk, denied with `r=300`), a few
+/// units refill, and the next request for 3 streams them.
+#[tokio::test]
+async fn a_metered_request_on_redis_starts_with_what_is_left_after_a_chunk_was_denied() {
+    let server = support::RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(support::unique_prefix("cut-again"))
+        .connect()
+        .await
+        .unwrap();
+    // 10 a second, chunks of 500.
+    let layer = RateLimitLayer::builder()
+        .rule(
+            Rule::new("tokens", Quota::per_hour(36_000))
+                .key(FromHeader::new("x-api-key"))
+                .meter(CHUNK),
+        )
+        .store(store)
+        .build()
+        .unwrap();
+    let limiter = layer.limiter();
+    let app = Router::new()
+        .route(
+            "/v1/completions",
+            post(
+                |meter: Option<axum::Extension<Meter>>, headers: http::HeaderMap| async move {
+                    let tokens: u64 = headers["x-tokens"].to_str().unwrap().parse().unwrap();
+                    let meter = meter.map(|axum::Extension(m)| m).expect("a meter");
+                    let mut text = String::new();
+                    for index in 0..tokens {
+                        if meter.spend(1).await == Spend::Exhausted {
+                            break;
+                        }
+                        text.push_str(&format!("data: tok{index}\n\n"));
+                    }
+                    text
+                },
+            ),
+        )
+        .layer(layer);
+    let key = tollgate::key::Key::text("k");
+    limiter.charge("tokens", &key, 36_000 - 300).await.unwrap();
+    let first = read(&app, "k", 300, None).await;
+    assert_eq!((first.status, first.tokens), (200, 300), "{first:?}");
+    // A few units refill; the replica still holds the denial of a whole chunk, with r=300.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let next = read(&app, "k", 3, None).await;
+    assert_eq!(
+        (next.status, next.tokens),
+        (200, 3),
+        "a few units left: a request for 3 starts with them: {next:?}"
+    );
+}

@@ -316,7 +316,9 @@ impl Rule {
     /// background when less than half of one is left, so each stream open on a key holds at most
     /// `chunk + ceil(chunk / 2)` unspent units, given back when it ends; a request is admitted,
     /// and a stream goes on, with what is left when that is less than a chunk (a first chunk of
-    /// `min(chunk, remaining)`, the `r` a client was shown). Units spent but not delivered
+    /// `min(chunk, remaining)`, the `r` a client was shown; when requests race for a key's last
+    /// units, another may take part of that between the check that showed it and the check of
+    /// the cut chunk, and the request is refused with less than a chunk left). Units spent but not delivered
     /// (frames in flight when a client leaves, or past the 64 passed on after the budget ended)
     /// are charged. A chunk costs one store call per `chunk` units: a few percent of the quota is
     /// the usual trade-off.

@@ -29,7 +29,7 @@
 //!   the fallback's shares of them, as above).
 //! - **Under-admission** (the deny cache's "may refuse early by: nothing", [`crate::store`]):
 //!   a `429` comes only when some enforcing rule's key, in Redis, held less than what the
-//!   request needed free (its cost; a unit, for a metered rule or a slot) at a moment of the
+//!   request needed free (its cost; a slot; a metered rule's chunk, as its docs say) at a moment of the
 //!   [`ANSWER_SLACK`] before it (a delay rule's: its longest wait more; a bucket's rounding: one
 //!   unit more). A split key's sub-keys each hold their share, and the refusal is the spent
 //!   sub-key's; a leased rule may refuse early by `n − 1` units per replica alive, as the
@@ -40,8 +40,9 @@
 //!   refund went unheard, as the docs say.
 //! - **Every settle once** (per rule charged by its response, and key): each response that
 //!   changes its charge (a real cost other than the estimate, a status not charged) is
-//!   settled in Redis by one call made within [`SETTLE_LANDS`] of its head, and no call
-//!   settles what no response asked. Responses within a second before a span when the store can
+//!   settled in Redis by one call made within [`SETTLE_LANDS`] of its head (or later, while
+//!   the store can fail: a call a server held lands when it is back), and no call settles
+//!   what no response asked. Responses within a second before a span when the store can
 //!   fail, or in it, may be settled on the fallback or not at all (the estimate stays, as the
 //!   docs say); plans with split keys are left out (their cross-slot give-backs are calls of
 //!   the same kind).
@@ -519,9 +520,13 @@ fn under_admission(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
             // The docs' "(n − 1) units per replica holding some": units a lease gave back
             // while the other replicas' denials stay cached.
             let leased = rule.lease.map_or(0, |n| (n - 1) * alive);
-            // A metered request starts with what is left when that is less than a chunk.
+            // A metered request starts with what one check said was left, when that is less
+            // than a chunk: another request may take part of it before that is checked, so
+            // it may be refused with up to a chunk less one left (the bound `Rule::meter`
+            // states).
             let needed = match (rule.kind, rule.meter) {
-                (Kind::Concurrency, _) | (_, Some(_)) => 1,
+                (Kind::Concurrency, _) => 1,
+                (_, Some((chunk, _))) => chunk,
                 _ => rule.cost,
             };
             *free >= (needed + leased) as f64 + rounding
@@ -620,15 +625,24 @@ fn settled_once(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
                 .filter(|a| a.keys.iter().any(|k| k.key == name.as_bytes()))
                 .map(|a| a.at)
                 .collect();
-            // Each call is the settle of the earliest response before it not settled yet.
+            // Each call is the settle of the earliest response before it not settled yet: within
+            // SETTLE_LANDS of it, or any time before when the call came while the store could
+            // fail (a call held by a server that did not answer lands when it is back).
             let mut settled = vec![false; asked.len()];
             for &at in &calls {
+                let late = troubled
+                    .iter()
+                    .any(|&(from, until)| from <= at && at <= until);
+                let lands = if late { u64::MAX } else { SETTLE_LANDS };
                 let first = asked.iter().enumerate().position(|(i, &(asked_at, _))| {
-                    !settled[i] && asked_at <= at && at <= asked_at + SETTLE_LANDS
+                    !settled[i] && asked_at <= at && at - asked_at <= lands
                 });
                 match first {
                     Some(i) => settled[i] = true,
                     None => {
+                        if std::env::var_os("TOLLGATE_SIM_TRACE").is_some() {
+                            trace(outcome, key);
+                        }
                         return Some(Violation {
                             invariant: "every settle once",
                             detail: format!(
