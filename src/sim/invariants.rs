@@ -625,19 +625,21 @@ fn settled_once(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
                 .filter(|a| a.keys.iter().any(|k| k.key == name.as_bytes()))
                 .map(|a| a.at)
                 .collect();
-            // Each call is the settle of the earliest response before it not settled yet: within
-            // SETTLE_LANDS of it, or any time before when the call came while the store could
-            // fail (a call held by a server that did not answer lands when it is back).
+            // Each call is the settle of the latest response before it not settled yet (a
+            // settle follows its head at once): within SETTLE_LANDS of it, or any time before
+            // when the call came while the store could fail (a call held by a server that did
+            // not answer lands when it is back). The earliest would pair each call with the one
+            // before once a response settled on the fallback, for ever after.
             let mut settled = vec![false; asked.len()];
             for &at in &calls {
                 let late = troubled
                     .iter()
                     .any(|&(from, until)| from <= at && at <= until);
                 let lands = if late { u64::MAX } else { SETTLE_LANDS };
-                let first = asked.iter().enumerate().position(|(i, &(asked_at, _))| {
+                let latest = asked.iter().enumerate().rposition(|(i, &(asked_at, _))| {
                     !settled[i] && asked_at <= at && at - asked_at <= lands
                 });
-                match first {
+                match latest {
                     Some(i) => settled[i] = true,
                     None => {
                         if std::env::var_os("TOLLGATE_SIM_TRACE").is_some() {
@@ -662,6 +664,9 @@ fn settled_once(plan: &Plan, outcome: &Outcome) -> Option<Violation> {
                 .zip(&settled)
                 .find(|((_, must), settled)| *must && !**settled);
             if let Some(((at, _), _)) = lost {
+                if std::env::var_os("TOLLGATE_SIM_TRACE").is_some() {
+                    trace(outcome, key);
+                }
                 return Some(Violation {
                     invariant: "every settle once",
                     detail: format!(
