@@ -3,7 +3,9 @@
 //! share of its quota ([`FallbackShare`]).
 //!
 //! Every operation of the fallback goes through it (checks, chunks of a metered response,
-//! settles, slots given back), so that one rule is one budget here at one share.
+//! settles, slots given back), so that one rule is one budget here: a request's units are given
+//! back at the share it was admitted at, and a stream's later charges are made at the smaller
+//! of that share and today's, so no give-back refills a share past what was taken.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -81,8 +83,9 @@ impl Local {
     /// Decides `charges` on `store`, each at its share: a charge costlier than the share's
     /// burst (a fixed cost, a metered chunk) is checked for the whole burst, so it passes only
     /// when the share is whole, and the rest of its cost is charged as a debt the next
-    /// requests wait for. Every charge and every adjustment of a rule is made at the same
-    /// limits (its share), so that units given back never refill a share past what was taken.
+    /// requests wait for. A request's adjustments are made at the share it was decided at (a
+    /// stream's later charges at the smaller of that and today's), so that units given back
+    /// never refill a share past what was taken.
     fn decide_on(
         &self,
         store: &MemoryStore,
@@ -210,6 +213,31 @@ mod tests {
             cost: 1,
         }];
         assert!(!local.decide(Some(3), &one_more).allowed(), "in debt");
+    }
+
+    #[test]
+    fn the_smaller_share_is_the_one_of_more_replicas() {
+        let local = Local::new(FallbackShare::per_replica());
+        assert_eq!(
+            local.smaller_share(Some(2), Some(4)),
+            Some(4),
+            "the fleet grew"
+        );
+        assert_eq!(
+            local.smaller_share(Some(4), Some(2)),
+            Some(4),
+            "the fleet shrank"
+        );
+        assert_eq!(
+            local.smaller_share(None, Some(10)),
+            Some(10),
+            "more than the 8 assumed"
+        );
+        assert_eq!(
+            local.smaller_share(None, Some(3)),
+            None,
+            "fewer than the 8 assumed"
+        );
     }
 
     /// An answer admitted in debt tells it: the budget is whole again once the whole cost is

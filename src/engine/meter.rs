@@ -800,12 +800,25 @@ impl<St: Store> Spender for Engine<St> {
                 charged_at: *at,
             })
             .collect();
-        self.finish_adjust(
-            on_fallback,
-            &adjustments,
-            report_settle,
-            "a metered response settled outside a Tokio runtime",
-            origin,
-        );
+        const OUTSIDE: &str = "a metered response settled outside a Tokio runtime";
+        // On the fallback, units spent past what was taken are charged as chunks are (at the
+        // smaller of the admission's share and today's), units unspent given back at the
+        // admission's: neither refills a share past what it took.
+        if let Some(Counted(admitted)) = on_fallback {
+            let now = Counted(self.fallback.smaller_share(admitted, self.store.replicas()));
+            if now.0 != admitted {
+                let (charges, refunds): (SmallVec<[_; 1]>, SmallVec<[_; 1]>) = adjustments
+                    .iter()
+                    .copied()
+                    .partition(|a| matches!(a.change, Change::Charge(_)));
+                for (at, part) in [(Some(now), &charges), (on_fallback, &refunds)] {
+                    if !part.is_empty() {
+                        self.finish_adjust(at, part, report_settle, OUTSIDE, origin);
+                    }
+                }
+                return;
+            }
+        }
+        self.finish_adjust(on_fallback, &adjustments, report_settle, OUTSIDE, origin);
     }
 }

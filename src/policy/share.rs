@@ -66,8 +66,9 @@ pub const DEFAULT_UNTIL_COUNTED: u32 = 8;
 ///   is whole, and the rest of its cost is a debt the share's next requests wait for: each
 ///   replica admits at most one such request per window (per burst refilled), so the fleet
 ///   stays within `Σ max(share, cost)` per window (10 replicas, 100 a minute, cost 20: 200,
-///   not 1,000). Every charge and every unit given back of a rule is made at the share's
-///   limits, so a metered stream's unspent units refill no more than it took.
+///   not 1,000). Units given back are given back at the share they were charged at (a stream's
+///   later chunks are taken at the smaller of its admission's share and today's), so a metered
+///   stream's unspent units refill no more than it took.
 /// * **The bound**: while the store is away, the fleet admits per key and window at most
 ///   `Σ_replicas max(share_i, cost)` with `share_i` the quota (and burst) divided by what
 ///   replica `i` counted (by `until_counted` before it counted), on top of what the shared
