@@ -1,5 +1,6 @@
 //! The in-process store: sharded, bounded, no setup.
 
+mod debt;
 mod shard;
 
 use std::future::{Ready, ready};
@@ -175,67 +176,20 @@ impl MemoryStore {
         }
     }
 
-    /// Checks and charges `charges` now, a charge costlier than its rule's capacity checked
-    /// at the capacity (it passes only when the budget is whole) and the rest of its cost
-    /// charged as a debt at the same instant, when every rule admits (the local fallback's
-    /// charges at a replica's share).
-    pub(crate) fn decide_in_debt(&self, charges: &[Charge<'_>]) -> Decision {
-        let capacity = |c: &Charge<'_>| c.rule.algorithm().capacity(c.rule.limits());
-        if charges.iter().all(|c| c.cost <= capacity(c)) {
-            return self.decide(charges);
-        }
-        let now = self.now();
-        let capped: SmallVec<[Charge<'_>; 2]> = charges
-            .iter()
-            .map(|c| Charge {
-                cost: c.cost.min(capacity(c)),
-                ..*c
-            })
-            .collect();
-        let mut decision = match capped.as_slice() {
-            [charge] => self.check_one(charge, now),
-            _ => self.check_many(&capped, now).made_at_time(now),
-        };
-        if decision.allowed() {
-            for (position, (charge, checked)) in charges.iter().zip(&capped).enumerate() {
-                if charge.cost > checked.cost {
-                    let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
-                    self.modify(charge, now, |state| {
-                        algorithm.force(limits, state, now, charge.cost - checked.cost)
-                    });
-                    // The answer tells the debt: when the budget is whole again, and when a
-                    // next unit is there.
-                    let after = self.uncharged(charge, now, 1);
-                    if let Some(outcome) = decision.outcome_mut(position) {
-                        outcome.remaining = 0;
-                        outcome.reset = after.reset;
-                        outcome.window = after.window;
-                    }
-                }
-            }
-        }
-        decision
-    }
-
-    /// Computes the outcome of `cost` units of `charge`'s rule and key at `now`, uncharged.
-    fn uncharged(&self, charge: &Charge<'_>, now: u64, cost: u64) -> crate::algorithm::Outcome {
-        let hash = self.hash(charge.rule.id(), charge.key);
-        let shard = self.inner.table.lock(self.shard_of(hash));
-        let state = shard.find(hash, charge, now);
-        charge
-            .rule
-            .algorithm()
-            .uncharged(charge.rule.limits(), state, now, cost)
-    }
-
     fn now(&self) -> u64 {
         // Keep every sum of the model below 2^53 whatever a custom clock says.
         self.inner.clock.now_micros().min(MAX_MICROS)
     }
 
     /// Applies `change` to the state of one rule's key (made when missing), under its shard's
-    /// lock: the key then lives until its new state is the same as no state.
-    fn modify(&self, charge: &Charge<'_>, now: u64, change: impl FnOnce(&mut Option<State>)) {
+    /// lock, and returns what `change` returns: the key then lives until its new state is the
+    /// same as no state.
+    fn modify<R>(
+        &self,
+        charge: &Charge<'_>,
+        now: u64,
+        change: impl FnOnce(&mut Option<State>) -> R,
+    ) -> R {
         let (algorithm, limits) = (charge.rule.algorithm(), charge.rule.limits());
         let rule = charge.rule.id();
         let hash = self.hash(rule, charge.key);
@@ -246,7 +200,7 @@ impl MemoryStore {
         {
             self.make_room(&mut shard, now, 1);
         }
-        match shard
+        let out = match shard
             .table
             .find_entry(hash, |e| e.rule == rule && e.key == *charge.key)
         {
@@ -255,7 +209,7 @@ impl MemoryStore {
                 if entry.expires_at <= now {
                     entry.state = None;
                 }
-                change(&mut entry.state);
+                let out = change(&mut entry.state);
                 match &entry.state {
                     // Never sooner than it was: the change may come from a request decided
                     // under an older policy, whose numbers do not tell how long others hold.
@@ -268,10 +222,11 @@ impl MemoryStore {
                         occupied.remove();
                     }
                 }
+                out
             }
             Err(absent) => {
                 let mut state = None;
-                change(&mut state);
+                let out = change(&mut state);
                 if let Some(state) = state {
                     let expires_at = now + algorithm.check(limits, Some(&state), now, 0).reset;
                     let entry = Entry {
@@ -284,10 +239,12 @@ impl MemoryStore {
                         .into_table()
                         .insert_unique(hash, entry, |e| self.hash(e.rule, &e.key));
                 }
+                out
             }
-        }
+        };
         #[cfg(feature = "metrics")]
         shard.count_keys();
+        out
     }
 
     /// [`Store::adjust`], at once.
@@ -311,9 +268,15 @@ impl MemoryStore {
     /// [`Store::peek`], at once: every charge's outcome, uncharged.
     pub fn peek_now(&self, charges: &[Charge<'_>]) -> Decision {
         let now = self.now();
-        let outcomes = charges
-            .iter()
-            .map(|charge| self.uncharged(charge, now, charge.cost));
+        let outcomes = charges.iter().map(|charge| {
+            let hash = self.hash(charge.rule.id(), charge.key);
+            let shard = self.inner.table.lock(self.shard_of(hash));
+            let state = shard.find(hash, charge, now);
+            charge
+                .rule
+                .algorithm()
+                .uncharged(charge.rule.limits(), state, now, charge.cost)
+        });
         Decision::from_outcomes(outcomes.collect::<SmallVec<[_; 2]>>()).made_at_time(now)
     }
 
