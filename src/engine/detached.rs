@@ -9,11 +9,11 @@
 //! engine.finish_adjust(on_fallback, &adjustments, report, "released outside a Tokio runtime", &origin);
 //! ```
 
-use super::local::Counted;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use super::local::Counted;
 use super::state::Engine;
 use crate::runtime::Origin;
 use crate::store::{Adjustment, Store, StoreError, StoreFuture};

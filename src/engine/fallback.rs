@@ -2,9 +2,9 @@
 //! [`FailureMode`]: refused (fail closed), let through (fail open), or decided by the fallback
 //! limiter (`FailureMode::Local`), an in-process memory store made when first needed.
 
-use super::local::Counted;
 use smallvec::SmallVec;
 
+use super::local::Counted;
 use super::state::Engine;
 use crate::clock::unix_micros;
 use crate::policy::snapshot::Snapshot;
@@ -62,7 +62,9 @@ impl<St: Store> Engine<St> {
         adjustments: &[Adjustment<'_>],
     ) -> Option<Result<(), StoreError>> {
         if let Some(Counted(counted)) = on_fallback
-            && let Some(()) = self.fallback.adjust_now(counted, adjustments)
+            && let Some(()) = self
+                .fallback
+                .adjust_now(counted, self.store.replicas(), adjustments)
         {
             return Some(Ok(()));
         }

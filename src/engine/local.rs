@@ -14,7 +14,7 @@ use smallvec::SmallVec;
 
 use crate::Decision;
 use crate::policy::share::{FallbackShare, divided};
-use crate::store::{Adjustment, Charge, MemoryStore, RuleSpec};
+use crate::store::{Adjustment, Change, Charge, MemoryStore, RuleSpec};
 
 /// The most divided rules kept; past it, they are divided again as they come.
 const MAX_DIVIDED: usize = 4096;
@@ -61,7 +61,7 @@ impl Local {
     /// chunk is taken at it (at most the share the fleet has now, so a stream admitted before
     /// the fleet grew does not keep a larger share), and its units given back at the count it
     /// was admitted at, which gives back no more than the smaller share took.
-    pub(crate) fn smaller_share(&self, admitted: Option<u32>, now: Option<u32>) -> Option<u32> {
+    fn smaller_share(&self, admitted: Option<u32>, now: Option<u32>) -> Option<u32> {
         if self.share.replicas(now) > self.share.replicas(admitted) {
             now
         } else {
@@ -70,14 +70,16 @@ impl Local {
     }
 
     /// Decides `charges` on the limiter at once, if it was made (a metered response's next
-    /// chunk, wherever its body is read).
+    /// chunk, wherever its body is read), for a request admitted at the count `admitted`: at
+    /// the [smaller share](Self::smaller_share) of that and the count `now`.
     pub(crate) fn decide_if_made(
         &self,
-        counted: Option<u32>,
+        admitted: Option<u32>,
+        now: Option<u32>,
         charges: &[Charge<'_>],
     ) -> Option<Decision> {
         let store = self.store.get()?;
-        Some(self.decide_on(store, counted, charges))
+        Some(self.decide_on(store, self.smaller_share(admitted, now), charges))
     }
 
     /// Decides `charges` on `store`, each at its share: a charge costlier than the share's
@@ -110,13 +112,36 @@ impl Local {
     }
 
     /// Makes `adjustments` on the limiter at once, if it was made (settles, slots given back):
-    /// `None` when it was not.
+    /// `None` when it was not. Of a request decided at the count `admitted`, units given back
+    /// go back at that share, and units charged on top are charged at the
+    /// [smaller share](Self::smaller_share) of it and the count `now`: neither refills a share
+    /// past what it took.
     pub(crate) fn adjust_now(
         &self,
-        counted: Option<u32>,
+        admitted: Option<u32>,
+        now: Option<u32>,
         adjustments: &[Adjustment<'_>],
     ) -> Option<()> {
         let store = self.store.get()?;
+        let charged = self.smaller_share(admitted, now);
+        if charged == admitted {
+            self.adjust_at(store, admitted, adjustments);
+        } else {
+            let (charges, refunds): (SmallVec<[_; 1]>, SmallVec<[_; 1]>) = adjustments
+                .iter()
+                .copied()
+                .partition(|a| matches!(a.change, Change::Charge(_)));
+            self.adjust_at(store, charged, &charges);
+            self.adjust_at(store, admitted, &refunds);
+        }
+        Some(())
+    }
+
+    /// Makes `adjustments` on `store` at the share of `counted`.
+    fn adjust_at(&self, store: &MemoryStore, counted: Option<u32>, adjustments: &[Adjustment<'_>]) {
+        if adjustments.is_empty() {
+            return;
+        }
         self.with_divided(
             counted,
             adjustments.iter().map(|a| a.rule),
@@ -132,7 +157,6 @@ impl Local {
                 }
             },
         );
-        Some(())
     }
 
     /// Calls `f` with `rules` as this replica checks them: `None` when its share is the whole
@@ -311,7 +335,7 @@ mod tests {
                 change: Change::Refund(400),
                 charged_at: 0,
             }];
-            local.adjust_now(Some(25), &back);
+            local.adjust_now(Some(25), Some(25), &back);
         }
         // The share is 400: one stream of 100 fits at 500 taken when whole, then 100 of debt
         // paid back only by time (none passes here), so the replica delivers about its share.
@@ -373,7 +397,7 @@ mod tests {
             change: Change::Refund(2),
             charged_at: decision.made_at(),
         }];
-        local.adjust_now(Some(3), &back);
+        local.adjust_now(Some(3), Some(3), &back);
         let one = [Charge {
             rule: &rule,
             key: &key,

@@ -19,7 +19,6 @@
 //! }
 //! ```
 
-use super::local::Counted;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -30,15 +29,14 @@ use http::HeaderName;
 use smallvec::SmallVec;
 
 use super::account::Account;
-use super::settle::report_settle;
-use super::state::Engine;
+use super::local::Counted;
 use crate::key::Key;
 use crate::policy::RuleIndices;
 use crate::policy::metering::{FrameUnits, Metering};
 use crate::policy::snapshot::Snapshot;
 use crate::response::Refusal;
 use crate::runtime::Origin;
-use crate::store::{Adjustment, Change, Charge, Store, StoreError, StoreFuture};
+use crate::store::{Change, StoreError, StoreFuture};
 use crate::{Decision, FailureMode};
 
 /// A spend waiting for the next chunk.
@@ -754,71 +752,5 @@ impl Drop for Metered {
             self.spender
                 .settle_meter(&self.snapshot, &changes, self.on_fallback, &self.origin);
         }
-    }
-}
-
-impl<St: Store> Spender for Engine<St> {
-    fn take(
-        &self,
-        snapshot: &Snapshot,
-        charges: &[(u16, Key, u64)],
-        on_fallback: Option<Counted>,
-    ) -> Taking {
-        let charges: SmallVec<[Charge<'_>; 1]> = charges
-            .iter()
-            .map(|(rule, key, cost)| Charge {
-                rule: &snapshot.rules[usize::from(*rule)].spec,
-                key,
-                cost: *cost,
-            })
-            .collect();
-        if let Some(Counted(admitted)) = on_fallback
-            && let counted = self.fallback.smaller_share(admitted, self.store.replicas())
-            && let Some(decision) = self.fallback.decide_if_made(counted, &charges)
-        {
-            return Taking::Now(Ok(decision));
-        }
-        match self.store.check_now(&charges) {
-            Some(answer) => Taking::Now(answer),
-            None => Taking::Later(Box::pin(self.store.check(&charges))),
-        }
-    }
-
-    fn settle_meter(
-        &self,
-        snapshot: &Snapshot,
-        changes: &[(u16, Key, Change, u64)],
-        on_fallback: Option<Counted>,
-        origin: &Origin,
-    ) {
-        let adjustments: SmallVec<[Adjustment<'_>; 1]> = changes
-            .iter()
-            .map(|(rule, key, change, at)| Adjustment {
-                rule: &snapshot.rules[usize::from(*rule)].spec,
-                key,
-                change: *change,
-                charged_at: *at,
-            })
-            .collect();
-        const OUTSIDE: &str = "a metered response settled outside a Tokio runtime";
-        // On the fallback, units spent past what was taken are charged as chunks are (at the
-        // smaller of the admission's share and today's), units unspent given back at the
-        // admission's: neither refills a share past what it took.
-        if let Some(Counted(admitted)) = on_fallback {
-            let now = Counted(self.fallback.smaller_share(admitted, self.store.replicas()));
-            if now.0 != admitted {
-                let (charges, refunds): (SmallVec<[_; 1]>, SmallVec<[_; 1]>) = adjustments
-                    .iter()
-                    .copied()
-                    .partition(|a| matches!(a.change, Change::Charge(_)));
-                for (at, part) in [(Some(now), &charges), (on_fallback, &refunds)] {
-                    if !part.is_empty() {
-                        self.finish_adjust(at, part, report_settle, OUTSIDE, origin);
-                    }
-                }
-                return;
-            }
-        }
-        self.finish_adjust(on_fallback, &adjustments, report_settle, OUTSIDE, origin);
     }
 }

@@ -36,6 +36,7 @@ mod reload;
 mod ruling;
 mod settle;
 mod slots;
+mod spend;
 mod state;
 mod uses;
 mod verdict;

@@ -2,13 +2,13 @@
 //! (with what the request carries to its response), an answer for it, or a second check
 //! (shadow and delay rules); a store failure goes to the fallback.
 
-use super::local::Counted;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
 use super::check::{Ctx, Phase};
 use super::fallback::WithoutStore;
+use super::local::Counted;
 use super::meter::Meter;
 use super::ruling::{Admitted, Decide};
 use super::settle::{Settle, charges_of};

@@ -2,12 +2,12 @@
 //! rule does not charge, the difference for a cost known after the response, in one store
 //! call (on the fallback limiter for what it decided).
 
-use super::local::Counted;
 use std::task::{Context, Poll};
 
 use http::Response;
 use smallvec::SmallVec;
 
+use super::local::Counted;
 use super::state::Engine;
 use crate::Decision;
 use crate::key::Key;

@@ -6,11 +6,11 @@
 //! is dropped, the client leaves, the inner service fails or panics), the one `Slots` is
 //! dropped once, and gives the slots back in one store call.
 
-use super::local::Counted;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::local::Counted;
 use super::state::Engine;
 use crate::key::Key;
 use crate::policy::snapshot::Snapshot;
