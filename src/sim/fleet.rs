@@ -9,30 +9,27 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use http::{HeaderName, Request, Response};
+use axum::body::Body;
+use http::{Request, Response};
 use http_body_util::BodyExt;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
 use super::audit::Audit;
+use super::handler::{Handler, Ledger};
 use super::network::{Net, NetEvent, Status, Weather};
-use super::plan::{
-    Charged, ClientPlan, Fault, Kind, Manner, Metered, OnError, Plan, PolicyPlan, RulePlan,
-};
+use super::plan::{Charged, ClientPlan, Fault, Manner, Plan};
 use super::rng::Rng;
+use super::rules::{ACTUAL, CHARGED_STATUS, policy, rule};
 use super::server::Servers;
 use super::time::{SharedClock, SimTime, Skewed};
-use crate::algorithm::kind::Algorithm;
 use crate::clock::Clock;
-use crate::key::FromHeader;
-use crate::policy::{Policy, PolicyHandle, TenantFromHeader, TenantRules, Tier};
+use crate::policy::{PolicyHandle, TenantFromHeader};
 use crate::store::redis::simulated::Simulated;
 use crate::store::{MemoryStore, RedisClusterStore, RedisStore, Store};
-use crate::{FailureMode, FallbackShare, Meter, Quota, RateLimitLayer, Rule, Spend};
+use crate::{FallbackShare, RateLimitLayer};
 
 /// The server time the simulated runs start at (microseconds since the epoch): a Tuesday.
 const EPOCH: u64 = 1_767_657_600_000_000;
@@ -42,16 +39,6 @@ const GRACE: Duration = Duration::from_secs(90);
 
 /// How long a client waits for an answer before it counts the request as stuck.
 const STUCK: Duration = Duration::from_secs(75);
-
-/// The trailer by which the handler reports its units.
-const USAGE: &str = "x-usage-tokens";
-
-/// Names the header a handler reports a request's real cost in, for the rules that settle by
-/// it.
-const ACTUAL: &str = "x-actual-cost";
-
-/// Names the status that the rules charging by status charge.
-pub(crate) const CHARGED_STATUS: u16 = 401;
 
 /// What happened to a request, at a server time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,41 +104,6 @@ pub(crate) struct Outcome {
     pub(crate) events: Vec<(u64, NetEvent)>,
 }
 
-/// The facts of a run as they happen.
-#[derive(Clone)]
-struct Ledger {
-    facts: Arc<Mutex<Vec<Fact>>>,
-    time: SimTime,
-}
-
-impl Ledger {
-    fn note(&self, request: u64, key: u32, happened: Happened) {
-        let at = self.time.now();
-        self.facts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Fact {
-                at,
-                request,
-                key,
-                happened,
-            });
-    }
-}
-
-/// Notes [`Happened::Released`] when the response ends or is dropped.
-struct Hold {
-    ledger: Ledger,
-    request: u64,
-    key: u32,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.ledger.note(self.request, self.key, Happened::Released);
-    }
-}
-
 type Replica = BoxCloneService<Request<Body>, Response<Body>, Infallible>;
 
 /// A replica of the fleet: its service, and how many replicas its store counted.
@@ -160,81 +112,6 @@ struct Member {
     counted: Box<dyn Fn() -> Option<u32> + Send>,
     /// Holds its live policy, when the rules come from one.
     policy: Option<PolicyHandle>,
-}
-
-/// Builds version `version` of the policy of `plan`: a `base` tier with the plan's rules (the
-/// default), a `gold` tier with their gold forms for the tenants the plan names, the rules in
-/// the plan's order in even versions and reversed in odd ones.
-fn policy(plan: &Plan, tiers: &PolicyPlan, version: u32) -> Policy {
-    let mut rules = plan.rules.clone();
-    if version % 2 == 1 {
-        rules.reverse();
-    }
-    let mut policy = Policy::new(format!("v{version}"))
-        .tier(Tier::new("base").rules(rules.iter().map(rule)))
-        .tier(Tier::new("gold").rules(rules.iter().map(|r| rule(&r.gold()))))
-        .default_tier("base");
-    for key in &tiers.gold {
-        policy = policy.tenant(TenantRules::new(format!("t{key}")).tier("gold"));
-    }
-    policy
-}
-
-/// The layer's rule for `plan`.
-pub(crate) fn rule(plan: &RulePlan) -> Rule {
-    let mut quota = Quota::new(plan.limit, plan.period);
-    if let Some(burst) = plan.burst {
-        quota = quota.burst(burst);
-    }
-    let algorithm = match plan.kind {
-        Kind::TokenBucket => Algorithm::TokenBucket,
-        Kind::Gcra => Algorithm::Gcra,
-        Kind::FixedWindow => Algorithm::FixedWindow,
-        Kind::SlidingWindowCounter => Algorithm::SlidingWindowCounter,
-        Kind::SlidingWindowLog => Algorithm::SlidingWindowLog,
-        Kind::Concurrency => Algorithm::Concurrency,
-    };
-    let mut rule = match plan.kind {
-        Kind::Concurrency => Rule::concurrent(plan.name.clone(), plan.limit),
-        _ => Rule::new(plan.name.clone(), quota).algorithm(algorithm),
-    }
-    .key(FromHeader::new("x-key"))
-    .on_store_error(match plan.on_error {
-        OnError::Open => FailureMode::Open,
-        OnError::Closed => FailureMode::Closed,
-        OnError::Local => FailureMode::Local,
-    });
-    if plan.cost > 1 {
-        rule = rule.cost(plan.cost);
-    }
-    if let Some(units) = plan.lease {
-        rule = rule.lease(units);
-    }
-    if let Some(parts) = plan.split {
-        rule = rule.split(parts);
-    }
-    if let Some((chunk, how)) = plan.meter {
-        rule = rule.meter(chunk);
-        rule = match how {
-            Metered::Spends => rule,
-            Metered::Frames => rule.meter_frames(|frame: &[u8]| {
-                frame.windows(6).filter(|w| w == b"data: ").count() as u64
-            }),
-            Metered::Trailer => rule.meter_usage_trailer(HeaderName::from_static(USAGE)),
-        };
-    }
-    if plan.shadow {
-        rule = rule.shadow();
-    }
-    if let Some(max) = plan.delay {
-        rule = rule.delay(max);
-    }
-    match plan.charged {
-        Some(Charged::Settle) => rule = rule.settle_from_header(HeaderName::from_static(ACTUAL)),
-        Some(Charged::OnStatus) => rule = rule.charge_on_status([CHARGED_STATUS]),
-        None => {}
-    }
-    rule
 }
 
 /// Runs `plan` on a runtime of its own: one thread, a paused clock.
@@ -425,107 +302,6 @@ impl Fleet {
                 *fewest = Some(fewest.map_or(count, |f| f.min(count)));
             }
         }
-    }
-}
-
-/// The service behind every replica's layer: it streams `x-tokens` units as server-sent
-/// events, spending each from the meter first when the rule is metered by spends, and reports
-/// its units in a trailer when the rule reads one (unless `x-forget` says it forgets to).
-#[derive(Clone)]
-struct Handler {
-    ledger: Ledger,
-    replica: u32,
-    metered: Option<Metered>,
-    /// The plan's rules' names, in order.
-    rules: Arc<[String]>,
-}
-
-impl Handler {
-    async fn serve(&self, request: Request<Body>) -> Response<Body> {
-        let number = |name: &str| {
-            request
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        };
-        let key = number("x-key-index").unwrap_or(0) as u32;
-        let id = number("x-request").unwrap_or(0);
-        let tokens = number("x-tokens").unwrap_or(0);
-        let forget = number("x-forget").is_some();
-        let actual = number(ACTUAL);
-        let status = number("x-status").map_or(200, |s| s as u16);
-        let meter = request.extensions().get::<Meter>().cloned();
-        self.ledger.note(
-            id,
-            key,
-            Happened::Admitted {
-                replica: self.replica,
-            },
-        );
-        if let Some(actual) = actual {
-            self.ledger
-                .note(id, key, Happened::Answered { status, actual });
-        }
-        for (name, units) in meter.iter().flat_map(Meter::granted) {
-            // A gold tier's rule is named `g<name>`.
-            let plain = self.rules.iter().position(|r| *r == name);
-            let gold = || {
-                let name = name.strip_prefix('g')?;
-                self.rules.iter().position(|r| r == name)
-            };
-            if let Some(rule) = plain.or_else(gold) {
-                let rule = u16::try_from(rule).expect("a plan's rules fit a u16");
-                self.ledger.note(id, key, Happened::Granted { rule, units });
-            }
-        }
-        let hold = Hold {
-            ledger: self.ledger.clone(),
-            request: id,
-            key,
-        };
-        let (frames, receiver) = mpsc::channel::<http_body::Frame<Bytes>>(1);
-        let metered = self.metered;
-        let ledger = self.ledger.clone();
-        tokio::spawn(async move {
-            let mut sent = 0u64;
-            for _ in 0..tokens {
-                if metered == Some(Metered::Spends)
-                    && let Some(meter) = &meter
-                    && meter.spend(1).await == Spend::Exhausted
-                {
-                    return;
-                }
-                let event = Bytes::from_static(b"data: t\n\n");
-                if frames.send(http_body::Frame::data(event)).await.is_err() {
-                    return;
-                }
-                sent += 1;
-            }
-            if metered == Some(Metered::Trailer) && !forget {
-                let mut trailers = http::HeaderMap::new();
-                trailers.insert(HeaderName::from_static(USAGE), sent.into());
-                if frames
-                    .send(http_body::Frame::trailers(trailers))
-                    .await
-                    .is_ok()
-                {
-                    ledger.note(id, key, Happened::Reported);
-                }
-            }
-        });
-        let stream = futures_util::stream::unfold((receiver, hold), |(mut receiver, hold)| async {
-            let frame = receiver.recv().await?;
-            Some((Ok::<_, Infallible>(frame), (receiver, hold)))
-        });
-        let mut response = Response::builder()
-            .status(status)
-            .header(http::header::CONTENT_TYPE, "text/event-stream");
-        if let Some(actual) = actual {
-            response = response.header(ACTUAL, actual);
-        }
-        response
-            .body(Body::new(http_body_util::StreamBody::new(stream)))
-            .expect("a response")
     }
 }
 

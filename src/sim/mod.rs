@@ -10,10 +10,12 @@
 //! that fails prints its seed, the violations, and its plan shrunk to what still fails.
 mod audit;
 mod fleet;
+mod handler;
 mod invariants;
 mod network;
 mod plan;
 mod rng;
+mod rules;
 mod server;
 mod time;
 
