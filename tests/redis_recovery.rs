@@ -712,6 +712,29 @@ async fn refusing(
     port
 }
 
+/// What a loading Redis (`LOADING`) and one running a script past its time (`BUSY`) answer to
+/// every command.
+const REFUSALS: [&str; 2] = [
+    "LOADING Redis is loading the dataset in memory",
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
+];
+
+/// Begins a store of the server on `port` for the refusal tests: its own prefix, no deny
+/// cache and no heartbeat (every check reaches the server), `response_timeout` and `breaker`.
+fn refused_store(
+    port: u16,
+    name: &str,
+    response_timeout: Duration,
+    breaker: CircuitBreaker,
+) -> tollgate::store::RedisStoreBuilder {
+    RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .prefix(unique_prefix(name))
+        .response_timeout(response_timeout)
+        .circuit_breaker(breaker)
+        .deny_cache(0)
+        .heartbeat(Duration::ZERO)
+}
+
 /// A server that answers the probe at once, but with `LOADING` (it reads its data) or `BUSY`
 /// (a script runs past its time), refuses the checks too: the breaker stays open, each request
 /// refused at once, until a probe is answered `PONG`.
@@ -720,23 +743,20 @@ async fn a_probe_answered_loading_or_busy_keeps_the_breaker_open() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-    for refusal in [
-        "LOADING Redis is loading the dataset in memory",
-        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-    ] {
+    for refusal in REFUSALS {
         let (ready, refused) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicU64::new(0)),
         );
         let port = refusing_server(refusal, ready.clone(), refused.clone()).await;
-        let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
-            .prefix(unique_prefix("refused"))
-            .response_timeout(Duration::from_millis(100))
-            .circuit_breaker(CircuitBreaker::after_failures(1).cooldown(Duration::from_millis(200)))
-            .deny_cache(0)
-            .heartbeat(Duration::ZERO)
-            .build()
-            .unwrap();
+        let store = refused_store(
+            port,
+            "refused",
+            Duration::from_millis(100),
+            CircuitBreaker::after_failures(1).cooldown(Duration::from_millis(200)),
+        )
+        .build()
+        .unwrap();
         let rule = hourly("refused", 1_000);
         let key = Key::text("refused");
         let charge = [Charge {
@@ -791,24 +811,21 @@ async fn a_check_answered_loading_or_busy_counts_against_the_breaker() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64};
 
-    for refusal in [
-        "LOADING Redis is loading the dataset in memory",
-        "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.",
-    ] {
+    for refusal in REFUSALS {
         let (ready, refused) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new(AtomicU64::new(0)),
         );
         let port = refusing(refusal, ready, refused, true).await;
-        let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
-            .prefix(unique_prefix("refused-checks"))
-            .response_timeout(Duration::from_millis(200))
-            .circuit_breaker(CircuitBreaker::after_failures(2).cooldown(Duration::from_secs(60)))
-            .deny_cache(0)
-            .heartbeat(Duration::ZERO)
-            .connect()
-            .await
-            .unwrap();
+        let store = refused_store(
+            port,
+            "refused-checks",
+            Duration::from_millis(200),
+            CircuitBreaker::after_failures(2).cooldown(Duration::from_secs(60)),
+        )
+        .connect()
+        .await
+        .unwrap();
         let rule = hourly("refused-checks", 1_000);
         let key = Key::text("refused-checks");
         let charge = [Charge {
