@@ -18,7 +18,8 @@ use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
 
 use super::audit::Audit;
-use super::handler::{Handler, Ledger};
+use super::facts::{Fact, Happened, Ledger};
+use super::handler::Handler;
 use super::network::{Net, NetEvent, Status, Weather};
 use super::plan::{Charged, ClientPlan, Fault, Manner, Plan};
 use super::rng::Rng;
@@ -39,36 +40,6 @@ const GRACE: Duration = Duration::from_secs(90);
 
 /// How long a client waits for an answer before it counts the request as stuck.
 const STUCK: Duration = Duration::from_secs(75);
-
-/// What happened to a request, at a server time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Happened {
-    /// The handler was called: every enforcing rule admitted it.
-    Admitted { replica: u32 },
-    /// The client read one unit of the stream.
-    Unit,
-    /// The handler's response ended or was dropped (its concurrency slot is free).
-    Released,
-    /// The handler sent its usage trailer.
-    Reported,
-    /// The admission's first chunk of metered rule `rule` (its index in the plan): a chunk,
-    /// or what was left when that was less.
-    Granted { rule: u16, units: u64 },
-    /// Replica `replica` answered `429 Too Many Requests`.
-    Refused { replica: u32 },
-    /// The handler answered with `status` and reported the request's real cost, `actual`
-    /// (for the rules that charge by the response).
-    Answered { status: u16, actual: u64 },
-}
-
-/// One fact of the run.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Fact {
-    pub(crate) at: u64,
-    pub(crate) request: u64,
-    pub(crate) key: u32,
-    pub(crate) happened: Happened,
-}
 
 /// What a run did, for the invariants.
 #[derive(Debug, Default)]

@@ -1,52 +1,16 @@
-//! The service behind every replica's layer, and the ledger of facts it and the clients keep.
+//! The service behind every replica's layer.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use http::{HeaderName, Request, Response};
 use tokio::sync::mpsc;
 
-use super::fleet::{Fact, Happened};
+use super::facts::{Happened, Hold, Ledger};
 use super::plan::Metered;
 use super::rules::{ACTUAL, USAGE};
-use super::time::SimTime;
 use crate::{Meter, Spend};
-
-/// The facts of a run as they happen.
-#[derive(Clone)]
-pub(super) struct Ledger {
-    pub(super) facts: Arc<Mutex<Vec<Fact>>>,
-    pub(super) time: SimTime,
-}
-
-impl Ledger {
-    pub(super) fn note(&self, request: u64, key: u32, happened: Happened) {
-        let at = self.time.now();
-        self.facts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Fact {
-                at,
-                request,
-                key,
-                happened,
-            });
-    }
-}
-
-/// Notes [`Happened::Released`] when the response ends or is dropped.
-struct Hold {
-    ledger: Ledger,
-    request: u64,
-    key: u32,
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.ledger.note(self.request, self.key, Happened::Released);
-    }
-}
 
 /// The service behind every replica's layer: it streams `x-tokens` units as server-sent
 /// events, spending each from the meter first when the rule is metered by spends, and reports

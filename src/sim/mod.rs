@@ -9,6 +9,7 @@
 //! with `TOLLGATE_SIM_SECONDS=<seconds>`. One seed alone: `TOLLGATE_SIM_SEED=<seed>`. A run
 //! that fails prints its seed, the violations, and its plan shrunk to what still fails.
 mod audit;
+mod facts;
 mod fleet;
 mod handler;
 mod invariants;

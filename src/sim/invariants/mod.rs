@@ -53,7 +53,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::fleet::{Happened, Outcome};
+use super::facts::Happened;
+use super::fleet::Outcome;
 use std::time::Duration;
 
 use super::plan::{Charged, Fault, Kind, Metered, OnError, Plan, RulePlan};

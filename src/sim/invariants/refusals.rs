@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::super::fleet::{Happened, Outcome};
+use super::super::facts::Happened;
+use super::super::fleet::Outcome;
 use super::super::plan::{Fault, Kind, Plan, RulePlan};
 use super::{ANSWER_SLACK, DENY_CAP, RECOVERY, Violation, trace, troubled};
 

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::super::fleet::{Happened, Outcome};
+use super::super::facts::Happened;
+use super::super::fleet::Outcome;
 use super::super::plan::{Charged, Plan};
 use super::super::rules::CHARGED_STATUS;
 use super::{SETTLE_LANDS, Violation, trace, troubled};

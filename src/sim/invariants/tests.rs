@@ -1,7 +1,7 @@
 //! The invariants judged on outcomes made by hand: each fails where it should.
 
 use super::super::audit::{Audit, Descriptor, KeyAudit};
-use super::super::fleet::Fact;
+use super::super::facts::Fact;
 use super::*;
 
 /// A plain rule `r0` of `kind`: 10 a second, cost 1, failing closed.
